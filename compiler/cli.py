@@ -1,0 +1,102 @@
+"""The `kiln` command line. Every expected failure is a KilnError: one line on stderr, exit 1."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+from .errors import KilnError
+from .ir import Mode, format_graph
+from .options import CompileOptions
+from .pipeline import plan
+from .planner.render import render_json, render_text
+from .registry import BUNDLED, DEFAULT_MODEL, cache_dir, fetch, is_cached, lookup, model_path
+
+
+def _log(msg: str) -> None:
+    print(f"kiln: {msg}", file=sys.stderr)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                   help=f"GGUF path or bundled model name (default {DEFAULT_MODEL})")
+    p.add_argument("--ctx", type=int, default=CompileOptions.ctx, help="context length in tokens")
+    p.add_argument("--kv-dtype", default="f32", help="KV cache dtype: f32, f16 or q8_0")
+    p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk,
+                   help="tokens per prefill step")
+    p.add_argument("--n-seq", type=int, default=1, help="sequence slots in the KV region")
+    p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.DECODE.value,
+                   help="which step graph to show")
+
+
+def _options(a: argparse.Namespace) -> CompileOptions:
+    return CompileOptions(ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, n_seq=a.n_seq)
+
+
+def cmd_models(a: argparse.Namespace) -> None:
+    if a.action == "fetch":
+        names = list(BUNDLED) if a.all else a.names
+        if not names:
+            raise KilnError("models fetch: name a model or pass --all")
+        for name in names:
+            m = lookup(name)
+            was_cached = is_cached(m)
+            path = fetch(m, _log)
+            print(f"{name}: {path}" + (" (already cached)" if was_cached else ""))
+        return
+    print(f"cache: {cache_dir()}")
+    print(f"{'name':<14} {'size':>10}  {'cached':<6}  {'source':<42} description")
+    for m in BUNDLED.values():
+        cached = "yes" if is_cached(m) else "no"
+        print(f"{m.name:<14} {m.size / 1e6:>7.1f} MB  {cached:<6}  {m.source:<42} {m.description}")
+        if a.verbose:
+            print(f"{'':<14} file {model_path(m)}  sha256 {m.sha256}")
+
+
+def cmd_layout(a: argparse.Namespace) -> None:
+    p = plan(a.model, _options(a), Mode(a.mode), _log)
+    sys.stdout.write(render_json(p.layout) if a.json else render_text(p.layout))
+
+
+def cmd_ir(a: argparse.Namespace) -> None:
+    p = plan(a.model, _options(a), Mode(a.mode), _log)
+    sys.stdout.write(format_graph(p.graph))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kiln", description="Ahead-of-time compiler for CPU LLM inference.")
+    ap.add_argument("--version", action="version", version=f"kiln {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list or fetch the bundled models")
+    p.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")
+    p.add_argument("names", nargs="*", help="models to fetch")
+    p.add_argument("--all", action="store_true", help="fetch every bundled model")
+    p.add_argument("-v", "--verbose", action="store_true", help="show cache paths and checksums")
+    p.set_defaults(run=cmd_models)
+
+    p = sub.add_parser("layout", help="print the planned memory layout")
+    _add_model_options(p)
+    p.add_argument("--json", action="store_true", help="emit JSON instead of the text map")
+    p.set_defaults(run=cmd_layout)
+
+    p = sub.add_parser("ir", help="print the IR after all passes")
+    _add_model_options(p)
+    p.set_defaults(run=cmd_ir)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except KilnError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Element types kiln knows, with their GGML block geometry.
+
+Sizes come from `gguf.GGML_QUANT_SIZES` (the reference tables of the format), never from
+numbers of our own.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .errors import OptionError
+
+
+class DType(Enum):
+    """A tensor element type; the value is its GGML type."""
+
+    F32 = GGMLQuantizationType.F32
+    F16 = GGMLQuantizationType.F16
+    BF16 = GGMLQuantizationType.BF16
+    Q8_0 = GGMLQuantizationType.Q8_0
+    Q4_0 = GGMLQuantizationType.Q4_0
+    Q4_1 = GGMLQuantizationType.Q4_1
+    Q5_0 = GGMLQuantizationType.Q5_0
+    Q5_1 = GGMLQuantizationType.Q5_1
+    Q4_K = GGMLQuantizationType.Q4_K
+    Q5_K = GGMLQuantizationType.Q5_K
+    Q6_K = GGMLQuantizationType.Q6_K
+    I32 = GGMLQuantizationType.I32
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def block_elems(self) -> int:
+        return GGML_QUANT_SIZES[self.value][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return GGML_QUANT_SIZES[self.value][1]
+
+    def nbytes(self, n_elems: int) -> int:
+        """Bytes for `n_elems` elements; `n_elems` must be a whole number of blocks."""
+        if n_elems % self.block_elems:
+            raise ValueError(f"{n_elems} elements is not a whole number of {self.name} blocks")
+        return n_elems // self.block_elems * self.block_bytes
+
+
+# Types a GGUF weight may have. Everything else is refused by name when the model is read.
+WEIGHT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d is not DType.I32)
+
+
+def weight_dtype(ggml_type: GGMLQuantizationType) -> DType | None:
+    """The DType of a GGUF tensor type, or None if kiln has no kernels for it."""
+    for d in WEIGHT_DTYPES:
+        if d.value == ggml_type:
+            return d
+    return None
+
+
+# KV-cache element types, by their option spelling.
+KV_DTYPES: dict[str, DType] = {"f32": DType.F32, "f16": DType.F16, "q8_0": DType.Q8_0}
+
+
+def parse_kv_dtype(text: str | DType) -> DType:
+    if isinstance(text, DType) and text in KV_DTYPES.values():
+        return text
+    try:
+        return KV_DTYPES[str(text).lower()]
+    except KeyError:
+        raise OptionError(
+            f"kv_dtype (--kv-dtype): unknown KV cache dtype {text!r}; choose one of {', '.join(KV_DTYPES)}"
+        ) from None

@@ -1,0 +1,32 @@
+"""The pass pipeline, in order. Each pass takes a graph and returns a new one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..gguf_model import ModelSpec
+from ..ir import Graph
+from ..planner.kv_plan import KVPlan
+from .kernel_select import select_kernels
+from .kv_insert import insert_kv_ops
+from .validate import validate
+
+
+@dataclass(frozen=True)
+class PassContext:
+    spec: ModelSpec
+    kv: KVPlan
+
+
+PIPELINE: tuple[tuple[str, Callable[[Graph, PassContext], Graph]], ...] = (
+    ("validate_built", lambda g, c: validate(g, c.spec)),
+    ("kv_insert", lambda g, c: insert_kv_ops(g, c.kv)),
+    ("kernel_select", lambda g, c: select_kernels(g)),
+    ("validate", lambda g, c: validate(g, c.spec)),
+)
+
+
+def run_passes(g: Graph, ctx: PassContext) -> Graph:
+    for _name, run in PIPELINE:
+        g = run(g, ctx)
+    return g

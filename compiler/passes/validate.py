@@ -1,0 +1,160 @@
+"""Check a graph before memory is planned for it.
+
+- every value is defined once, and before it is used;
+- every activation is used (or is a graph output);
+- every weight value is used exactly once, and every tensor of the file is used;
+- each op has the attrs its type needs, and its shapes agree (one rule per op).
+All problems are collected and reported together.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Callable
+
+from ..errors import GraphError
+from ..gguf_model import ModelSpec
+from ..ir import OP_ATTRS, AttentionAttrs, Graph, Node, Op, Value, ValueKind
+
+ShapeRule = Callable[[Node], "str | None"]
+
+
+def _same(*shapes: tuple[int, ...]) -> bool:
+    return len(set(shapes)) == 1
+
+
+def _embed(n: Node) -> str | None:
+    (ids, table), (out,) = n.inputs, n.outputs
+    if out.shape != (ids.shape[0], table.shape[1]):
+        return f"output {out.shape} != (tokens {ids.shape[0]}, embd {table.shape[1]})"
+    return None
+
+
+def _norm(n: Node) -> str | None:
+    (x, w), (out,) = n.inputs, n.outputs
+    if w.shape != (x.shape[-1],) or out.shape != x.shape:
+        return f"input {x.shape}, weight {w.shape}, output {out.shape} disagree"
+    return None
+
+
+def _matmul(n: Node) -> str | None:
+    x, w, *bias = n.inputs
+    (out,) = n.outputs
+    n_out, n_in = w.shape
+    rows = x.shape[0]
+    if prod(x.shape[1:]) != n_in or out.shape[0] != rows or prod(out.shape[1:]) != n_out:
+        return f"x {x.shape} @ W{w.shape}^T -> {out.shape} does not agree"
+    if bias and bias[0].shape != (n_out,):
+        return f"bias {bias[0].shape} != ({n_out},)"
+    return None
+
+
+def _rope(n: Node) -> str | None:
+    (x, pos), (out,) = n.inputs, n.outputs
+    if len(x.shape) != 3 or pos.shape != (x.shape[0],) or out.shape != x.shape:
+        return f"x {x.shape}, pos {pos.shape}, output {out.shape} disagree"
+    return None
+
+
+def _attention(n: Node) -> str | None:
+    a: AttentionAttrs = n.attrs
+    q, *rest = n.inputs
+    (out,) = n.outputs
+    if q.shape[1:] != (a.n_head, a.head_dim) or out.shape != (q.shape[0], a.n_head * a.head_dim):
+        return f"q {q.shape} or output {out.shape} disagree with {a.n_head} heads of {a.head_dim}"
+    if rest[-1].kind is ValueKind.KV:
+        _, kv = rest
+        if kv.shape[1] != a.n_head_kv or kv.shape[3] != a.head_dim:
+            return f"kv cache {kv.shape} disagrees with {a.n_head_kv} kv heads of {a.head_dim}"
+    else:
+        k, v = rest
+        if not _same(k.shape, v.shape, (q.shape[0], a.n_head_kv, a.head_dim)):
+            return f"k {k.shape}, v {v.shape} disagree with {a.n_head_kv} kv heads"
+    return None
+
+
+def _kv_write(n: Node) -> str | None:
+    k, v, pos, kv = n.inputs
+    if not _same(k.shape, v.shape) or pos.shape != (k.shape[0],) or kv.shape[1::2] != k.shape[1:]:
+        return f"k {k.shape}, v {v.shape}, pos {pos.shape} do not fit cache {kv.shape}"
+    if n.outputs:
+        return "a cache write has no outputs"
+    return None
+
+
+def _elementwise(n: Node) -> str | None:
+    if not _same(*(v.shape for v in n.inputs + n.outputs)):
+        return f"shapes {[v.shape for v in n.inputs + n.outputs]} differ"
+    return None
+
+
+def _last_token(n: Node) -> str | None:
+    (x,), (out,) = n.inputs, n.outputs
+    if out.shape != (1, x.shape[1]):
+        return f"output {out.shape} is not one row of {x.shape}"
+    return None
+
+
+SHAPE_RULES: dict[Op, ShapeRule] = {
+    Op.EMBED: _embed,
+    Op.RMS_NORM: _norm,
+    Op.MATMUL: _matmul,
+    Op.ROPE: _rope,
+    Op.ATTENTION: _attention,
+    Op.KV_STORE: _kv_write,
+    Op.KV_BATCH_COPY: _kv_write,
+    Op.ADD: _elementwise,
+    Op.GLU: _elementwise,
+    Op.LAST_TOKEN: _last_token,
+}
+assert set(SHAPE_RULES) == set(Op)
+
+_ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV)
+
+
+def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
+    problems: list[str] = []
+    defined: set[str] = {v.name for v in g.inputs}
+    used: dict[str, int] = {}
+    weight_uses: dict[str, int] = {}
+    for i, n in enumerate(g.nodes):
+        where = f"op {i} ({n.label})"
+        for v in n.inputs:
+            if v.kind in _ALWAYS_DEFINED:
+                if v.kind is ValueKind.WEIGHT:
+                    weight_uses[v.name] = weight_uses.get(v.name, 0) + 1
+            elif v.name not in defined:
+                problems.append(f"{where}: input '{v.name}' is used before it is defined")
+            used[v.name] = used.get(v.name, 0) + 1
+        for v in n.outputs:
+            if v.name in defined:
+                problems.append(f"{where}: '{v.name}' is defined twice")
+            defined.add(v.name)
+        expected = OP_ATTRS[n.op]
+        if (n.attrs is None) != (expected is None) or (expected and not isinstance(n.attrs, expected)):
+            problems.append(f"{where}: {n.op.value} needs attrs {expected.__name__ if expected else None}")
+            continue
+        shape_problem = SHAPE_RULES[n.op](n)
+        if shape_problem:
+            problems.append(f"{where}: {n.op.value}: {shape_problem}")
+    outputs = {v.name for v in g.outputs}
+    for v in g.activations():
+        if v.name not in used and v.name not in outputs:
+            problems.append(f"activation '{v.name}' is computed but never used")
+    for name, count in sorted(weight_uses.items()):
+        if count != 1:
+            problems.append(f"weight '{name}' is used {count} times (expected exactly once)")
+    if spec is not None:
+        viewed = {v.tensor.name for v in g.weights() if v.tensor is not None}
+        for name in spec.tensors:
+            if name not in viewed:
+                problems.append(f"tensor '{name}' of {spec.path.name} is not used by the {spec.arch} template")
+    return problems
+
+
+def validate(g: Graph, spec: ModelSpec | None = None) -> Graph:
+    problems = graph_problems(g, spec)
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise GraphError(f"the {g.mode.value} graph is invalid:\n  {shown}{more}")
+    return g

@@ -1,0 +1,1 @@
+"""Memory planning: KV region, then activation lifetimes -> events -> offsets, then a Layout."""

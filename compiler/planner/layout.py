@@ -1,0 +1,123 @@
+"""The memory layout of one mode: every buffer with its region, offset, size and live range.
+
+Offsets are relative to their region: weights to the GGUF file (they are mmapped views),
+kv to the KV region (one slot; slots repeat every `seq_stride` bytes), activations to the
+activation arena.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gguf_model import ModelSpec
+from ..ir import Graph, Op, ValueKind
+from ..options import CompileOptions
+from ..templates import Template
+from .allocator import allocate, arena_bytes
+from .events import events, peak_live_bytes
+from .kv_plan import KVPlan, align
+from .liveness import lifetimes
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    region: str  # "weights" | "activations" | "kv"
+    offset: int
+    size: int
+    shape: tuple[int, ...]
+    dtype: str
+    first_op: int
+    last_op: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    model: str
+    arch: str
+    mode: str
+    ctx: int
+    kv_dtype: str
+    prefill_chunk: int
+    n_seq: int
+    n_tokens: int
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    rope_base: float
+    rope_base_local: float | None
+    sliding_window: int | None
+    norm_eps: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    config: LayoutConfig
+    n_ops: int
+    buffers: tuple[Buffer, ...]
+    kv: KVPlan
+    weights_bytes: int
+    activation_bytes: int
+    activation_bytes_without_reuse: int
+    activation_peak_live_bytes: int
+
+    def region(self, name: str) -> list[Buffer]:
+        return [b for b in self.buffers if b.region == name]
+
+
+def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions, kv: KVPlan) -> Layout:
+    hp = spec.hparams
+    config = LayoutConfig(
+        model=spec.path.name, arch=spec.arch, mode=g.mode.value, ctx=opts.ctx, kv_dtype=opts.kv_dtype.label,
+        prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq, n_tokens=g.n_tokens, n_layer=hp.n_layer,
+        n_embd=hp.n_embd, n_ff=hp.n_ff, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+        n_vocab=hp.n_vocab, rope_base=hp.rope_base, rope_base_local=tmpl.rope_base_local,
+        sliding_window=hp.sliding_window, norm_eps=hp.norm_eps,
+    )
+    lts = lifetimes(g)
+    evs = events(lts)
+    placements = allocate(evs)
+    activations = [
+        Buffer(p.lifetime.value.name, "activations", p.offset, p.size, p.lifetime.value.shape,
+               p.lifetime.value.dtype.label, p.lifetime.first, p.lifetime.last)
+        for p in placements
+    ]
+    return Layout(
+        config=config,
+        n_ops=len(g.nodes),
+        buffers=tuple(_weight_buffers(g) + activations + _kv_buffers(g, kv)),
+        kv=kv,
+        weights_bytes=spec.weights_bytes,
+        activation_bytes=arena_bytes(placements),
+        activation_bytes_without_reuse=sum(p.size for p in placements),
+        activation_peak_live_bytes=peak_live_bytes(evs, lambda lt: align(lt.value.nbytes)),
+    )
+
+
+def _weight_buffers(g: Graph) -> list[Buffer]:
+    out = []
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            if v.kind is ValueKind.WEIGHT:
+                t = v.tensor
+                note = "" if t.name == v.name else f"view of {t.name}"
+                out.append(Buffer(v.name, "weights", t.offset, t.nbytes, t.shape, t.dtype.label, i, i, note))
+    return sorted(out, key=lambda b: (b.offset, b.name))
+
+
+def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:
+    writes = {n.layer: i for i, n in enumerate(g.nodes) if n.op in (Op.KV_STORE, Op.KV_BATCH_COPY)}
+    reads = {n.layer: i for i, n in enumerate(g.nodes) if n.op is Op.ATTENTION}
+    out = []
+    for ly in kv.layers:
+        shape = (kv.n_head_kv, ly.capacity, kv.head_dim)
+        half = ly.bytes // 2
+        note = "persistent" + (f"; ring of {ly.capacity} for window {ly.window}" if ly.window else "")
+        for part, offset in (("k", ly.k_offset), ("v", ly.v_offset)):
+            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, half, shape, kv.dtype.label,
+                              writes.get(ly.layer, 0), reads.get(ly.layer, 0), note))
+    return out
