@@ -6,9 +6,9 @@ activation arena.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
-from ..gguf_model import ModelSpec
+from ..gguf_model import HParams, ModelSpec
 from ..ir import Graph, Op, ValueKind
 from ..options import CompileOptions
 from ..templates import Template
@@ -36,22 +36,18 @@ class LayoutConfig:
     model: str
     arch: str
     mode: str
+    n_tokens: int
     ctx: int
     kv_dtype: str
     prefill_chunk: int
     n_seq: int
-    n_tokens: int
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_vocab: int
-    rope_base: float
     rope_base_local: float | None
-    sliding_window: int | None
-    norm_eps: float
+    hparams: HParams
+
+    def items(self) -> list[tuple[str, object]]:
+        """Flat (key, value) pairs: the options, then the model's hyperparameters."""
+        own = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "hparams"]
+        return own + list(asdict(self.hparams).items())
 
 
 @dataclass(frozen=True)
@@ -70,13 +66,10 @@ class Layout:
 
 
 def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions, kv: KVPlan) -> Layout:
-    hp = spec.hparams
     config = LayoutConfig(
-        model=spec.path.name, arch=spec.arch, mode=g.mode.value, ctx=opts.ctx, kv_dtype=opts.kv_dtype.label,
-        prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq, n_tokens=g.n_tokens, n_layer=hp.n_layer,
-        n_embd=hp.n_embd, n_ff=hp.n_ff, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
-        n_vocab=hp.n_vocab, rope_base=hp.rope_base, rope_base_local=tmpl.rope_base_local,
-        sliding_window=hp.sliding_window, norm_eps=hp.norm_eps,
+        model=spec.path.name, arch=spec.arch, mode=g.mode.value, n_tokens=g.n_tokens, ctx=opts.ctx,
+        kv_dtype=opts.kv_dtype.label, prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq,
+        rope_base_local=tmpl.rope_base_local, hparams=spec.hparams,
     )
     lts = lifetimes(g)
     evs = events(lts)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 from .layout import Buffer, Layout
 
@@ -33,7 +32,7 @@ def render_text(lay: Layout) -> str:
     c, kv = lay.config, lay.kv
     out = [f"kiln memory layout: {c.model} ({c.arch}), {c.mode} graph of {lay.n_ops} ops", ""]
     out.append("CONFIGURATION")
-    out += [f"  {k:<16} {v}" for k, v in asdict(c).items()]
+    out += [f"  {k:<16} {v}" for k, v in c.items()]
 
     saved = lay.activation_bytes_without_reuse - lay.activation_bytes
     out += ["", "SUMMARY",
@@ -68,7 +67,7 @@ def render_text(lay: Layout) -> str:
 def layout_dict(lay: Layout) -> dict:
     kv = lay.kv
     return {
-        "config": asdict(lay.config),
+        "config": dict(lay.config.items()),
         "n_ops": lay.n_ops,
         "totals": {
             "weights_bytes": lay.weights_bytes,
