@@ -1,0 +1,133 @@
+"""Build C into a Python extension with cffi, cached in $KILN_CACHE/build by a content hash.
+
+The key covers everything that changes the binary: the C sources and headers, the cdef,
+the compiler flags and version, and kiln's version. A second load with the same key
+imports the cached library without compiling.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+from . import __version__
+from .errors import KilnError
+from .registry import cache_dir
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime_c"
+
+
+class BuildError(KilnError):
+    """The C compiler failed or is missing."""
+
+
+@dataclass(frozen=True)
+class CSource:
+    """A C extension to build: its exported declarations and the files that make it."""
+
+    name: str  # module prefix, e.g. "runtime" or "model"
+    cdef: str  # declarations cffi exposes to Python
+    prelude: str  # C text of the cffi wrapper (usually #includes)
+    sources: tuple[Path, ...]
+    sanitize: bool = False
+
+
+def runtime_sources() -> tuple[Path, ...]:
+    return tuple(sorted(RUNTIME_DIR.glob("*.c")))
+
+
+def runtime_headers() -> tuple[Path, ...]:
+    return tuple(sorted(RUNTIME_DIR.glob("*.h")))
+
+
+def compile_args(sanitize: bool) -> list[str]:
+    args = ["-std=gnu11", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+    if sanitize:
+        return args + ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                       "-fno-sanitize-recover=undefined"]
+    return args + ["-O3", "-march=native"]
+
+
+@lru_cache(maxsize=1)
+def _compiler_identity() -> str:
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    try:
+        return subprocess.run(cc.split() + ["--version"], capture_output=True, text=True).stdout
+    except OSError:
+        raise BuildError(f"no C compiler: '{cc}' cannot be run; install gcc (apt-get install gcc)") from None
+
+
+def build_key(src: CSource) -> str:
+    h = hashlib.sha256()
+    for part in (__version__, sys.version, _compiler_identity(), src.cdef, src.prelude, repr(compile_args(src.sanitize))):
+        h.update(part.encode())
+        h.update(b"\0")
+    for path in (*src.sources, *runtime_headers()):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def load_extension(src: CSource, log=lambda s: None) -> ModuleType:
+    """Build (or reuse) the extension for `src` and import it."""
+    key = build_key(src)
+    modname = f"_kiln_{src.name}_{key}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    out_dir = cache_dir() / "build" / modname
+    lib = next(out_dir.glob(f"{modname}*.so"), None) if out_dir.is_dir() else None
+    if lib is None:
+        lib = _compile(src, modname, out_dir, log)
+    spec = importlib.util.spec_from_file_location(modname, lib,
+                                                  loader=importlib.machinery.ExtensionFileLoader(modname, str(lib)))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[modname] = module
+    return module
+
+
+def _compile(src: CSource, modname: str, out_dir: Path, log) -> Path:
+    import cffi  # only needed when something must be compiled
+
+    ffi = cffi.FFI()
+    ffi.cdef(src.cdef)
+    ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(RUNTIME_DIR)],
+                   extra_compile_args=compile_args(src.sanitize),
+                   extra_link_args=["-fsanitize=address,undefined"] if src.sanitize else [], libraries=["m"])
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{modname}-", dir=out_dir.parent) as tmp:
+        log(f"compiling {modname}")
+        try:
+            built = Path(ffi.compile(tmpdir=tmp, verbose=False))
+        except Exception as e:  # distutils/setuptools raise several unrelated types
+            raise BuildError(f"building {src.name} failed: {e}") from None
+        staged = Path(tmp) / "out"
+        staged.mkdir()
+        shutil.copy2(built, staged / built.name)
+        try:
+            os.replace(staged, out_dir)  # atomic: a concurrent build of the same key wins or loses whole
+        except OSError:
+            if not out_dir.is_dir():
+                raise
+    return next(out_dir.glob(f"{modname}*.so"))
+
+
+def header_cdef(header: Path) -> str:
+    """A runtime header's declarations for cffi: the same text without preprocessor lines."""
+    return "\n".join(line for line in header.read_text().splitlines() if not line.lstrip().startswith("#"))
+
+
+def runtime_kernels(sanitize: bool = False) -> ModuleType:
+    """The runtime's kernels alone, for kernel tests."""
+    return load_extension(CSource("runtime", header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
+                                  runtime_sources(), sanitize))

@@ -1,0 +1,43 @@
+/* kernels.h: the runtime's kernel API. Plain C declarations (also fed to cffi's cdef).
+ *
+ * Types are GGML type ids (kiln_type). A matmul quantizes its activations once per row
+ * into the weight type's activation format, then dots every weight row against them,
+ * as llama.cpp does: q4_0/q5_0/q8_0 against q8_0, q4_1/q5_1 against q8_1, floats in f32.
+ */
+#ifndef KILN_KERNELS_H
+#define KILN_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kiln_type {
+    KILN_F32 = 0, KILN_F16 = 1, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7,
+    KILN_Q8_0 = 8, KILN_Q8_1 = 9, KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_Q8_K = 15,
+    KILN_BF16 = 30, KILN_TYPE_COUNT = 31
+};
+
+/* -- quantized weights and activations ----------------------------------------------------- */
+int kiln_type_supported(int type);
+size_t kiln_row_bytes(int type, int n);             /* bytes of n elements of type */
+size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations quantized for type */
+void kiln_quantize_act(int type, const float *x, void *dst, int n);     /* x[n] -> type's act format */
+void kiln_dequantize_row(int type, const void *src, float *dst, int n); /* n elements -> f32 */
+float kiln_vec_dot(int type, int n, const void *w, const void *act);    /* w row . quantized act row */
+/* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch >= n_rows act rows */
+void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
+                 const float *x, int n_rows, float *y, void *scratch);
+
+/* -- elementwise and normalisation --------------------------------------------------------- */
+/* rows of n: y = x / sqrt(mean(x^2) + eps) * (w + w_offset) */
+void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows);
+/* rotate each head of x[rows][n_head][head_dim] by pos[row]; neox pairs (i, i+d/2), else (2i, 2i+1) */
+void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
+               float base, int neox);
+void kiln_add(float *y, const float *a, const float *b, int n);
+void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(gate) * up */
+void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
+void kiln_softmax(float *x, int n);
+/* y[r] = scale * row ids[r] of the table, dequantized */
+void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);
+
+#endif

@@ -1,0 +1,61 @@
+/* ops.c: scalar reference kernels for the f32 elementwise and normalisation ops. */
+#include <math.h>
+
+#include "kernels.h"
+
+void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
+    for (int r = 0; r < rows; r++, x += n, y += n) {
+        double ss = 0.0; /* double, as ggml accumulates: long rows of large values lose bits in f32 */
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        const float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+        for (int i = 0; i < n; i++) y[i] = x[i] * scale * (w[i] + w_offset);
+    }
+}
+
+void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
+               float base, int neox) {
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);
+    const int half = head_dim / 2;
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < n_head; h++) {
+            const float *xh = x + ((size_t)r * n_head + h) * head_dim;
+            float *yh = y + ((size_t)r * n_head + h) * head_dim;
+            float theta = (float)pos[r]; /* theta_i = pos * base^(-2i/d), by repeated products like ggml */
+            for (int i = 0; i < half; i++, theta *= theta_scale) {
+                const float c = cosf(theta), s = sinf(theta);
+                const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                const float x0 = xh[i0], x1 = xh[i1];
+                yh[i0] = x0 * c - x1 * s;
+                yh[i1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void kiln_add(float *y, const float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+void kiln_geglu(float *y, const float *gate, const float *up, int n) {
+    const float sqrt_2_over_pi = 0.79788456080286535588f, coef_a = 0.044715f;
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i];
+        y[i] = 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + coef_a * g * g))) * up[i];
+    }
+}
+
+void kiln_softmax(float *x, int n) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) max = fmaxf(max, x[i]);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}

@@ -1,0 +1,290 @@
+/* quant.c: scalar reference kernels for quantized rows, dispatched through one type table.
+ *
+ * Every weight type has: a dequantizer (embedding rows, tests), the activation format its
+ * dot product wants, and a dot product against that format. SIMD versions, when they come,
+ * are twins of these and are tested against them.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "kernels.h"
+#include "quants.h"
+
+typedef void (*dequant_fn)(const void *src, float *dst, int n);
+typedef float (*dot_fn)(int n, const void *w, const void *act);
+typedef void (*quant_fn)(const float *x, void *dst, int n);
+
+typedef struct {
+    int block;          /* elements per block */
+    size_t block_bytes; /* bytes per block */
+    int act_type;       /* format the activations are quantized to for the dot */
+    dequant_fn dequant;
+    dot_fn dot;
+} type_traits;
+
+/* ==== activation quantizers ================================================================= */
+
+/* q8_0: d = max|x| / 127, q = round(x / d) */
+static void quantize_q8_0(const float *x, void *dst, int n) {
+    block_q8_0 *y = dst;
+    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = kiln_fp32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+/* q8_1: q8_0 plus s = d * sum(q), which lets q4_1/q5_1 fold their per-block minimum into one product */
+static void quantize_q8_1(const float *x, void *dst, int n) {
+    block_q8_1 *y = dst;
+    for (int b = 0; b < n / QK8_1; b++, x += QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_1; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) {
+            y[b].qs[j] = (int8_t)roundf(x[j] * id);
+            sum += y[b].qs[j];
+        }
+        y[b].d = kiln_fp32_to_fp16(d);
+        y[b].s = kiln_fp32_to_fp16(d * (float)sum);
+    }
+}
+
+static void copy_f32(const float *x, void *dst, int n) { memcpy(dst, x, (size_t)n * sizeof(float)); }
+
+/* ==== float weights ========================================================================= */
+
+static void dequant_f32(const void *src, float *dst, int n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+
+static void dequant_f16(const void *src, float *dst, int n) {
+    const kiln_half *s = src;
+    for (int i = 0; i < n; i++) dst[i] = kiln_fp16_to_fp32(s[i]);
+}
+
+static void dequant_bf16(const void *src, float *dst, int n) {
+    const kiln_bf16 *s = src;
+    for (int i = 0; i < n; i++) dst[i] = kiln_bf16_to_fp32(s[i]);
+}
+
+static float dot_f32(int n, const void *w, const void *act) {
+    const float *a = w, *b = act;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+static float dot_f16(int n, const void *w, const void *act) {
+    const kiln_half *a = w;
+    const float *b = act;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum += kiln_fp16_to_fp32(a[i]) * b[i];
+    return sum;
+}
+
+static float dot_bf16(int n, const void *w, const void *act) {
+    const kiln_bf16 *a = w;
+    const float *b = act;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum += kiln_bf16_to_fp32(a[i]) * b[i];
+    return sum;
+}
+
+/* ==== 32-element block weights ============================================================== */
+
+/* The 4-bit types store weight j in the low nibble of qs[j] and weight j+16 in the high one;
+ * the 5-bit types take bit j of qh as the fifth bit of weight j. */
+static inline int nib_lo(const uint8_t *qs, int j) { return qs[j] & 0x0F; }
+static inline int nib_hi(const uint8_t *qs, int j) { return qs[j] >> 4; }
+static inline uint32_t load_qh(const uint8_t qh[4]) {
+    uint32_t v;
+    memcpy(&v, qh, sizeof v);
+    return v;
+}
+static inline int five_lo(const uint8_t *qs, uint32_t qh, int j) { return nib_lo(qs, j) | (int)((qh >> j) & 1) << 4; }
+static inline int five_hi(const uint8_t *qs, uint32_t qh, int j) { return nib_hi(qs, j) | (int)((qh >> (j + 16)) & 1) << 4; }
+
+static void dequant_q4_0(const void *src, float *dst, int n) {
+    const block_q4_0 *x = src;
+    for (int b = 0; b < n / QK4_0; b++, dst += QK4_0) {
+        const float d = kiln_fp16_to_fp32(x[b].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            dst[j] = d * (float)(nib_lo(x[b].qs, j) - 8);
+            dst[j + QK4_0 / 2] = d * (float)(nib_hi(x[b].qs, j) - 8);
+        }
+    }
+}
+
+static float dot_q4_0(int n, const void *w, const void *act) {
+    const block_q4_0 *x = w;
+    const block_q8_0 *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK4_0; b++) {
+        int s = 0;
+        for (int j = 0; j < QK4_0 / 2; j++)
+            s += (nib_lo(x[b].qs, j) - 8) * y[b].qs[j] + (nib_hi(x[b].qs, j) - 8) * y[b].qs[j + QK4_0 / 2];
+        sum += (float)s * kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d);
+    }
+    return sum;
+}
+
+static void dequant_q4_1(const void *src, float *dst, int n) {
+    const block_q4_1 *x = src;
+    for (int b = 0; b < n / QK4_1; b++, dst += QK4_1) {
+        const float d = kiln_fp16_to_fp32(x[b].d), m = kiln_fp16_to_fp32(x[b].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            dst[j] = d * (float)nib_lo(x[b].qs, j) + m;
+            dst[j + QK4_1 / 2] = d * (float)nib_hi(x[b].qs, j) + m;
+        }
+    }
+}
+
+static float dot_q4_1(int n, const void *w, const void *act) {
+    const block_q4_1 *x = w;
+    const block_q8_1 *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK4_1; b++) {
+        int s = 0;
+        for (int j = 0; j < QK4_1 / 2; j++)
+            s += nib_lo(x[b].qs, j) * y[b].qs[j] + nib_hi(x[b].qs, j) * y[b].qs[j + QK4_1 / 2];
+        sum += (float)s * kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d)
+             + kiln_fp16_to_fp32(x[b].m) * kiln_fp16_to_fp32(y[b].s);
+    }
+    return sum;
+}
+
+static void dequant_q5_0(const void *src, float *dst, int n) {
+    const block_q5_0 *x = src;
+    for (int b = 0; b < n / QK5_0; b++, dst += QK5_0) {
+        const float d = kiln_fp16_to_fp32(x[b].d);
+        const uint32_t qh = load_qh(x[b].qh);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            dst[j] = d * (float)(five_lo(x[b].qs, qh, j) - 16);
+            dst[j + QK5_0 / 2] = d * (float)(five_hi(x[b].qs, qh, j) - 16);
+        }
+    }
+}
+
+static float dot_q5_0(int n, const void *w, const void *act) {
+    const block_q5_0 *x = w;
+    const block_q8_0 *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK5_0; b++) {
+        const uint32_t qh = load_qh(x[b].qh);
+        int s = 0;
+        for (int j = 0; j < QK5_0 / 2; j++)
+            s += (five_lo(x[b].qs, qh, j) - 16) * y[b].qs[j] + (five_hi(x[b].qs, qh, j) - 16) * y[b].qs[j + QK5_0 / 2];
+        sum += (float)s * kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d);
+    }
+    return sum;
+}
+
+static void dequant_q5_1(const void *src, float *dst, int n) {
+    const block_q5_1 *x = src;
+    for (int b = 0; b < n / QK5_1; b++, dst += QK5_1) {
+        const float d = kiln_fp16_to_fp32(x[b].d), m = kiln_fp16_to_fp32(x[b].m);
+        const uint32_t qh = load_qh(x[b].qh);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            dst[j] = d * (float)five_lo(x[b].qs, qh, j) + m;
+            dst[j + QK5_1 / 2] = d * (float)five_hi(x[b].qs, qh, j) + m;
+        }
+    }
+}
+
+static float dot_q5_1(int n, const void *w, const void *act) {
+    const block_q5_1 *x = w;
+    const block_q8_1 *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK5_1; b++) {
+        const uint32_t qh = load_qh(x[b].qh);
+        int s = 0;
+        for (int j = 0; j < QK5_1 / 2; j++)
+            s += five_lo(x[b].qs, qh, j) * y[b].qs[j] + five_hi(x[b].qs, qh, j) * y[b].qs[j + QK5_1 / 2];
+        sum += (float)s * kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d)
+             + kiln_fp16_to_fp32(x[b].m) * kiln_fp16_to_fp32(y[b].s);
+    }
+    return sum;
+}
+
+static void dequant_q8_0(const void *src, float *dst, int n) {
+    const block_q8_0 *x = src;
+    for (int b = 0; b < n / QK8_0; b++, dst += QK8_0) {
+        const float d = kiln_fp16_to_fp32(x[b].d);
+        for (int j = 0; j < QK8_0; j++) dst[j] = d * (float)x[b].qs[j];
+    }
+}
+
+static float dot_q8_0(int n, const void *w, const void *act) {
+    const block_q8_0 *x = w, *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK8_0; b++) {
+        int s = 0;
+        for (int j = 0; j < QK8_0; j++) s += x[b].qs[j] * y[b].qs[j];
+        sum += (float)s * kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d);
+    }
+    return sum;
+}
+
+/* ==== the type table ======================================================================== */
+
+static const type_traits TYPES[KILN_TYPE_COUNT] = {
+    [KILN_F32] = {1, 4, KILN_F32, dequant_f32, dot_f32},
+    [KILN_F16] = {1, 2, KILN_F32, dequant_f16, dot_f16},
+    [KILN_BF16] = {1, 2, KILN_F32, dequant_bf16, dot_bf16},
+    [KILN_Q4_0] = {QK4_0, sizeof(block_q4_0), KILN_Q8_0, dequant_q4_0, dot_q4_0},
+    [KILN_Q4_1] = {QK4_1, sizeof(block_q4_1), KILN_Q8_1, dequant_q4_1, dot_q4_1},
+    [KILN_Q5_0] = {QK5_0, sizeof(block_q5_0), KILN_Q8_0, dequant_q5_0, dot_q5_0},
+    [KILN_Q5_1] = {QK5_1, sizeof(block_q5_1), KILN_Q8_1, dequant_q5_1, dot_q5_1},
+    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), KILN_Q8_0, dequant_q8_0, dot_q8_0},
+};
+
+/* Activation formats: how a row of f32 activations is stored for a dot. */
+static const struct { int block; size_t block_bytes; quant_fn quantize; } ACT[KILN_TYPE_COUNT] = {
+    [KILN_F32] = {1, 4, copy_f32},
+    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), quantize_q8_0},
+    [KILN_Q8_1] = {QK8_1, sizeof(block_q8_1), quantize_q8_1},
+};
+
+int kiln_type_supported(int type) {
+    return type >= 0 && type < KILN_TYPE_COUNT && TYPES[type].dot != NULL;
+}
+
+size_t kiln_row_bytes(int type, int n) { return (size_t)(n / TYPES[type].block) * TYPES[type].block_bytes; }
+
+size_t kiln_act_row_bytes(int type, int n) {
+    const int a = TYPES[type].act_type;
+    return (size_t)(n / ACT[a].block) * ACT[a].block_bytes;
+}
+
+void kiln_quantize_act(int type, const float *x, void *dst, int n) { ACT[TYPES[type].act_type].quantize(x, dst, n); }
+
+void kiln_dequantize_row(int type, const void *src, float *dst, int n) { TYPES[type].dequant(src, dst, n); }
+
+float kiln_vec_dot(int type, int n, const void *w, const void *act) { return TYPES[type].dot(n, w, act); }
+
+void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
+                 const float *x, int n_rows, float *y, void *scratch) {
+    const type_traits *t = &TYPES[type];
+    const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
+    uint8_t *act = scratch;
+    for (int r = 0; r < n_rows; r++) kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
+    for (int r = 0; r < n_rows; r++) {
+        const uint8_t *a = act + r * a_row;
+        float *yr = y + (size_t)r * n_out;
+        for (int o = 0; o < n_out; o++)
+            yr[o] = t->dot(n_in, (const uint8_t *)w + (size_t)o * w_row, a) + (bias ? bias[o] : 0.0f);
+    }
+}
+
+void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale) {
+    const size_t row = kiln_row_bytes(type, n_embd);
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * n_embd;
+        TYPES[type].dequant((const uint8_t *)table + (size_t)ids[r] * row, yr, n_embd);
+        if (scale != 1.0f)
+            for (int i = 0; i < n_embd; i++) yr[i] *= scale;
+    }
+}

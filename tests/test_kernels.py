@@ -1,0 +1,171 @@
+"""Scalar reference kernels against gguf's own numpy (de)quantization and numpy math."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from compiler.build import runtime_kernels
+
+K = runtime_kernels()
+ffi, lib = K.ffi, K.lib
+BLOCK_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+
+
+def ptr(a: np.ndarray, ctype: str = "void *"):
+    return ffi.cast(ctype, ffi.from_buffer(a))
+
+
+def quantized(rng, rows: int, n: int, t: Q) -> tuple[np.ndarray, np.ndarray]:
+    x = (rng.standard_normal((rows, n)) * rng.uniform(0.01, 3.0, (rows, 1))).astype(np.float32)
+    raw = x if t is Q.F32 else quants.quantize(x, t)
+    return x, np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
+
+
+def act_values(t: Q, act: np.ndarray, n: int) -> np.ndarray:
+    """Decode the activation row a dot product sees, independently of the C code."""
+    if t in (Q.F32, Q.F16, Q.BF16):
+        return act.view(np.float32)
+    if t in (Q.Q4_1, Q.Q5_1):  # q8_1: f16 d, f16 s, 32 x int8
+        blocks = act.reshape(-1, 36)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+        return (d * blocks[:, 4:].view(np.int8)).reshape(n)
+    return quants.dequantize(act.reshape(-1, 34), Q.Q8_0).reshape(n)
+
+
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf(t):
+    rng = np.random.default_rng(int(t))
+    _, raw = quantized(rng, 8, 256, t)
+    want = quants.dequantize(raw, t).reshape(8, 256) if t is not Q.F32 else raw.view(np.float32)
+    got = np.zeros((8, 256), np.float32)
+    for r in range(8):
+        lib.kiln_dequantize_row(int(t), ptr(raw[r]), ptr(got[r], "float *"), 256)
+    assert np.array_equal(got, want)
+    assert lib.kiln_row_bytes(int(t), 256) == raw.shape[1]
+
+
+def test_q8_0_activation_quantization_matches_gguf():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    got = np.zeros((16, 8 * 34), np.uint8)
+    for r in range(16):
+        lib.kiln_quantize_act(int(Q.Q4_0), ptr(x[r]), ptr(got[r]), 256)
+    assert np.array_equal(got, quants.quantize(x, Q.Q8_0))
+
+
+def test_q8_1_sum_term():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(64).astype(np.float32)
+    act = np.zeros(2 * 36, np.uint8)
+    lib.kiln_quantize_act(int(Q.Q4_1), ptr(x), ptr(act), 64)
+    blocks = act.reshape(2, 36)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).ravel()
+    s = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).ravel()
+    qsum = blocks[:, 4:].view(np.int8).astype(np.int32).sum(axis=1)
+    np.testing.assert_allclose(s, (d * qsum).astype(np.float16).astype(np.float32))
+
+
+def min_term_rounding(t: Q, w: np.ndarray, act: np.ndarray) -> float:
+    """q4_1/q5_1 dots use the f16-rounded s = d*sum(q) for the minimum's term, like ggml: its offset."""
+    if t not in (Q.Q4_1, Q.Q5_1):
+        return 0.0
+    m = w.reshape(-1, 20 if t is Q.Q4_1 else 24)[:, 2:4].copy().view(np.float16).astype(np.float64).ravel()
+    blocks = act.reshape(-1, 36)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float64).ravel()
+    s = blocks[:, 2:4].copy().view(np.float16).astype(np.float64).ravel()
+    exact = d * blocks[:, 4:].view(np.int8).astype(np.float64).sum(axis=1)
+    return float(m @ (s - exact))
+
+
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
+def test_vec_dot_against_dequantized_numpy(t):
+    rng = np.random.default_rng(100 + int(t))
+    n = 512
+    _, w = quantized(rng, 4, n, t)
+    wf = quants.dequantize(w, t).reshape(4, n) if t is not Q.F32 else w.view(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
+    act = np.zeros(lib.kiln_act_row_bytes(int(t), n), np.uint8)
+    lib.kiln_quantize_act(int(t), ptr(x), ptr(act), n)
+    a = act_values(t, act, n).astype(np.float64)
+    for r in range(4):
+        got = lib.kiln_vec_dot(int(t), n, ptr(w[r]), ptr(act))
+        want = float(wf[r].astype(np.float64) @ a) + min_term_rounding(t, w[r], act)
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_1, Q.F16], ids=lambda t: t.name)
+def test_matmul_with_bias(t):
+    rng = np.random.default_rng(7)
+    n_in, n_out, rows = 128, 48, 5
+    _, w = quantized(rng, n_out, n_in, t)
+    wf = quants.dequantize(w, t).reshape(n_out, n_in)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    y = np.zeros((rows, n_out), np.float32)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    lib.kiln_matmul(int(t), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"),
+                    ptr(scratch))
+    want = x.astype(np.float64) @ wf.T.astype(np.float64) + bias
+    # 8-bit activations: error ~ |w|.|x| / 127 per output
+    np.testing.assert_allclose(y, want, atol=0.03 * np.abs(wf).sum(axis=1).max() * np.abs(x).max() / 127 * 4)
+
+
+def test_rms_norm():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 96)).astype(np.float32) * 5
+    w = rng.standard_normal(96).astype(np.float32)
+    y = np.zeros_like(x)
+    lib.kiln_rms_norm(ptr(y, "float *"), ptr(x, "float *"), ptr(w, "float *"), 1.0, 1e-6, 96, 3)
+    xd = x.astype(np.float64)
+    want = xd / np.sqrt((xd ** 2).mean(axis=1, keepdims=True) + 1e-6) * (w + 1.0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+def test_rope(neox):
+    rng = np.random.default_rng(4)
+    rows, heads, d, base = 3, 2, 16, 10000.0
+    x = rng.standard_normal((rows, heads, d)).astype(np.float32)
+    pos = np.array([0, 7, 1500], np.int32)
+    y = np.zeros_like(x)
+    lib.kiln_rope(ptr(y, "float *"), ptr(x, "float *"), ptr(pos, "int32_t *"), rows, heads, d, base, neox)
+    i = np.arange(d // 2)
+    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * i / d)  # [rows, d/2]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    i0, i1 = (i, i + d // 2) if neox else (2 * i, 2 * i + 1)
+    want = x.astype(np.float64).copy()
+    want[..., i0] = x[..., i0] * c - x[..., i1] * s
+    want[..., i1] = x[..., i0] * s + x[..., i1] * c
+    np.testing.assert_allclose(y, want, atol=2e-3)  # float theta at position 1500 carries ~1e-4 rad
+    np.testing.assert_allclose(y[:2], want[:2], atol=1e-5)
+
+
+def test_glu_and_add_and_softmax():
+    rng = np.random.default_rng(5)
+    g, u = rng.standard_normal((2, 300)).astype(np.float32) * 3
+    y = np.zeros(300, np.float32)
+    lib.kiln_swiglu(ptr(y, "float *"), ptr(g, "float *"), ptr(u, "float *"), 300)
+    np.testing.assert_allclose(y, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-5, atol=1e-6)
+    lib.kiln_geglu(ptr(y, "float *"), ptr(g, "float *"), ptr(u, "float *"), 300)
+    gd = g.astype(np.float64)
+    np.testing.assert_allclose(y, 0.5 * gd * (1 + np.tanh(np.sqrt(2 / np.pi) * (gd + 0.044715 * gd ** 3))) * u,
+                               rtol=1e-5, atol=1e-6)
+    lib.kiln_add(ptr(y, "float *"), ptr(g, "float *"), ptr(u, "float *"), 300)
+    np.testing.assert_array_equal(y, g + u)
+    z = (g * 10).copy()
+    lib.kiln_softmax(ptr(z, "float *"), 300)
+    e = np.exp(g * 10.0 - (g * 10).max())
+    np.testing.assert_allclose(z, e / e.sum(), rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_1, Q.F32], ids=lambda t: t.name)
+def test_embed_rows(t):
+    rng = np.random.default_rng(6)
+    _, table = quantized(rng, 50, 64, t)
+    tf = quants.dequantize(table, t).reshape(50, 64) if t is not Q.F32 else table.view(np.float32)
+    ids = np.array([3, 49, 0, 3], np.int32)
+    y = np.zeros((4, 64), np.float32)
+    lib.kiln_embed(int(t), ptr(y, "float *"), ptr(table), ptr(ids, "int32_t *"), 4, 64, 2.0)
+    np.testing.assert_array_equal(y, tf[ids] * 2.0)
