@@ -25,7 +25,7 @@ class Op(Enum):
     KV_BATCH_COPY = "kv_cache_batch_copy"  # prefill: write a chunk's K and V, transposed head-major
     ADD = "add"  # residual connection
     GLU = "glu"  # act(gate) * up
-    LAST_TOKEN = "last_token"  # keep the last row of a chunk (prefill logits are for the last token)
+    LOGITS = "logits"  # LM head over the rows the caller asks for (the last, or all), into caller memory
 
 
 class Mode(Enum):
@@ -38,6 +38,7 @@ class ValueKind(Enum):
     WEIGHT = "weight"  # a read-only view of the GGUF file
     ACTIVATION = "activation"  # lives in the planned activation arena
     KV = "kv"  # persistent per-layer cache state
+    OUTPUT = "output"  # written straight into the caller's buffer (logits); never in the arena
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.KV_BATCH_COPY: None,
     Op.ADD: None,
     Op.GLU: GluAttrs,
-    Op.LAST_TOKEN: None,
+    Op.LOGITS: None,
 }
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from compiler.builders import build_decode, build_prefill
 from compiler.gguf_model import read_model
-from compiler.ir import AttentionAttrs, EmbedAttrs, Mode, Op, RopeAttrs, format_graph
+from compiler.ir import AttentionAttrs, EmbedAttrs, Mode, Op, RopeAttrs, ValueKind, format_graph
 from compiler.templates import LayerKind, RopeLayout, load_template
 
 
@@ -21,7 +21,7 @@ def _graphs(path, chunk=8):
 def test_llama_block_structure(tiny):
     spec, dec, pre = _graphs(tiny("llama"))
     ops = Counter(n.op for n in dec.nodes)
-    assert ops[Op.MATMUL] == 2 * 7 + 1 and ops[Op.RMS_NORM] == 2 * 2 + 1 and ops[Op.ROPE] == 4
+    assert ops[Op.MATMUL] == 2 * 7 and ops[Op.LOGITS] == 1 and ops[Op.RMS_NORM] == 2 * 2 + 1 and ops[Op.ROPE] == 4
     assert ops[Op.ATTENTION] == 2 and ops[Op.GLU] == 2 and ops[Op.EMBED] == 1
     assert [n.label for n in dec.nodes[:12]] == [
         "inp_embd", "attn_norm-0", "q-0", "k-0", "v-0", "q_rope-0", "k_rope-0", "attn-0", "attn_out-0",
@@ -33,10 +33,12 @@ def test_llama_block_structure(tiny):
 def test_modes_differ_only_in_tokens_and_last_row(tiny):
     _, dec, pre = _graphs(tiny("qwen3"), chunk=8)
     assert (dec.mode, dec.n_tokens, pre.mode, pre.n_tokens) == (Mode.DECODE, 1, Mode.PREFILL, 8)
-    assert [n.op for n in pre.nodes if n.op is not Op.LAST_TOKEN] == [n.op for n in dec.nodes]
-    last = next(n for n in pre.nodes if n.op is Op.LAST_TOKEN)
-    assert last.inputs[0].shape == (8, 64) and last.outputs[0].shape == (1, 64)
-    assert pre.outputs[0].shape == dec.outputs[0].shape  # last-token logits only, never [chunk, vocab]
+    assert [n.op for n in pre.nodes] == [n.op for n in dec.nodes]
+    assert [n.label for n in pre.nodes] == [n.label for n in dec.nodes]
+    head = pre.nodes[-1]
+    assert head.op is Op.LOGITS and head.inputs[0].shape == (8, 64)
+    assert pre.outputs == head.outputs and pre.outputs[0].kind is ValueKind.OUTPUT  # caller memory, not arena
+    assert pre.outputs[0].shape == (8, 259) and dec.outputs[0].shape == (1, 259)
 
 
 def test_qwen2_bias_and_untied_head(tiny):

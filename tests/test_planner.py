@@ -128,7 +128,8 @@ def test_lifetimes_of_a_real_graph(smollm2):
     assert lts["inp_pos"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("attn-"))
     assert lts["attn_norm-0"].first == labels.index("attn_norm-0")
     assert lts["attn_norm-0"].last == labels.index("v-0")
-    assert lts["result_output"].last == len(g.nodes) - 1
+    assert lts["result_norm"].last == len(g.nodes) - 1
+    assert "result_output" not in lts  # logits go to the caller's buffer
 
 
 @pytest.mark.parametrize("mode", [Mode.DECODE, Mode.PREFILL])

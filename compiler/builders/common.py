@@ -58,15 +58,13 @@ class GraphBuilder:
         self.x = self.emit(Op.EMBED, "inp_embd", (self.tokens, self.weight("token_embd.weight")),
                            (self.T, self.hp.n_embd), EmbedAttrs(scale))
 
-    def last_token(self) -> None:
-        self.x = self.emit(Op.LAST_TOKEN, "last_token", (self.x,), (1, self.hp.n_embd))
-
     def logits(self) -> None:
         self.layer = None
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
         tied = self.tmpl.lm_head is LMHead.TIED or "output.weight" not in self.spec.tensors
         head = self.weight("output.weight", view_of="token_embd.weight" if tied else None)
-        self.emit(Op.MATMUL, "result_output", (x, head), (x.shape[0], self.hp.n_vocab))
+        logits = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_vocab), DType.F32)
+        self.nodes.append(Node(Op.LOGITS, "result_output", None, (x, head), (logits,)))
 
     def blocks(self) -> None:
         for il in range(self.hp.n_layer):

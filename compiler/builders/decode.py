@@ -1,4 +1,4 @@
-"""Decode: one token per step; its hidden state is already the last token's."""
+"""Decode: one token per step."""
 from __future__ import annotations
 
 from ..gguf_model import ModelSpec

@@ -1,7 +1,8 @@
 """Prefill: a chunk of up to `prefill_chunk` tokens per step.
 
-Buffers are planned for a full chunk. Only the last token's logits are computed, so the
-LM head costs [vocab], not [chunk, vocab].
+Buffers are planned for a full chunk. The LM head runs on the rows the caller asks for
+(the last, or all) and writes straight into the caller's logits buffer, so the arena
+never holds [chunk, vocab].
 """
 from __future__ import annotations
 
@@ -15,6 +16,5 @@ def build_prefill(spec: ModelSpec, tmpl: Template, chunk: int) -> Graph:
     b = GraphBuilder(spec, tmpl, Mode.PREFILL, n_tokens=chunk)
     b.embed()
     b.blocks()
-    b.last_token()
     b.logits()
     return b.graph()

@@ -20,6 +20,7 @@ _KV = tuple(KV_DTYPES.values())
 KERNELS: dict[KernelKey, str] = {
     **{(Op.EMBED, "", t): f"embed_{t.label}" for t in WEIGHT_DTYPES},
     **{(Op.MATMUL, "", t): f"matmul_{t.label}" for t in WEIGHT_DTYPES},
+    **{(Op.LOGITS, "", t): f"logits_{t.label}" for t in WEIGHT_DTYPES},
     (Op.RMS_NORM, "", DType.F32): "rms_norm_f32",
     (Op.ROPE, "pairwise", DType.F32): "rope_pairwise_f32",
     (Op.ROPE, "neox", DType.F32): "rope_neox_f32",
@@ -30,7 +31,6 @@ KERNELS: dict[KernelKey, str] = {
     (Op.ADD, "", DType.F32): "add_f32",
     (Op.GLU, "swiglu", DType.F32): "swiglu_f32",
     (Op.GLU, "geglu", DType.F32): "geglu_f32",
-    (Op.LAST_TOKEN, "", DType.F32): "copy_last_row_f32",
 }
 
 

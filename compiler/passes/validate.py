@@ -87,13 +87,6 @@ def _elementwise(n: Node) -> str | None:
     return None
 
 
-def _last_token(n: Node) -> str | None:
-    (x,), (out,) = n.inputs, n.outputs
-    if out.shape != (1, x.shape[1]):
-        return f"output {out.shape} is not one row of {x.shape}"
-    return None
-
-
 SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.EMBED: _embed,
     Op.RMS_NORM: _norm,
@@ -104,7 +97,7 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.KV_BATCH_COPY: _kv_write,
     Op.ADD: _elementwise,
     Op.GLU: _elementwise,
-    Op.LAST_TOKEN: _last_token,
+    Op.LOGITS: _matmul,
 }
 assert set(SHAPE_RULES) == set(Op)
 

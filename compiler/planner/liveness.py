@@ -1,7 +1,7 @@
 """Lifetimes of the activation arena's buffers: [first op that touches it, last op that reads it].
 
-Graph inputs are live from op 0; graph outputs stay live through the last op, since the
-caller reads them after the step.
+Graph inputs are live from op 0. Graph outputs (logits) are written into the caller's
+buffer, so they take no arena space.
 """
 from __future__ import annotations
 
@@ -34,7 +34,4 @@ def lifetimes(g: Graph) -> list[Lifetime]:
         for v in n.inputs:
             if v.kind in ARENA_KINDS:
                 last[v.name] = i
-    end = len(g.nodes) - 1
-    for v in g.outputs:
-        last[v.name] = end
     return [Lifetime(values[name], first[name], last[name]) for name in values]
