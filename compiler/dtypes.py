@@ -27,6 +27,7 @@ class DType(Enum):
     Q5_K = GGMLQuantizationType.Q5_K
     Q6_K = GGMLQuantizationType.Q6_K
     I32 = GGMLQuantizationType.I32
+    I8 = GGMLQuantizationType.I8  # raw bytes: kernel scratch
 
     @property
     def label(self) -> str:
@@ -48,7 +49,7 @@ class DType(Enum):
 
 
 # Types a GGUF weight may have. Everything else is refused by name when the model is read.
-WEIGHT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d is not DType.I32)
+WEIGHT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d not in (DType.I32, DType.I8))
 
 
 def weight_dtype(ggml_type: GGMLQuantizationType) -> DType | None:
@@ -57,6 +58,21 @@ def weight_dtype(ggml_type: GGMLQuantizationType) -> DType | None:
         if d.value == ggml_type:
             return d
     return None
+
+
+# How a matmul stores its activations for the dot with each weight type (runtime_c/quant.c's
+# table says the same; a test holds them together): (elements, bytes) per block.
+_ACT_BLOCK: dict[DType, tuple[int, int]] = {
+    **{t: (1, 4) for t in (DType.F32, DType.F16, DType.BF16)},
+    **{t: (32, 34) for t in (DType.Q4_0, DType.Q5_0, DType.Q8_0)},  # q8_0
+    **{t: (32, 36) for t in (DType.Q4_1, DType.Q5_1)},  # q8_1: q8_0 plus d*sum(q)
+    **{t: (256, 292) for t in (DType.Q4_K, DType.Q5_K, DType.Q6_K)},  # q8_K
+}
+
+
+def act_row_bytes(weight: DType, n: int) -> int:
+    block, size = _ACT_BLOCK[weight]
+    return n // block * size
 
 
 # KV-cache element types, by their option spelling.

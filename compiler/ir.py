@@ -118,6 +118,7 @@ class Node:
     outputs: tuple[Value, ...]
     attrs: Attrs = None
     kernel: str | None = None  # set by the kernel-selection pass
+    scratch: Value | None = None  # working memory the kernel needs during this op only
 
     @property
     def label(self) -> str:

@@ -40,4 +40,16 @@ void kiln_softmax(float *x, int n);
 /* y[r] = scale * row ids[r] of the table, dequantized */
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);
 
+
+/* -- KV cache and attention (f32 cache) ---------------------------------------------------- */
+#define KILN_MAX_HEAD_DIM 512
+/* write k,v[n_tokens][n_head_kv][head_dim] at rows pos[t] % capacity of the head-major cache */
+void kiln_kv_store_f32(float *k_cache, float *v_cache, const float *k, const float *v, const int32_t *pos,
+                       int n_tokens, int capacity, int n_head_kv, int head_dim);
+/* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over cached positions j in (pos[t] - window, pos[t]]
+   (window 0: all of 0..pos[t]) */
+void kiln_attention_f32(float *out, const float *q, const int32_t *pos, int n_tokens, const float *k_cache,
+                        const float *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
+                        float scale);
+
 #endif

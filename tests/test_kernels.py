@@ -169,3 +169,10 @@ def test_embed_rows(t):
     y = np.zeros((4, 64), np.float32)
     lib.kiln_embed(int(t), ptr(y, "float *"), ptr(table), ptr(ids, "int32_t *"), 4, 64, 2.0)
     np.testing.assert_array_equal(y, tf[ids] * 2.0)
+
+
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
+def test_python_and_c_agree_on_activation_formats(t):
+    from compiler.dtypes import DType, act_row_bytes
+    assert lib.kiln_act_row_bytes(int(t), 512) == act_row_bytes(DType(t), 512)
+    assert lib.kiln_type_supported(int(t))

@@ -114,3 +114,16 @@ def test_validate_catches_faults(tiny):
 
     with pytest.raises(GraphError, match="the decode graph is invalid"):
         validate(swapped, spec)
+
+
+def test_scratch_before_after(tiny):
+    from compiler.passes.scratch import add_scratch
+
+    spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
+    g = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
+    assert all(n.scratch is None for n in g.nodes)
+    after = add_scratch(g)
+    scratch = {n.label: n.scratch for n in after.nodes if n.scratch is not None}
+    assert set(scratch) == {n.label for n in g.nodes if n.op in (Op.MATMUL, Op.LOGITS)}
+    assert scratch["q-0"].nbytes == 8 * 2 * 36  # 8 rows of 64 activations as two q8_1 blocks
+    assert scratch["result_output"].nbytes == 8 * 2 * 36  # the tied head is Q4_1 too

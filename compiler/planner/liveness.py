@@ -34,4 +34,7 @@ def lifetimes(g: Graph) -> list[Lifetime]:
         for v in n.inputs:
             if v.kind in ARENA_KINDS:
                 last[v.name] = i
+        if n.scratch is not None:
+            values[n.scratch.name] = n.scratch
+            first[n.scratch.name] = last[n.scratch.name] = i
     return [Lifetime(values[name], first[name], last[name]) for name in values]
