@@ -39,6 +39,7 @@ class CSource:
     cdef: str  # declarations cffi exposes to Python
     prelude: str  # C text of the cffi wrapper (usually #includes)
     sources: tuple[Path, ...]
+    include_dirs: tuple[Path, ...] = ()
     sanitize: bool = False
 
 
@@ -101,7 +102,7 @@ def _compile(src: CSource, modname: str, out_dir: Path, log) -> Path:
 
     ffi = cffi.FFI()
     ffi.cdef(src.cdef)
-    ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(RUNTIME_DIR)],
+    ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(d) for d in (*src.include_dirs, RUNTIME_DIR)],
                    extra_compile_args=compile_args(src.sanitize),
                    extra_link_args=["-fsanitize=address,undefined"] if src.sanitize else [], libraries=["m"])
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -130,4 +131,4 @@ def header_cdef(header: Path) -> str:
 def runtime_kernels(sanitize: bool = False) -> ModuleType:
     """The runtime's kernels alone, for kernel tests."""
     return load_extension(CSource("runtime", header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
-                                  runtime_sources(), sanitize))
+                                  runtime_sources(), sanitize=sanitize))

@@ -1,4 +1,4 @@
-"""Golden outputs for a tiny synthetic llama: regenerated and diffed byte for byte.
+"""Golden outputs for a tiny synthetic llama (IR, layout maps, generated C): regenerated and diffed byte for byte.
 
 After an intended change, refresh them with:  KILN_UPDATE_GOLDEN=1 make test
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from compiler.codegen import generate
 from compiler.ir import Mode, format_graph
 from compiler.options import CompileOptions
 from compiler.pipeline import plan
@@ -22,12 +23,14 @@ GOLDEN = Path(__file__).resolve().parent.parent / "generated" / "examples" / "ti
 
 def render_examples(workdir: Path) -> dict[str, str]:
     model = write_tiny_model(workdir / "tiny-llama.gguf", TinySpec(arch="llama", wtype=Q.Q8_0))
-    out = {}
+    out, planned = {}, {}
     for mode in Mode:
-        p = plan(model, CompileOptions(ctx=64, prefill_chunk=16), mode)
+        p = planned[mode] = plan(model, CompileOptions(ctx=64, prefill_chunk=16), mode)
         out[f"ir_{mode.value}.txt"] = format_graph(p.graph)
         out[f"layout_{mode.value}.txt"] = render_text(p.layout)
         out[f"layout_{mode.value}.json"] = render_json(p.layout)
+    src = generate(planned[Mode.DECODE], planned[Mode.PREFILL])
+    out["model.c"], out["model.h"] = src.model_c, src.model_h
     return out
 
 

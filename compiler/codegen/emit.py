@@ -1,0 +1,138 @@
+"""One C statement per IR node, from two tables: the C function of each kernel, and the
+arguments each op passes. Nothing here knows about a particular model."""
+from __future__ import annotations
+
+from math import prod
+from typing import Callable
+
+from ..errors import KilnError
+from ..ir import Node, Op, Value, ValueKind
+from ..templates import RopeLayout
+
+
+class CodegenError(KilnError):
+    """The graph needs a kernel the C runtime does not have yet."""
+
+
+def c_float(x: float) -> str:
+    """A float literal that reads back as the same float32."""
+    text = f"{x:.9g}"
+    return text + ("f" if any(ch in text for ch in ".e") else ".0f")
+
+
+def c_name(v: Value) -> str:
+    return v.name.replace("-", "_").replace(".", "_")
+
+
+def c_type(v: Value) -> str:
+    return f"KILN_{v.dtype.name}"
+
+
+def weight(v: Value) -> str:
+    return f"W({v.tensor.offset:#x})"
+
+
+def row(v: Value) -> int:
+    """Elements per token of an activation [tokens, ...]."""
+    return prod(v.shape[1:])
+
+
+# kernel name (from the kernel-selection pass) -> the runtime function that implements it
+def _c_symbols() -> dict[str, str]:
+    from ..dtypes import WEIGHT_DTYPES
+
+    table = {f"{kind}_{t.label}": fn for t in WEIGHT_DTYPES
+             for kind, fn in (("embed", "kiln_embed"), ("matmul", "kiln_matmul"), ("logits", "kiln_matmul"))}
+    table |= {
+        "rms_norm_f32": "kiln_rms_norm",
+        "rope_pairwise_f32": "kiln_rope",
+        "rope_neox_f32": "kiln_rope",
+        "kv_store_f32": "kiln_kv_store_f32",
+        "kv_batch_copy_f32": "kiln_kv_store_f32",
+        "attention_decode_f32": "kiln_attention_f32",
+        "attention_prefill_f32": "kiln_attention_f32",
+        "add_f32": "kiln_add",
+        "swiglu_f32": "kiln_swiglu",
+        "geglu_f32": "kiln_geglu",
+    }
+    return table
+
+
+C_SYMBOLS = _c_symbols()
+
+
+def _embed(n: Node) -> list[str]:
+    ids, table = n.inputs
+    return [c_type(table), c_name(n.outputs[0]), weight(table), c_name(ids), "n", str(table.shape[1]),
+            c_float(n.attrs.scale)]
+
+
+def _rms_norm(n: Node) -> list[str]:
+    x, w = n.inputs
+    rows = f"n * {row(x) // x.shape[-1]}" if len(x.shape) > 2 else "n"
+    return [c_name(n.outputs[0]), c_name(x), f"(const float *){weight(w)}", c_float(n.attrs.weight_offset),
+            c_float(n.attrs.eps), str(x.shape[-1]), rows]
+
+
+def _matmul(n: Node, rows: str = "n", x_offset: str = "") -> list[str]:
+    x, w, *bias = n.inputs
+    b = f"(const float *){weight(bias[0])}" if bias else "NULL"
+    return [c_type(w), weight(w), b, str(w.shape[0]), str(w.shape[1]), c_name(x) + x_offset, rows,
+            c_name(n.outputs[0]), c_name(n.scratch)]
+
+
+def _logits(n: Node) -> list[str]:
+    # the last n_logits rows of the normed hidden state, straight into the caller's buffer
+    return _matmul(n, rows="n_logits", x_offset=f" + (size_t)(n - n_logits) * {n.inputs[1].shape[1]}")
+
+
+def _rope(n: Node) -> list[str]:
+    x, pos = n.inputs
+    a = n.attrs
+    return [c_name(n.outputs[0]), c_name(x), c_name(pos), "n", str(x.shape[1]), str(x.shape[2]), c_float(a.base),
+            "1" if a.layout is RopeLayout.NEOX else "0"]
+
+
+def _kv_store(n: Node) -> list[str]:
+    k, v, pos, kv = n.inputs
+    return [f"KV_K({kv.layer})", f"KV_V({kv.layer})", c_name(k), c_name(v), c_name(pos), "n",
+            f"KV_CAP[{kv.layer}]", str(k.shape[1]), str(k.shape[2])]
+
+
+def _attention(n: Node) -> list[str]:
+    q, pos, kv = n.inputs
+    a = n.attrs
+    return [c_name(n.outputs[0]), c_name(q), c_name(pos), "n", f"KV_K({kv.layer})", f"KV_V({kv.layer})",
+            f"KV_CAP[{kv.layer}]", f"KV_WINDOW[{kv.layer}]", str(a.n_head), str(a.n_head_kv), str(a.head_dim),
+            c_float(a.scale)]
+
+
+def _binary(n: Node) -> list[str]:
+    a, b = n.inputs
+    return [c_name(n.outputs[0]), c_name(a), c_name(b), f"n * {row(a)}"]
+
+
+ARGS: dict[Op, Callable[[Node], list[str]]] = {
+    Op.EMBED: _embed,
+    Op.RMS_NORM: _rms_norm,
+    Op.MATMUL: _matmul,
+    Op.LOGITS: _logits,
+    Op.ROPE: _rope,
+    Op.KV_STORE: _kv_store,
+    Op.KV_BATCH_COPY: _kv_store,
+    Op.ATTENTION: _attention,
+    Op.ADD: _binary,
+    Op.GLU: _binary,
+}
+assert set(ARGS) == set(Op)
+
+
+def statement(n: Node) -> str:
+    symbol = C_SYMBOLS.get(n.kernel)
+    if symbol is None:
+        raise CodegenError(f"kernel '{n.kernel}' (node {n.label}) has no C implementation yet")
+    return f"{symbol}({', '.join(ARGS[n.op](n))});"
+
+
+def is_arena_value(v: Value) -> bool:
+    return v.kind in (ValueKind.ACTIVATION, ValueKind.INPUT)

@@ -1,0 +1,88 @@
+"""Render the planned decode and prefill graphs into model.c and model.h with jinja2."""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from .. import __version__
+from ..dtypes import DType
+from ..ir import Node, ValueKind
+from ..pipeline import Planned
+from .emit import c_name, statement
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                          undefined=jinja2.StrictUndefined)
+
+_C_TYPE = {DType.F32: "float", DType.I32: "int32_t", DType.I8: "void"}
+
+
+@dataclass(frozen=True)
+class Generated:
+    model_c: str
+    model_h: str
+
+
+def _shape_comment(shape: tuple[int, ...]) -> str:
+    return "[" + " x ".join(["n", *map(str, shape[1:])]) + "]" if len(shape) > 1 else f"[{shape[0]} bytes]"
+
+
+def _node_lines(n: Node, offsets: dict[str, int]) -> list[str]:
+    lines = [f"    /* {n.label}: {n.kernel} */"]
+    written = [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + ([n.scratch] if n.scratch else [])
+    for v in written:
+        ctype = _C_TYPE[v.dtype]
+        cast = "" if ctype == "void" else f"({ctype} *)"
+        lines.append(f"    {ctype} *{c_name(v)} = {cast}A({offsets[v.name]:#x}); /* {_shape_comment(v.shape)} */")
+    lines.append(f"    {statement(n)}")
+    return lines
+
+
+def _step(p: Planned) -> dict:
+    offsets = {b.name: b.offset for b in p.layout.region("activations")}
+    body, layer = [], None
+    for n in p.graph.nodes:
+        if n.layer != layer:
+            layer = n.layer
+            title = f"layer {layer}" if layer is not None else "output"
+            body.append(f"\n    /* ---- {title} ---- */")
+        body += _node_lines(n, offsets)
+    return {
+        "mode": p.graph.mode.value,
+        "n_tokens": p.graph.n_tokens,
+        "n_ops": len(p.graph.nodes),
+        "tokens_offset": f"{offsets['inp_tokens']:#x}",
+        "pos_offset": f"{offsets['inp_pos']:#x}",
+        "body": body,
+    }
+
+
+def rollback_limit(p: Planned) -> int:
+    """How many positions back a rollback can go before a sliding ring has lost what it needs."""
+    kv = p.layout.kv
+    limits = [ly.capacity - ly.window + 1 for ly in kv.layers if ly.window and ly.capacity < kv.ctx]
+    return min(limits, default=-1)
+
+
+def generate(decode: Planned, prefill: Planned) -> Generated:
+    spec, opts, kv = decode.spec, decode.options, decode.layout.kv
+    with open(spec.path, "rb") as f:
+        header_crc = zlib.crc32(f.read(spec.data_offset))
+    arena = max(decode.layout.activation_bytes, prefill.layout.activation_bytes)
+    ctx = {
+        "model": spec.path.name, "arch": spec.arch, "version": __version__,
+        "ctx": opts.ctx, "kv_dtype": opts.kv_dtype.label, "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
+        "n_vocab": spec.hparams.n_vocab, "n_layer": spec.hparams.n_layer,
+        "rollback_limit": rollback_limit(decode),
+        "file_size": spec.file_size, "header_bytes": spec.data_offset, "header_crc32": header_crc,
+        "kv_bytes": kv.total_bytes, "kv_seq_stride": kv.seq_stride,
+        "kv_k": [f"{ly.k_offset:#x}" for ly in kv.layers], "kv_v": [f"{ly.v_offset:#x}" for ly in kv.layers],
+        "kv_cap": [ly.capacity for ly in kv.layers], "kv_window": [ly.window or 0 for ly in kv.layers],
+        "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
+        "prefill_bytes": prefill.layout.activation_bytes,
+        "steps": [_step(decode), _step(prefill)],
+    }
+    return Generated(_ENV.get_template("model.c.j2").render(ctx), _ENV.get_template("model.h.j2").render(ctx))

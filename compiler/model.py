@@ -1,0 +1,135 @@
+"""The Python face of a compiled model: `compiler.load(...)` returns a Model.
+
+Python does no per-op work: each call is one C call that runs whole steps. Each Model owns
+its own C instance (weights mapping, KV region, arena), so any number can live in one process.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from .build import CSource, header_cdef, load_extension, runtime_sources
+from .codegen import Generated, generate
+from .errors import KilnError, OptionError
+from .ir import Mode
+from .options import CompileOptions
+from .pipeline import Planned, plan
+from .registry import cache_dir
+
+
+class ModelError(KilnError):
+    """A call on a loaded model was refused (bad token, full context, bad rollback, wrong weights)."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    decode: Planned
+    prefill: Planned
+    source: Generated
+    source_dir: Path
+    module: ModuleType
+
+
+def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize: bool = False,
+                  log=lambda s: None) -> Compiled:
+    decode, prefill = plan(model, opts, Mode.DECODE, log), plan(model, opts, Mode.PREFILL, log)
+    src = generate(decode, prefill)
+    digest = hashlib.sha256((src.model_c + src.model_h).encode()).hexdigest()[:24]
+    src_dir = cache_dir() / "src" / digest
+    if not (src_dir / "model.c").is_file():
+        src_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in (("model.h", src.model_h), ("model.c", src.model_c)):
+            tmp = src_dir / f".{name}.{os.getpid()}"
+            tmp.write_text(text)
+            os.replace(tmp, src_dir / name)
+    module = load_extension(CSource("model", header_cdef(src_dir / "model.h"), '#include "model.h"',
+                                    (src_dir / "model.c", *runtime_sources()), (src_dir,), sanitize), log)
+    return Compiled(decode, prefill, src, src_dir, module)
+
+
+def _status_messages(m: "Model") -> dict[int, str]:
+    lib = m._lib
+    return {
+        lib.KILN_E_ARG: "invalid argument",
+        lib.KILN_E_TOKEN: f"token id out of range [0, {m.n_vocab})",
+        lib.KILN_E_CTX_FULL: f"context full: the tokens do not fit in n_ctx={m.n_ctx} (n_past={m.n_past}); "
+                             "reset(), rollback(), or compile with a larger ctx",
+        lib.KILN_E_ROLLBACK: f"rollback beyond the cache: it holds n_past={m.n_past} positions",
+        lib.KILN_E_ROLLBACK_RING: "rollback further back than the sliding-window rings remember "
+                                  f"({lib.kiln_rollback_limit()} positions); reset() and prefill again",
+        lib.KILN_E_OPEN: f"{m.path}: cannot open or map the weights file",
+        lib.KILN_E_WEIGHTS: f"{m.path}: this is not the weights file the library was compiled for "
+                            f"(expected {lib.kiln_weights_size():,} bytes and the same header); recompile for it",
+        lib.KILN_E_NOMEM: "out of memory allocating the KV region or the arena",
+    }
+
+
+class Model:
+    """A loaded model: one C instance with its own KV cache and arena."""
+
+    def __init__(self, compiled: Compiled, weights_path: str | os.PathLike[str] | None = None):
+        self.compiled = compiled
+        self.spec = compiled.decode.spec
+        self.options = compiled.decode.options
+        self.path = Path(weights_path) if weights_path is not None else self.spec.path
+        self._ffi, self._lib = compiled.module.ffi, compiled.module.lib
+        self.n_vocab = int(self._lib.kiln_n_vocab())
+        self.n_ctx = int(self._lib.kiln_n_ctx())
+        handle = self._ffi.new("kiln_model **")
+        self._check(self._lib.kiln_open(handle, str(self.path).encode()))
+        self._m = self._ffi.gc(handle[0], self._lib.kiln_close)
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            raise ModelError(_status_messages(self).get(status, f"kiln error {status}"))
+
+    @property
+    def n_past(self) -> int:
+        return int(self._lib.kiln_n_past(self._m)) if hasattr(self, "_m") else 0
+
+    def _eval(self, ids, logits_all: bool) -> np.ndarray:
+        tokens = np.ascontiguousarray(ids, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ModelError("expected a non-empty 1-D sequence of token ids")
+        bad = np.flatnonzero((tokens < 0) | (tokens >= self.n_vocab))
+        if bad.size:
+            raise ModelError(f"token id {int(tokens[bad[0]])} at index {int(bad[0])} is out of range [0, {self.n_vocab})")
+        tokens = tokens.astype(np.int32)
+        out = np.empty((tokens.size if logits_all else 1, self.n_vocab), dtype=np.float32)
+        self._check(self._lib.kiln_eval(self._m, self._ffi.cast("int32_t *", self._ffi.from_buffer(tokens)),
+                                        tokens.size, self._ffi.cast("float *", self._ffi.from_buffer(out)),
+                                        int(logits_all)))
+        return out if logits_all else out[0]
+
+    def prefill(self, ids, logits: str = "last") -> np.ndarray:
+        """Append `ids` to the cache; the last token's logits [vocab], or all of them [len(ids), vocab]."""
+        if logits not in ("last", "all"):
+            raise OptionError(f"logits must be 'last' or 'all', got {logits!r}")
+        return self._eval(ids, logits == "all")
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; its logits [vocab]."""
+        return self._eval([int(token)], False)
+
+    def reset(self) -> None:
+        self._check(self._lib.kiln_reset(self._m))
+
+    def rollback(self, n: int) -> None:
+        """Keep the first `n` positions of the cache."""
+        if n < 0 or n > self.n_past:
+            raise ModelError(f"rollback({n}): the cache holds n_past={self.n_past} positions")
+        self._check(self._lib.kiln_rollback(self._m, int(n)))
+
+
+def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", threads: int | None = None,
+         prefill_chunk: int = CompileOptions.prefill_chunk, sanitize: bool = False, log=lambda s: None) -> Model:
+    """Compile (or reuse the cached build of) `model` and load it. `model` is a GGUF path or a bundled name."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise OptionError(f"threads must be a positive integer, got {threads!r}")
+    opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk)
+    return Model(compile_model(model, opts, sanitize, log))

@@ -1,0 +1,120 @@
+"""The compiled model through its Python wrapper: chunking, cursor operations and refusals."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+import compiler
+from compiler.errors import OptionError
+from compiler.model import Model, ModelError
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny):
+    return tiny("llama", wtype=Q.Q8_0)
+
+
+def _ids(n, vocab=259, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, n)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_chunked_prefill_matches_token_by_token(tiny, arch):
+    path = tiny(arch, wtype=Q.Q4_1)
+    chunked = compiler.load(path, ctx=64, prefill_chunk=8)
+    stepwise = compiler.load(path, ctx=64, prefill_chunk=8)
+    ids = _ids(29)
+    all_logits = chunked.prefill(ids, logits="all")
+    assert all_logits.shape == (29, 259) and chunked.n_past == 29
+    one_by_one = np.stack([stepwise.decode(int(t)) for t in ids])
+    np.testing.assert_allclose(all_logits, one_by_one, rtol=1e-4, atol=1e-5)
+    assert np.isfinite(all_logits).all()
+
+
+def test_last_logits_equal_last_row_of_all(tiny_llama):
+    a, b = compiler.load(tiny_llama, ctx=64, prefill_chunk=8), compiler.load(tiny_llama, ctx=64, prefill_chunk=8)
+    ids = _ids(20, seed=1)
+    np.testing.assert_array_equal(a.prefill(ids), b.prefill(ids, logits="all")[-1])
+
+
+def test_rollback_and_reset_replay_identically(tiny_llama):
+    m = compiler.load(tiny_llama, ctx=64, prefill_chunk=8)
+    ids = _ids(30, seed=2)
+    first = m.prefill(ids, logits="all")
+    m.rollback(12)
+    assert m.n_past == 12
+    np.testing.assert_array_equal(m.prefill(ids[12:], logits="all"), first[12:])
+    m.reset()
+    assert m.n_past == 0
+    np.testing.assert_array_equal(m.prefill(ids[:5], logits="all"), first[:5])
+
+
+def test_instances_are_independent(tiny_llama):
+    a, b = compiler.load(tiny_llama, ctx=64), compiler.load(tiny_llama, ctx=64)
+    ids = _ids(10, seed=3)
+    la = a.prefill(ids)
+    b.prefill(_ids(7, seed=4))
+    a.reset()
+    np.testing.assert_array_equal(a.prefill(ids), la)
+    assert (a.n_past, b.n_past) == (10, 7)
+
+
+def test_refusals_leave_the_model_usable(tiny_llama):
+    m = compiler.load(tiny_llama, ctx=16, prefill_chunk=8)
+    m.prefill(_ids(10))
+    with pytest.raises(ModelError, match=r"context full: the tokens do not fit in n_ctx=16 \(n_past=10\)"):
+        m.prefill(_ids(7))
+    with pytest.raises(ModelError, match="token id 259 at index 1 is out of range"):
+        m.prefill([3, 259])
+    with pytest.raises(ModelError, match="out of range"):
+        m.decode(-1)
+    with pytest.raises(ModelError, match=r"rollback\(11\): the cache holds n_past=10"):
+        m.rollback(11)
+    with pytest.raises(OptionError, match="logits must be 'last' or 'all'"):
+        m.prefill([1], logits="some")
+    assert m.n_past == 10
+    m.prefill(_ids(6))  # exactly fills the context
+    assert m.n_past == 16
+
+
+def test_the_c_side_refuses_too(tiny_llama):
+    m = compiler.load(tiny_llama, ctx=16)
+    lib, ffi = m._lib, m._ffi
+    out = ffi.new("float[]", 259 * 20)
+    assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [1] * 17), 17, out, 1) == lib.KILN_E_CTX_FULL
+    assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [5, 999]), 2, out, 0) == lib.KILN_E_TOKEN
+    assert lib.kiln_eval(m._m, ffi.NULL, 1, out, 0) == lib.KILN_E_ARG
+    assert lib.kiln_rollback(m._m, 1) == lib.KILN_E_ROLLBACK
+    assert m.n_past == 0
+
+
+def test_weights_file_must_match(tiny_llama, tmp_path):
+    m = compiler.load(tiny_llama, ctx=16)
+    other = tmp_path / "other.gguf"
+    data = bytearray(tiny_llama.read_bytes())
+    data[data.index(b"tiny-llama")] ^= 0x20  # same size, different header
+    other.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=r"other\.gguf: this is not the weights file the library was compiled for"):
+        Model(m.compiled, other)
+    shorter = tmp_path / "short.gguf"
+    shorter.write_bytes(bytes(data[:-32]))
+    with pytest.raises(ModelError, match="not the weights file"):
+        Model(m.compiled, shorter)
+    with pytest.raises(ModelError, match="cannot open"):
+        Model(m.compiled, tmp_path / "missing.gguf")
+
+
+def test_second_load_reuses_the_build(tiny_llama):
+    logs: list[str] = []
+    compiler.load(tiny_llama, ctx=24)
+    compiler.load(tiny_llama, ctx=24, log=logs.append)
+    assert not any("compiling" in line for line in logs)
+
+
+def test_same_inputs_same_logits(tiny_llama):
+    ids = _ids(25, seed=9)
+    runs = [compiler.load(tiny_llama, ctx=64, prefill_chunk=8).prefill(ids, logits="all") for _ in range(2)]
+    np.testing.assert_array_equal(*runs)
