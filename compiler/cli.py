@@ -58,6 +58,38 @@ def cmd_layout(a: argparse.Namespace) -> None:
     sys.stdout.write(render_json(p.layout) if a.json else render_text(p.layout))
 
 
+def cmd_compile(a: argparse.Namespace) -> None:
+    import shutil
+    import time
+    from pathlib import Path
+
+    from .model import compile_model
+    from .planner.render import render_text
+
+    t0 = time.perf_counter()
+    stages: list[tuple[str, float]] = []
+
+    def log(msg: str) -> None:
+        stages.append((msg, time.perf_counter() - t0))
+        _log(f"{time.perf_counter() - t0:6.2f}s  {msg}")
+
+    log("plan: read GGUF, build decode and prefill graphs, run passes, plan memory")
+    c = compile_model(a.model, _options(a), log=log)
+    lib = Path(c.module.__file__)
+    log(f"library ready: {lib}")
+    if a.output:
+        out = Path(a.output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.c").write_text(c.source.model_c)
+        (out / "model.h").write_text(c.source.model_h)
+        (out / "layout_decode.txt").write_text(render_text(c.decode.layout))
+        (out / "layout_prefill.txt").write_text(render_text(c.prefill.layout))
+        shutil.copy2(lib, out / lib.name)
+        print(f"{out}: model.c, model.h, layout_decode.txt, layout_prefill.txt, {lib.name}")
+    else:
+        print(lib)
+
+
 def cmd_ir(a: argparse.Namespace) -> None:
     p = plan(a.model, _options(a), Mode(a.mode), _log)
     sys.stdout.write(format_graph(p.graph))
@@ -79,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--json", action="store_true", help="emit JSON instead of the text map")
     p.set_defaults(run=cmd_layout)
+
+    p = sub.add_parser("compile", help="generate C, build the shared library (cached), optionally copy it out")
+    _add_model_options(p)
+    p.add_argument("-o", "--output", help="directory to keep model.c, model.h, the layout maps and the library")
+    p.add_argument("--threads", type=int, default=None, help="threads (accepted for compatibility; 1 for now)")
+    p.set_defaults(run=cmd_compile)
 
     p = sub.add_parser("ir", help="print the IR after all passes")
     _add_model_options(p)

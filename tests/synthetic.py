@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from compiler.gguf_model import read_model
 from compiler.templates import LMHead, load_template
 
 
@@ -45,6 +46,7 @@ class TinySpec:
     types: dict[str, Q] = field(default_factory=dict)  # per-tensor type overrides
     drop: tuple[str, ...] = ()  # tensors to leave out
     metadata_arch: str | None = None  # write this as general.architecture instead of `arch`
+    tokenizer_from: Path | None = None  # copy a real GGUF's tokenizer (so llama.cpp loads the model)
 
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
@@ -80,7 +82,8 @@ def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     s = s or TinySpec()
     t = load_template(s.arch)
-    vocab = _byte_vocab()
+    tok = read_model(s.tokenizer_from).tokenizer if s.tokenizer_from else None
+    vocab = list(tok.tokens) if tok else _byte_vocab()
     arch = s.metadata_arch or s.arch
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{s.arch}")
@@ -97,18 +100,31 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_value_length(s.head_dim)
     if t.layer_pattern is not None:
         w.add_sliding_window(s.sliding_window or 8)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(vocab)
-    w.add_token_types([1] * 256 + [3] * 3)
-    w.add_token_merges([])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(256)
-    w.add_add_bos_token(False)
+    if tok:
+        w.add_tokenizer_model(tok.model)
+        w.add_tokenizer_pre(tok.pre)
+        w.add_token_list(vocab)
+        w.add_token_types(list(tok.token_types))
+        w.add_token_merges(list(tok.merges))
+        w.add_bos_token_id(tok.bos_id)
+        w.add_eos_token_id(tok.eos_id)
+        w.add_add_bos_token(tok.add_bos)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_list(vocab)
+        w.add_token_types([1] * 256 + [3] * 3)
+        w.add_token_merges([])
+        w.add_bos_token_id(256)
+        w.add_eos_token_id(256)
+        w.add_add_bos_token(False)
 
     rng = np.random.default_rng(s.seed)
     for name, shape in tensor_shapes(s, len(vocab)).items():
-        data = rng.standard_normal(shape).astype(np.float32) * 0.1
+        # the LM head (tied or not) gets unit scale so that next-token distributions are peaked, as in a
+        # trained model: top-1 comparisons on random weights are otherwise coin flips between near-ties
+        scale = 1.0 if name in ("token_embd.weight", "output.weight") else 0.1
+        data = rng.standard_normal(shape).astype(np.float32) * scale
         qtype = s.types.get(name, s.wtype if len(shape) == 2 else Q.F32)
         if qtype is Q.F32:
             w.add_tensor(name, data)

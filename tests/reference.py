@@ -1,0 +1,55 @@
+"""llama.cpp (through llama-cpp-python) as the reference kiln is measured against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from llama_cpp import Llama
+
+
+class Reference:
+    def __init__(self, path: Path, n_ctx: int = 1024):
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=2,
+                         verbose=False, seed=0)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=add_special, special=parse_special)
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """Teacher-forced logits [len(ids), vocab] from a fresh context."""
+        self.llm.reset()
+        self.llm.eval(ids)
+        return np.array(self.llm.scores[: len(ids)], dtype=np.float64)
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        """llama.cpp's own greedy continuation of `ids`, n tokens long."""
+        self.llm.reset()
+        self.llm.eval(ids)
+        out: list[int] = []
+        for _ in range(n):
+            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            out.append(tok)
+            self.llm.eval([tok])
+        return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    mean_kl: float
+    top1: float
+    max_abs: float
+    positions: int
+
+
+def compare(ref_logits: np.ndarray, kiln_logits: np.ndarray) -> Agreement:
+    """KL(llama.cpp || kiln) and top-1 agreement over the rows given."""
+    def log_softmax(x):
+        x = x.astype(np.float64)
+        x = x - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+    lp, lq = log_softmax(ref_logits), log_softmax(kiln_logits)
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
+    top1 = (ref_logits.argmax(-1) == kiln_logits.argmax(-1)).mean()
+    return Agreement(float(kl.mean()), float(top1), float(np.abs(ref_logits - kiln_logits).max()), len(kl))
