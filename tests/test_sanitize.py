@@ -1,0 +1,53 @@
+"""The model library built with -fsanitize=address,undefined runs a generation and the refusals clean."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import compiler
+    from compiler.model import ModelError
+    m = compiler.load(sys.argv[1], ctx=40, prefill_chunk=8, sanitize=True)
+    ids = list(np.random.default_rng(0).integers(0, m.n_vocab, 21))
+    logits = m.prefill(ids, logits="all")
+    tok = int(logits[-1].argmax())
+    for _ in range(10):
+        tok = int(m.decode(tok).argmax())
+    for bad in (lambda: m.prefill([1] * 20), lambda: m.decode(m.n_vocab), lambda: m.rollback(99)):
+        try:
+            bad()
+            raise SystemExit("expected a refusal")
+        except ModelError:
+            pass
+    m.rollback(3)
+    m.prefill([1] * 37)  # fills the context exactly
+    lib, ffi = m._lib, m._ffi
+    assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [1]), 1, ffi.new("float[]", m.n_vocab), 0) == lib.KILN_E_CTX_FULL
+    print("clean", m.n_past)
+""")
+
+
+def _libasan() -> str | None:
+    try:
+        path = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+def test_sanitized_generation_and_overflow(tiny):
+    libasan = _libasan()
+    if libasan is None:
+        pytest.fail("the sanitizer test needs libasan (gcc's runtime); install gcc")
+    path = tiny("llama", wtype=__import__("gguf").GGMLQuantizationType.Q4_1)
+    env = {**os.environ, "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "clean 40" in r.stdout, r.stderr[-3000:]
+    assert "runtime error" not in r.stderr and "AddressSanitizer" not in r.stderr
