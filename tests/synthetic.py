@@ -47,6 +47,7 @@ class TinySpec:
     drop: tuple[str, ...] = ()  # tensors to leave out
     metadata_arch: str | None = None  # write this as general.architecture instead of `arch`
     tokenizer_from: Path | None = None  # copy a real GGUF's tokenizer (so llama.cpp loads the model)
+    tokenizer_pre: str | None = None  # override its pre-tokenizer name
 
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
@@ -102,7 +103,7 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_sliding_window(s.sliding_window or 8)
     if tok:
         w.add_tokenizer_model(tok.model)
-        w.add_tokenizer_pre(tok.pre)
+        w.add_tokenizer_pre(s.tokenizer_pre or tok.pre)
         w.add_token_list(vocab)
         w.add_token_types(list(tok.token_types))
         w.add_token_merges(list(tok.merges))

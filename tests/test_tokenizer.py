@@ -1,0 +1,49 @@
+"""Token ids identical to llama.cpp's on a varied corpus, in both flag combinations."""
+from __future__ import annotations
+
+import pytest
+
+from compiler.gguf_model import read_model
+from compiler.tokenizer import make_tokenizer
+from reference import Reference
+from tokenizer_corpus import corpus
+
+FLAGS = [(True, True), (False, False)]
+
+
+def _mismatches(tok, ref, texts):
+    bad = []
+    for text in texts:
+        for add, special in FLAGS:
+            ours, theirs = tok.tokenize(text, add, special), ref.tokenize(text, add, special)
+            if ours != theirs:
+                bad.append((text, add, special, ours, theirs))
+    return bad
+
+
+def test_corpus_is_varied():
+    texts = corpus()
+    assert len(texts) >= 200
+    joined = "".join(texts)
+    for needle in ("\r\n", "\t", "  ", "日本", "مرحبا", "\u200d", "https://", "<|im_start|>", "def ", "12345"):
+        assert needle in joined
+
+
+def test_smollm2_matches_llamacpp(smollm2):
+    tok = make_tokenizer(read_model(smollm2).tokenizer)
+    bad = _mismatches(tok, Reference(smollm2, n_ctx=64), corpus())
+    assert not bad, f"{len(bad)} mismatches, first: {bad[:3]}"
+
+
+def test_qwen2_pre_tokenizer_matches_llamacpp(tiny, smollm2):
+    # SmolLM2's vocabulary behind the qwen2 pre-tokenizer: llama.cpp splits with its qwen2 regex
+    path = tiny("qwen2", tokenizer_from=smollm2, tokenizer_pre="qwen2")
+    tok = make_tokenizer(read_model(path).tokenizer)
+    bad = _mismatches(tok, Reference(path, n_ctx=64), corpus())
+    assert not bad, f"{len(bad)} mismatches, first: {bad[:3]}"
+
+
+@pytest.mark.parametrize("text", [t for t in corpus() if "<|" not in t and "<" not in t][:80])
+def test_detokenize_round_trips(smollm2, text):
+    tok = make_tokenizer(read_model(smollm2).tokenizer)
+    assert tok.detokenize(tok.tokenize(text, add_special=False, parse_special=False)) == text
