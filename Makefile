@@ -26,9 +26,10 @@ models: setup
 test: dev models
 	$(BIN)/pytest
 
-# Until the C backend lands, the main job is the planned memory layout of the default model.
+# The main job: compile the default model (cached after the first run) and stream a greedy continuation.
+PROMPT ?= Here is a short story about a robot who learns to paint:
 run: setup
-	$(BIN)/kiln layout $(MODEL) --ctx 2048
+	$(BIN)/kiln run $(MODEL) -p "$(PROMPT)" -n 64 --temp 0 --repeat-penalty 1.1
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -17,7 +17,7 @@ def _log(msg: str) -> None:
     print(f"kiln: {msg}", file=sys.stderr)
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
+def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False) -> None:
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help=f"GGUF path or bundled model name (default {DEFAULT_MODEL})")
     p.add_argument("--ctx", type=int, default=CompileOptions.ctx, help="context length in tokens")
@@ -25,8 +25,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk,
                    help="tokens per prefill step")
     p.add_argument("--n-seq", type=int, default=1, help="sequence slots in the KV region")
-    p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.DECODE.value,
-                   help="which step graph to show")
+    if with_mode:
+        p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.DECODE.value,
+                       help="which step graph to show")
 
 
 def _options(a: argparse.Namespace) -> CompileOptions:
@@ -90,6 +91,23 @@ def cmd_compile(a: argparse.Namespace) -> None:
         print(lib)
 
 
+def cmd_run(a: argparse.Namespace) -> None:
+    from .chat import render_chat
+    from .model import load
+
+    m = load(a.model, ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, log=_log)
+    prompt = a.prompt
+    if a.chat:
+        prompt = render_chat(m.spec.tokenizer, [{"role": "user", "content": a.prompt}], source=str(m.spec.path))
+    if not a.chat:
+        sys.stdout.write(a.prompt)
+    for piece in m.generate(prompt, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
+                            min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed, stream=True):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
 def cmd_ir(a: argparse.Namespace) -> None:
     p = plan(a.model, _options(a), Mode(a.mode), _log)
     sys.stdout.write(format_graph(p.graph))
@@ -108,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_models)
 
     p = sub.add_parser("layout", help="print the planned memory layout")
-    _add_model_options(p)
+    _add_model_options(p, with_mode=True)
     p.add_argument("--json", action="store_true", help="emit JSON instead of the text map")
     p.set_defaults(run=cmd_layout)
 
@@ -118,8 +136,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="threads (accepted for compatibility; 1 for now)")
     p.set_defaults(run=cmd_compile)
 
-    p = sub.add_parser("ir", help="print the IR after all passes")
+    p = sub.add_parser("run", help="generate text, streaming it (the model is compiled on first use, then cached)")
     _add_model_options(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+    p.add_argument("-n", type=int, default=128, help="tokens to generate at most")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the GGUF's own chat template")
+    p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("ir", help="print the IR after all passes")
+    _add_model_options(p, with_mode=True)
     p.set_defaults(run=cmd_ir)
     return ap
 

@@ -5,8 +5,10 @@ its own C instance (weights mapping, KV region, arena), so any number can live i
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,8 @@ from .ir import Mode
 from .options import CompileOptions
 from .pipeline import Planned, plan
 from .registry import cache_dir
+from .sampling import Sampler, SamplingParams
+from .tokenizer import make_tokenizer
 
 
 class ModelError(KilnError):
@@ -80,6 +84,8 @@ class Model:
         self._ffi, self._lib = compiled.module.ffi, compiled.module.lib
         self.n_vocab = int(self._lib.kiln_n_vocab())
         self.n_ctx = int(self._lib.kiln_n_ctx())
+        self._tokenizer = None
+        self.tokens: list[int] = []  # what the cache holds, for prefix reuse
         handle = self._ffi.new("kiln_model **")
         self._check(self._lib.kiln_open(handle, str(self.path).encode()))
         self._m = self._ffi.gc(handle[0], self._lib.kiln_close)
@@ -100,11 +106,28 @@ class Model:
         if bad.size:
             raise ModelError(f"token id {int(tokens[bad[0]])} at index {int(bad[0])} is out of range [0, {self.n_vocab})")
         tokens = tokens.astype(np.int32)
+        if tokens.size > self.n_ctx - self.n_past:
+            raise ModelError(_status_messages(self)[self._lib.KILN_E_CTX_FULL])
         out = np.empty((tokens.size if logits_all else 1, self.n_vocab), dtype=np.float32)
         self._check(self._lib.kiln_eval(self._m, self._ffi.cast("int32_t *", self._ffi.from_buffer(tokens)),
                                         tokens.size, self._ffi.cast("float *", self._ffi.from_buffer(out)),
                                         int(logits_all)))
+        self.tokens.extend(int(t) for t in tokens)
         return out if logits_all else out[0]
+
+    @property
+    def tokenizer(self):
+        """Built on first use, so that a model whose tokenizer kiln cannot build still runs on ids."""
+        if self._tokenizer is None:
+            self._tokenizer = make_tokenizer(self.spec.tokenizer, str(self.spec.path))
+        return self._tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """llama.cpp's llama_tokenize: BOS only where the GGUF asks for it; special-token text to ids."""
+        return self.tokenizer.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        return self.tokenizer.detokenize(ids, special)
 
     def prefill(self, ids, logits: str = "last") -> np.ndarray:
         """Append `ids` to the cache; the last token's logits [vocab], or all of them [len(ids), vocab]."""
@@ -118,12 +141,68 @@ class Model:
 
     def reset(self) -> None:
         self._check(self._lib.kiln_reset(self._m))
+        self.tokens.clear()
 
     def rollback(self, n: int) -> None:
         """Keep the first `n` positions of the cache."""
         if n < 0 or n > self.n_past:
             raise ModelError(f"rollback({n}): the cache holds n_past={self.n_past} positions")
         self._check(self._lib.kiln_rollback(self._m, int(n)))
+        del self.tokens[n:]
+
+    def _reuse_prefix(self, ids: list[int]) -> list[int]:
+        """Roll back to the longest prefix the cache shares with `ids`; return what is left to prefill."""
+        k = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            k += 1
+        k = min(k, len(ids) - 1)  # at least one token must run to produce logits
+        try:
+            self.rollback(k)
+        except ModelError:  # a sliding ring cannot go back that far: start over
+            self.reset()
+            k = 0
+        return ids[k:]
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                 stop: list[str] | str | None = None, stream: bool = False) -> str | Iterator[str]:
+        """Continue `prompt` (text, or token ids). Returns the text, or yields it piece by piece if stream."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        pieces = self._generate(prompt, max_tokens, params, [stop] if isinstance(stop, str) else list(stop or []))
+        return pieces if stream else "".join(pieces)
+
+    def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str]) -> Iterator[str]:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ModelError("generate: the prompt is empty")
+        if len(ids) > self.n_ctx:
+            raise ModelError(f"generate: the prompt has {len(ids)} tokens but n_ctx is {self.n_ctx}")
+        logits = self.prefill(self._reuse_prefix(ids))
+        sample, history = Sampler(params), list(ids)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text, emitted = "", 0
+        eos = self.spec.tokenizer.eos_id
+        for _ in range(max_tokens):
+            tok = sample(logits, history)
+            if tok == eos:
+                break
+            history.append(tok)
+            text += decoder.decode(self.tokenizer.token_bytes(tok))
+            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                yield text[emitted:cut]
+                return
+            # hold back a tail that could still become a stop string
+            hold = max((len(s) - 1 for s in stops), default=0)
+            if len(text) - hold > emitted:
+                yield text[emitted:len(text) - hold]
+                emitted = len(text) - hold
+            if _ + 1 == max_tokens or self.n_past >= self.n_ctx:
+                break
+            logits = self.decode(tok)
+        yield text[emitted:] + decoder.decode(b"", final=True)
 
 
 def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", threads: int | None = None,
