@@ -99,9 +99,10 @@ def cmd_run(a: argparse.Namespace) -> None:
     prompt = a.prompt
     if a.chat:
         prompt = render_chat(m.spec.tokenizer, [{"role": "user", "content": a.prompt}], source=str(m.spec.path))
+    ids = m.tokenize(prompt)  # before any output, so a failure prints nothing but the error
     if not a.chat:
         sys.stdout.write(a.prompt)
-    for piece in m.generate(prompt, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
+    for piece in m.generate(ids, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                             min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed, stream=True):
         sys.stdout.write(piece)
         sys.stdout.flush()

@@ -52,6 +52,11 @@ class DType(Enum):
 WEIGHT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d not in (DType.I32, DType.I8))
 
 
+# Weight types runtime_c has kernels for (its type table; a test holds the two together).
+RUNTIME_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0,
+                                     DType.Q5_1, DType.Q8_0)
+
+
 def weight_dtype(ggml_type: GGMLQuantizationType) -> DType | None:
     """The DType of a GGUF tensor type, or None if kiln has no kernels for it."""
     for d in WEIGHT_DTYPES:

@@ -171,6 +171,12 @@ def test_embed_rows(t):
     np.testing.assert_array_equal(y, tf[ids] * 2.0)
 
 
+def test_python_and_c_agree_on_supported_types():
+    from compiler.dtypes import RUNTIME_DTYPES, WEIGHT_DTYPES
+    assert {d for d in WEIGHT_DTYPES if lib.kiln_type_supported(d.value.value)} == set(RUNTIME_DTYPES)
+    assert set(BLOCK_TYPES) == {d.value for d in RUNTIME_DTYPES}
+
+
 @pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
 def test_python_and_c_agree_on_activation_formats(t):
     from compiler.dtypes import DType, act_row_bytes

@@ -39,9 +39,9 @@ def row(v: Value) -> int:
 
 # kernel name (from the kernel-selection pass) -> the runtime function that implements it
 def _c_symbols() -> dict[str, str]:
-    from ..dtypes import WEIGHT_DTYPES
+    from ..dtypes import RUNTIME_DTYPES
 
-    table = {f"{kind}_{t.label}": fn for t in WEIGHT_DTYPES
+    table = {f"{kind}_{t.label}": fn for t in RUNTIME_DTYPES
              for kind, fn in (("embed", "kiln_embed"), ("matmul", "kiln_matmul"), ("logits", "kiln_matmul"))}
     table |= {
         "rms_norm_f32": "kiln_rms_norm",
