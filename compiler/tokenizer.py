@@ -36,7 +36,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
 
 
 @lru_cache(maxsize=1)
-def _byte_to_char() -> tuple[str, ...]:
+def gpt2_byte_chars() -> tuple[str, ...]:
     """GPT-2's reversible map from bytes to printable characters."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {}, 0
@@ -80,7 +80,7 @@ class BPETokenizer:
         self.specials = sorted(((t, i, ty) for i, (t, ty) in enumerate(zip(data.tokens, data.token_types))
                                 if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t),
                                key=lambda s: (-len(s[0]), s[1]))
-        byte_chars = _byte_to_char()
+        byte_chars = gpt2_byte_chars()
         self.byte_of = {c: b for b, c in enumerate(byte_chars)}
         self.byte_chars = byte_chars
         self._cache: dict[str, tuple[int, ...]] = {}

@@ -15,19 +15,12 @@ from gguf import GGMLQuantizationType as Q
 
 from compiler.gguf_model import read_model
 from compiler.templates import LMHead, load_template
+from compiler.tokenizer import gpt2_byte_chars
 
 
 def _byte_vocab() -> list[str]:
     """GPT-2's printable stand-ins for the 256 byte values, then a few specials."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    return list(gpt2_byte_chars()) + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 @dataclass
