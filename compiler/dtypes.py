@@ -54,7 +54,7 @@ WEIGHT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d not in (DType.I32
 
 # Weight types runtime_c has kernels for (its type table; a test holds the two together).
 RUNTIME_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0,
-                                     DType.Q5_1, DType.Q8_0)
+                                     DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
 
 
 def weight_dtype(ggml_type: GGMLQuantizationType) -> DType | None:

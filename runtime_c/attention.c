@@ -1,45 +1,48 @@
-/* attention.c: the KV-cache write and causal GQA attention over the head-major cache (f32).
+/* attention.c: the KV-cache write and causal GQA attention over the head-major cache.
  *
- * Cache of one layer: k[kv_head][row][head_dim], v likewise. Position p lives at row
- * p % capacity: global layers have capacity >= ctx, so the row is the position; sliding
- * layers wrap around a ring that the planner sized to hold every row a step can see.
+ * Cache of one layer: k[kv_head][row][head_dim], v likewise, in the cache's type (f32, f16
+ * or q8_0): rows are quantized on write and dequantized on read through quant.c's type
+ * table, so one attention serves every cache dtype. Position p lives at row p % capacity:
+ * global layers have capacity >= ctx, so the row is the position; sliding layers wrap
+ * around a ring that the planner sized to hold every row a step can see.
  */
 #include <math.h>
 #include <string.h>
 
 #include "kernels.h"
 
-void kiln_kv_store_f32(float *k_cache, float *v_cache, const float *k, const float *v, const int32_t *pos,
-                       int n_tokens, int capacity, int n_head_kv, int head_dim) {
-    const size_t row_bytes = (size_t)head_dim * sizeof(float);
+void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const float *v, const int32_t *pos,
+                   int n_tokens, int capacity, int n_head_kv, int head_dim) {
+    const size_t row_bytes = kiln_row_bytes(type, head_dim);
     for (int t = 0; t < n_tokens; t++) {
         const int row = pos[t] % capacity;
         for (int h = 0; h < n_head_kv; h++) {
-            const size_t src = ((size_t)t * n_head_kv + h) * head_dim, dst = ((size_t)h * capacity + row) * head_dim;
-            memcpy(k_cache + dst, k + src, row_bytes);
-            memcpy(v_cache + dst, v + src, row_bytes);
+            const size_t src = ((size_t)t * n_head_kv + h) * head_dim, dst = ((size_t)h * capacity + row) * row_bytes;
+            kiln_quantize_row(type, k + src, (uint8_t *)k_cache + dst, head_dim);
+            kiln_quantize_row(type, v + src, (uint8_t *)v_cache + dst, head_dim);
         }
     }
 }
 
-void kiln_attention_f32(float *out, const float *q, const int32_t *pos, int n_tokens, const float *k_cache,
-                        const float *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                        float scale) {
+void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
+                    const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
+                    float scale) {
     const int group = n_head / n_head_kv;
-    float acc[KILN_MAX_HEAD_DIM];
+    const size_t row_bytes = kiln_row_bytes(type, head_dim);
+    float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
     for (int t = 0; t < n_tokens; t++) {
         const int p = pos[t];
         const int first = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
         for (int h = 0; h < n_head; h++) {
             const float *qh = q + ((size_t)t * n_head + h) * head_dim;
-            const float *kh = k_cache + (size_t)(h / group) * capacity * head_dim;
-            const float *vh = v_cache + (size_t)(h / group) * capacity * head_dim;
+            const uint8_t *kh = (const uint8_t *)k_cache + (size_t)(h / group) * capacity * row_bytes;
+            const uint8_t *vh = (const uint8_t *)v_cache + (size_t)(h / group) * capacity * row_bytes;
             float *oh = out + ((size_t)t * n_head + h) * head_dim;
             float max = -INFINITY, denom = 0.0f;
             memset(acc, 0, (size_t)head_dim * sizeof(float));
             for (int j = first; j <= p; j++) { /* online softmax: rescale when a new maximum appears */
-                const float *kr = kh + (size_t)(j % capacity) * head_dim;
-                const float *vr = vh + (size_t)(j % capacity) * head_dim;
+                const size_t row = (size_t)(j % capacity) * row_bytes;
+                kiln_dequantize_row(type, kh + row, kr, head_dim);
                 float s = 0.0f;
                 for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
                 s *= scale;
@@ -51,6 +54,7 @@ void kiln_attention_f32(float *out, const float *q, const int32_t *pos, int n_to
                 }
                 const float w = expf(s - max);
                 denom += w;
+                kiln_dequantize_row(type, vh + row, vr, head_dim);
                 for (int d = 0; d < head_dim; d++) acc[d] += w * vr[d];
             }
             for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;

@@ -41,15 +41,17 @@ void kiln_softmax(float *x, int n);
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);
 
 
-/* -- KV cache and attention (f32 cache) ---------------------------------------------------- */
+/* -- KV cache and attention ---------------------------------------------------------------- */
 #define KILN_MAX_HEAD_DIM 512
-/* write k,v[n_tokens][n_head_kv][head_dim] at rows pos[t] % capacity of the head-major cache */
-void kiln_kv_store_f32(float *k_cache, float *v_cache, const float *k, const float *v, const int32_t *pos,
-                       int n_tokens, int capacity, int n_head_kv, int head_dim);
+/* f32 row x[n] -> dst in a cache type (f32, f16, q8_0) */
+void kiln_quantize_row(int type, const float *x, void *dst, int n);
+/* write k,v[n_tokens][n_head_kv][head_dim] at rows pos[t] % capacity of a head-major cache of `type` */
+void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const float *v, const int32_t *pos,
+                   int n_tokens, int capacity, int n_head_kv, int head_dim);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over cached positions j in (pos[t] - window, pos[t]]
-   (window 0: all of 0..pos[t]) */
-void kiln_attention_f32(float *out, const float *q, const int32_t *pos, int n_tokens, const float *k_cache,
-                        const float *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                        float scale);
+   (window 0: all of 0..pos[t]); rows are dequantized from `type` as they are read */
+void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
+                    const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
+                    float scale);
 
 #endif

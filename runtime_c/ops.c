@@ -1,6 +1,7 @@
 /* ops.c: scalar reference kernels for the f32 elementwise and normalisation ops. */
 #include <math.h>
 
+#include "fp16.h"
 #include "kernels.h"
 
 void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
@@ -40,12 +41,19 @@ void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-void kiln_geglu(float *y, const float *gate, const float *up, int n) {
+/* GELU is evaluated as llama.cpp's CPU backend does: at the input rounded to f16, with the
+ * result rounded to f16 (its lookup-table path), and cut off outside [-10, 10]. Exact tanh-GELU
+ * drifts Gemma's logits measurably away from the reference. */
+static inline float gelu_f16_rounded(float x) {
     const float sqrt_2_over_pi = 0.79788456080286535588f, coef_a = 0.044715f;
-    for (int i = 0; i < n; i++) {
-        const float g = gate[i];
-        y[i] = 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + coef_a * g * g))) * up[i];
-    }
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float h = kiln_fp16_to_fp32(kiln_fp32_to_fp16(x));
+    return kiln_fp16_to_fp32(kiln_fp32_to_fp16(0.5f * h * (1.0f + tanhf(sqrt_2_over_pi * h * (1.0f + coef_a * h * h)))));
+}
+
+void kiln_geglu(float *y, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) y[i] = gelu_f16_rounded(gate[i]) * up[i];
 }
 
 void kiln_softmax(float *x, int n) {

@@ -9,7 +9,7 @@
 
 #include "fp16.h"
 #include "kernels.h"
-#include "quants.h"
+#include "quant_impl.h"
 
 typedef void (*dequant_fn)(const void *src, float *dst, int n);
 typedef float (*dot_fn)(int n, const void *w, const void *act);
@@ -21,6 +21,7 @@ typedef struct {
     int act_type;       /* format the activations are quantized to for the dot */
     dequant_fn dequant;
     dot_fn dot;
+    quant_fn from_float; /* types a KV cache can hold: f32 rows -> this type */
 } type_traits;
 
 /* ==== activation quantizers ================================================================= */
@@ -59,6 +60,11 @@ static void copy_f32(const float *x, void *dst, int n) { memcpy(dst, x, (size_t)
 /* ==== float weights ========================================================================= */
 
 static void dequant_f32(const void *src, float *dst, int n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+
+static void to_f16(const float *x, void *dst, int n) {
+    kiln_half *d = dst;
+    for (int i = 0; i < n; i++) d[i] = kiln_fp32_to_fp16(x[i]);
+}
 
 static void dequant_f16(const void *src, float *dst, int n) {
     const kiln_half *s = src;
@@ -231,14 +237,17 @@ static float dot_q8_0(int n, const void *w, const void *act) {
 /* ==== the type table ======================================================================== */
 
 static const type_traits TYPES[KILN_TYPE_COUNT] = {
-    [KILN_F32] = {1, 4, KILN_F32, dequant_f32, dot_f32},
-    [KILN_F16] = {1, 2, KILN_F32, dequant_f16, dot_f16},
+    [KILN_F32] = {1, 4, KILN_F32, dequant_f32, dot_f32, copy_f32},
+    [KILN_F16] = {1, 2, KILN_F32, dequant_f16, dot_f16, to_f16},
     [KILN_BF16] = {1, 2, KILN_F32, dequant_bf16, dot_bf16},
     [KILN_Q4_0] = {QK4_0, sizeof(block_q4_0), KILN_Q8_0, dequant_q4_0, dot_q4_0},
     [KILN_Q4_1] = {QK4_1, sizeof(block_q4_1), KILN_Q8_1, dequant_q4_1, dot_q4_1},
     [KILN_Q5_0] = {QK5_0, sizeof(block_q5_0), KILN_Q8_0, dequant_q5_0, dot_q5_0},
     [KILN_Q5_1] = {QK5_1, sizeof(block_q5_1), KILN_Q8_1, dequant_q5_1, dot_q5_1},
-    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), KILN_Q8_0, dequant_q8_0, dot_q8_0},
+    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), KILN_Q8_0, dequant_q8_0, dot_q8_0, quantize_q8_0},
+    [KILN_Q4_K] = {QK_K, sizeof(block_q4_K), KILN_Q8_K, kiln_dequant_q4_K, kiln_dot_q4_K},
+    [KILN_Q5_K] = {QK_K, sizeof(block_q5_K), KILN_Q8_K, kiln_dequant_q5_K, kiln_dot_q5_K},
+    [KILN_Q6_K] = {QK_K, sizeof(block_q6_K), KILN_Q8_K, kiln_dequant_q6_K, kiln_dot_q6_K},
 };
 
 /* Activation formats: how a row of f32 activations is stored for a dot. */
@@ -246,6 +255,7 @@ static const struct { int block; size_t block_bytes; quant_fn quantize; } ACT[KI
     [KILN_F32] = {1, 4, copy_f32},
     [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), quantize_q8_0},
     [KILN_Q8_1] = {QK8_1, sizeof(block_q8_1), quantize_q8_1},
+    [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_quantize_q8_K},
 };
 
 int kiln_type_supported(int type) {
@@ -262,6 +272,8 @@ size_t kiln_act_row_bytes(int type, int n) {
 void kiln_quantize_act(int type, const float *x, void *dst, int n) { ACT[TYPES[type].act_type].quantize(x, dst, n); }
 
 void kiln_dequantize_row(int type, const void *src, float *dst, int n) { TYPES[type].dequant(src, dst, n); }
+
+void kiln_quantize_row(int type, const float *x, void *dst, int n) { TYPES[type].from_float(x, dst, n); }
 
 float kiln_vec_dot(int type, int n, const void *w, const void *act) { return TYPES[type].dot(n, w, act); }
 

@@ -119,8 +119,3 @@ def test_same_inputs_same_logits(tiny_llama):
     runs = [compiler.load(tiny_llama, ctx=64, prefill_chunk=8).prefill(ids, logits="all") for _ in range(2)]
     np.testing.assert_array_equal(*runs)
 
-
-def test_a_model_needing_missing_kernels_is_refused_before_it_runs(gemma3):
-    from compiler.codegen.emit import CodegenError
-    with pytest.raises(CodegenError, match=r"kernel 'matmul_q(4|5|6)_k' .* has no C implementation yet"):
-        compiler.load(gemma3, ctx=64)

@@ -39,18 +39,17 @@ def row(v: Value) -> int:
 
 # kernel name (from the kernel-selection pass) -> the runtime function that implements it
 def _c_symbols() -> dict[str, str]:
-    from ..dtypes import RUNTIME_DTYPES
+    from ..dtypes import KV_DTYPES, RUNTIME_DTYPES
 
     table = {f"{kind}_{t.label}": fn for t in RUNTIME_DTYPES
              for kind, fn in (("embed", "kiln_embed"), ("matmul", "kiln_matmul"), ("logits", "kiln_matmul"))}
+    table |= {f"{kind}_{t.label}": fn for t in KV_DTYPES.values()
+              for kind, fn in (("kv_store", "kiln_kv_store"), ("kv_batch_copy", "kiln_kv_store"),
+                               ("attention_decode", "kiln_attention"), ("attention_prefill", "kiln_attention"))}
     table |= {
         "rms_norm_f32": "kiln_rms_norm",
         "rope_pairwise_f32": "kiln_rope",
         "rope_neox_f32": "kiln_rope",
-        "kv_store_f32": "kiln_kv_store_f32",
-        "kv_batch_copy_f32": "kiln_kv_store_f32",
-        "attention_decode_f32": "kiln_attention_f32",
-        "attention_prefill_f32": "kiln_attention_f32",
         "add_f32": "kiln_add",
         "swiglu_f32": "kiln_swiglu",
         "geglu_f32": "kiln_geglu",
@@ -95,14 +94,14 @@ def _rope(n: Node) -> list[str]:
 
 def _kv_store(n: Node) -> list[str]:
     k, v, pos, kv = n.inputs
-    return [f"KV_K({kv.layer})", f"KV_V({kv.layer})", c_name(k), c_name(v), c_name(pos), "n",
+    return [c_type(kv), f"KV_K({kv.layer})", f"KV_V({kv.layer})", c_name(k), c_name(v), c_name(pos), "n",
             f"KV_CAP[{kv.layer}]", str(k.shape[1]), str(k.shape[2])]
 
 
 def _attention(n: Node) -> list[str]:
     q, pos, kv = n.inputs
     a = n.attrs
-    return [c_name(n.outputs[0]), c_name(q), c_name(pos), "n", f"KV_K({kv.layer})", f"KV_V({kv.layer})",
+    return [c_type(kv), c_name(n.outputs[0]), c_name(q), c_name(pos), "n", f"KV_K({kv.layer})", f"KV_V({kv.layer})",
             f"KV_CAP[{kv.layer}]", f"KV_WINDOW[{kv.layer}]", str(a.n_head), str(a.n_head_kv), str(a.head_dim),
             c_float(a.scale)]
 

@@ -44,8 +44,8 @@ struct kiln_model {
 
 #define W(off) ((const void *)(m->weights + (off)))
 #define A(off) ((void *)(m->arena + (off)))
-#define KV_K(l) ((float *)(m->kv + KV_K_OFF[l]))
-#define KV_V(l) ((float *)(m->kv + KV_V_OFF[l]))
+#define KV_K(l) ((void *)(m->kv + KV_K_OFF[l]))
+#define KV_V(l) ((void *)(m->kv + KV_V_OFF[l]))
 
 /* ==== decode step: up to 1 token(s), 35 ops ===================================== */
 static void decode_step(kiln_model *m, const int32_t *tokens, int n, int n_logits, float *logits) {
@@ -83,10 +83,10 @@ static void decode_step(kiln_model *m, const int32_t *tokens, int n, int n_logit
     float *k_rope_0 = (float *)A(0x200); /* [n x 2 x 16] */
     kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     /* kv_store-0: kv_store_f32 */
-    kiln_kv_store_f32(KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
     /* attn-0: attention_decode_f32 */
     float *attn_0 = (float *)A(0x200); /* [n x 64] */
-    kiln_attention_f32(attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_attention(KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
     /* attn_out-0: matmul_q8_0 */
     float *attn_out_0 = (float *)A(0x100); /* [n x 64] */
     void *attn_out_0_act = A(0x300); /* [68 bytes] */
@@ -139,10 +139,10 @@ static void decode_step(kiln_model *m, const int32_t *tokens, int n, int n_logit
     float *k_rope_1 = (float *)A(0x200); /* [n x 2 x 16] */
     kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     /* kv_store-1: kv_store_f32 */
-    kiln_kv_store_f32(KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
     /* attn-1: attention_decode_f32 */
     float *attn_1 = (float *)A(0x200); /* [n x 64] */
-    kiln_attention_f32(attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_attention(KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
     /* attn_out-1: matmul_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x300); /* [68 bytes] */
@@ -217,10 +217,10 @@ static void prefill_step(kiln_model *m, const int32_t *tokens, int n, int n_logi
     float *k_rope_0 = (float *)A(0x2000); /* [n x 2 x 16] */
     kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     /* kv_copy-0: kv_batch_copy_f32 */
-    kiln_kv_store_f32(KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention_f32(attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_attention(KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
     /* attn_out-0: matmul_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
     void *attn_out_0_act = A(0x3000); /* [1088 bytes] */
@@ -273,10 +273,10 @@ static void prefill_step(kiln_model *m, const int32_t *tokens, int n, int n_logi
     float *k_rope_1 = (float *)A(0x2000); /* [n x 2 x 16] */
     kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     /* kv_copy-1: kv_batch_copy_f32 */
-    kiln_kv_store_f32(KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention_f32(attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_attention(KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
     /* attn_out-1: matmul_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x3000); /* [1088 bytes] */

@@ -1,0 +1,150 @@
+/* kquants.c: scalar references for the 256-element super-block types Q4_K, Q5_K, Q6_K and
+ * the q8_K activation blocks their dots use. Entered through quant.c's type table. */
+#include <math.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "quant_impl.h"
+
+/* q8_K: d = max|x| / 127 with the sign of the extreme value, q = round(x / d); bsums are
+ * the sums of each 16 q, which the K-quant dots use to apply their per-sub-block minimum. */
+void kiln_quantize_q8_K(const float *x, void *dst, int n) {
+    block_q8_K *y = dst;
+    for (int b = 0; b < n / QK_K; b++, x += QK_K) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < QK_K; j++) {
+            const long v = lrintf(iscale * x[j]);
+            y[b].qs[j] = (int8_t)(v > 127 ? 127 : v);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += y[b].qs[16 * j + i];
+            y[b].bsums[j] = (int16_t)sum;
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+/* The 6-bit scale and min of sub-block j (of 8), packed into 12 bytes. */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Weight l of a Q4_K/Q5_K super-block as an unsigned integer: sub-blocks of 32 pair up
+ * in groups of 64 sharing 32 bytes of qs (low nibbles first), Q5_K adds bit (l/32) of qh[l%32]. */
+static inline int q4k_value(const block_q4_K *x, int l) {
+    const uint8_t byte = x->qs[(l / 64) * 32 + l % 32];
+    return (l / 32) % 2 ? byte >> 4 : byte & 0x0F;
+}
+
+static inline int q5k_value(const block_q5_K *x, int l) {
+    const uint8_t byte = x->qs[(l / 64) * 32 + l % 32];
+    const int low = (l / 32) % 2 ? byte >> 4 : byte & 0x0F;
+    return low | (((x->qh[l % 32] >> (l / 32)) & 1) << 4);
+}
+
+/* Weight l of a Q6_K super-block, in -32..31: halves of 128 each use 64 bytes of ql and 32 of qh. */
+static inline int q6k_value(const block_q6_K *x, int l) {
+    const int half = l / 128, r = l % 128, quarter = r / 32, i = r % 32;
+    const uint8_t lo = x->ql[half * 64 + (quarter % 2) * 32 + i];
+    const int low = quarter < 2 ? lo & 0x0F : lo >> 4;
+    const int high = (x->qh[half * 32 + i] >> (2 * quarter)) & 3;
+    return (low | high << 4) - 32;
+}
+
+void kiln_dequant_q4_K(const void *src, float *dst, int n) {
+    const block_q4_K *x = src;
+    for (int b = 0; b < n / QK_K; b++, dst += QK_K) {
+        const float d = kiln_fp16_to_fp32(x[b].d), dmin = kiln_fp16_to_fp32(x[b].dmin);
+        for (int j = 0; j < QK_K / 32; j++) {
+            int sc, m;
+            scale_min_k4(j, x[b].scales, &sc, &m);
+            for (int i = 0; i < 32; i++) dst[32 * j + i] = d * sc * q4k_value(&x[b], 32 * j + i) - dmin * m;
+        }
+    }
+}
+
+float kiln_dot_q4_K(int n, const void *w, const void *act) {
+    const block_q4_K *x = w;
+    const block_q8_K *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            int sc, m, s = 0;
+            scale_min_k4(j, x[b].scales, &sc, &m);
+            for (int i = 0; i < 32; i++) s += q4k_value(&x[b], 32 * j + i) * y[b].qs[32 * j + i];
+            sumi += sc * s;
+            summ += m * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
+        }
+        sum += kiln_fp16_to_fp32(x[b].d) * y[b].d * (float)sumi - kiln_fp16_to_fp32(x[b].dmin) * y[b].d * (float)summ;
+    }
+    return sum;
+}
+
+void kiln_dequant_q5_K(const void *src, float *dst, int n) {
+    const block_q5_K *x = src;
+    for (int b = 0; b < n / QK_K; b++, dst += QK_K) {
+        const float d = kiln_fp16_to_fp32(x[b].d), dmin = kiln_fp16_to_fp32(x[b].dmin);
+        for (int j = 0; j < QK_K / 32; j++) {
+            int sc, m;
+            scale_min_k4(j, x[b].scales, &sc, &m);
+            for (int i = 0; i < 32; i++) dst[32 * j + i] = d * sc * q5k_value(&x[b], 32 * j + i) - dmin * m;
+        }
+    }
+}
+
+float kiln_dot_q5_K(int n, const void *w, const void *act) {
+    const block_q5_K *x = w;
+    const block_q8_K *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            int sc, m, s = 0;
+            scale_min_k4(j, x[b].scales, &sc, &m);
+            for (int i = 0; i < 32; i++) s += q5k_value(&x[b], 32 * j + i) * y[b].qs[32 * j + i];
+            sumi += sc * s;
+            summ += m * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
+        }
+        sum += kiln_fp16_to_fp32(x[b].d) * y[b].d * (float)sumi - kiln_fp16_to_fp32(x[b].dmin) * y[b].d * (float)summ;
+    }
+    return sum;
+}
+
+void kiln_dequant_q6_K(const void *src, float *dst, int n) {
+    const block_q6_K *x = src;
+    for (int b = 0; b < n / QK_K; b++, dst += QK_K) {
+        const float d = kiln_fp16_to_fp32(x[b].d);
+        for (int l = 0; l < QK_K; l++) dst[l] = d * x[b].scales[l / 16] * q6k_value(&x[b], l);
+    }
+}
+
+float kiln_dot_q6_K(int n, const void *w, const void *act) {
+    const block_q6_K *x = w;
+    const block_q8_K *y = act;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0;
+        for (int j = 0; j < QK_K / 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += q6k_value(&x[b], 16 * j + i) * y[b].qs[16 * j + i];
+            sumi += x[b].scales[j] * s;
+        }
+        sum += kiln_fp16_to_fp32(x[b].d) * y[b].d * (float)sumi;
+    }
+    return sum;
+}
