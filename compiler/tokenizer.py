@@ -5,11 +5,18 @@
 - parse_special turns the text of control tokens (`<|im_start|>`) into their ids; user-defined
   tokens are always matched, as llama.cpp does.
 
-BPE ("gpt2" models): split out special tokens, pre-tokenize with the regexes llama.cpp uses
-for the GGUF's `tokenizer.ggml.pre`, map bytes to GPT-2's printable characters, and merge
-by rank. The `regex` package is used because Python's `re` has no \\p{L} / \\p{N}.
+Both models first cut special-token text out of the input (`Tokenizer`), then encode each
+remaining fragment:
+- BPE ("gpt2"): pre-tokenize with the regexes llama.cpp uses for the GGUF's
+  `tokenizer.ggml.pre`, map bytes to GPT-2's printable characters, merge by rank. The `regex`
+  package is used because Python's `re` has no \\p{L} / \\p{N}.
+- SentencePiece ("llama"): spaces become U+2581, adjacent pieces merge highest score first
+  while the merged text is in the vocabulary, and what no token covers falls back to <0xXX>
+  byte tokens.
 """
 from __future__ import annotations
+
+import heapq
 
 from functools import lru_cache
 
@@ -65,40 +72,45 @@ def _split(pieces: list[str], pattern: regex.Pattern) -> list[str]:
     return out
 
 
-class BPETokenizer:
+# End-of-generation spellings that llama.cpp treats as control tokens whatever type the GGUF
+# gives them (it warns "control-looking token ... will be overridden"): Gemma's user-defined
+# "</s>" is one, so with parse_special off llama.cpp tokenizes it as plain text.
+CONTROL_LOOKING = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+})
+
+
+class Tokenizer:
+    """What both models share: special tokens, BOS/EOS rules, and the bytes of each token."""
+
     def __init__(self, data: TokenizerData, source: str = "model"):
-        if data.merges is None:
-            raise ModelFileError(f"{source}: a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges")
-        if data.pre not in PRE_TOKENIZERS:
-            raise ModelFileError(
-                f"{source}: unsupported pre-tokenizer '{data.pre}' (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
-            )
         self.data = data
         self.vocab = {t: i for i, t in enumerate(data.tokens)}
-        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(data.merges)}
-        self.patterns = [regex.compile(p) for p in PRE_TOKENIZERS[data.pre]]
-        self.specials = sorted(((t, i, ty) for i, (t, ty) in enumerate(zip(data.tokens, data.token_types))
+        self.types = [CONTROL if t in CONTROL_LOOKING else ty for t, ty in zip(data.tokens, data.token_types)]
+        self.specials = sorted(((t, i, ty) for i, (t, ty) in enumerate(zip(data.tokens, self.types))
                                 if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t),
                                key=lambda s: (-len(s[0]), s[1]))
-        byte_chars = gpt2_byte_chars()
-        self.byte_of = {c: b for b, c in enumerate(byte_chars)}
-        self.byte_chars = byte_chars
-        self._cache: dict[str, tuple[int, ...]] = {}
 
-    # -- text -> ids --------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         ids: list[int] = []
         if add_special and self.data.add_bos and self.data.bos_id is not None:
             ids.append(self.data.bos_id)
+        prev_special = True
         for frag in self._partition(text, parse_special):
             if isinstance(frag, int):
                 ids.append(frag)
+                prev_special = True
             else:
-                for word in self._pretokenize(frag):
-                    ids.extend(self._bpe(word))
+                ids.extend(self._encode(frag, prev_special))
+                prev_special = False
         if add_special and self.data.add_eos and self.data.eos_id is not None:
             ids.append(self.data.eos_id)
         return ids
+
+    def _encode(self, text: str, after_special: bool) -> list[int]:
+        raise NotImplementedError
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut special-token text out of the input, longest tokens first, as llama.cpp does."""
@@ -119,6 +131,32 @@ class BPETokenizer:
                         nxt.append(tid)
             frags = nxt
         return frags
+
+    def token_bytes(self, tid: int, special: bool = False) -> bytes:
+        raise NotImplementedError
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        return b"".join(self.token_bytes(int(t), special) for t in ids).decode("utf-8", errors="replace")
+
+
+class BPETokenizer(Tokenizer):
+    def __init__(self, data: TokenizerData, source: str = "model"):
+        if data.merges is None:
+            raise ModelFileError(f"{source}: a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges")
+        if data.pre not in PRE_TOKENIZERS:
+            raise ModelFileError(
+                f"{source}: unsupported pre-tokenizer '{data.pre}' (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+            )
+        super().__init__(data, source)
+        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(data.merges)}
+        self.patterns = [regex.compile(p) for p in PRE_TOKENIZERS[data.pre]]
+        byte_chars = gpt2_byte_chars()
+        self.byte_of = {c: b for b, c in enumerate(byte_chars)}
+        self.byte_chars = byte_chars
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def _encode(self, text: str, after_special: bool) -> list[int]:
+        return [t for word in self._pretokenize(text) for t in self._bpe(word)]
 
     def _pretokenize(self, text: str) -> list[str]:
         pieces = [text]
@@ -154,18 +192,85 @@ class BPETokenizer:
 
     # -- ids -> text --------------------------------------------------------------------------
     def token_bytes(self, tid: int, special: bool = False) -> bytes:
-        text, ty = self.data.tokens[tid], self.data.token_types[tid]
+        text, ty = self.data.tokens[tid], self.types[tid]
         if ty in (CONTROL, UNKNOWN):
             return text.encode() if special else b""
         if ty == USER_DEFINED:
             return text.encode()
         return bytes(self.byte_of[c] for c in text if c in self.byte_of)
 
-    def detokenize(self, ids, special: bool = False) -> str:
-        return b"".join(self.token_bytes(int(t), special) for t in ids).decode("utf-8", errors="replace")
+
+class SPMTokenizer(Tokenizer):
+    SPACE = "\u2581"
+
+    def __init__(self, data: TokenizerData, source: str = "model"):
+        if data.scores is None:
+            raise ModelFileError(f"{source}: a SentencePiece tokenizer needs tokenizer.ggml.scores")
+        super().__init__(data, source)
+        self.scores = data.scores
+        self.byte_token = {}
+        for i, (t, ty) in enumerate(zip(data.tokens, data.token_types)):
+            if ty == BYTE and len(t) == 6 and t.startswith("<0x"):
+                self.byte_token[int(t[3:5], 16)] = i
+
+    def _encode(self, text: str, after_special: bool) -> list[int]:
+        if self.data.add_space_prefix and after_special:
+            text = " " + text
+        text = text.replace(" ", self.SPACE)
+        pieces = list(text)  # one symbol per character; merged symbols keep their text here
+        nxt = list(range(1, len(pieces))) + [-1]
+        prv = list(range(-1, len(pieces) - 1))
+        heap: list[tuple[float, int, int, str]] = []
+
+        def push(left: int) -> None:
+            right = nxt[left] if left >= 0 else -1
+            if left < 0 or right < 0:
+                return
+            merged = pieces[left] + pieces[right]
+            tid = self.vocab.get(merged)
+            if tid is not None:  # highest score first; on a tie, the leftmost pair
+                heapq.heappush(heap, (-self.scores[tid], left, len(merged), merged))
+
+        for i in range(len(pieces) - 1):
+            push(i)
+        while heap:
+            _, left, size, merged = heapq.heappop(heap)
+            right = nxt[left]
+            if right < 0 or not pieces[left] or not pieces[right] or pieces[left] + pieces[right] != merged:
+                continue  # stale: one side has merged since this pair was queued
+            pieces[left], pieces[right] = merged, ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prv[nxt[right]] = left
+            push(prv[left])
+            push(left)
+        ids: list[int] = []
+        i = 0 if pieces else -1
+        while i >= 0:
+            tid = self.vocab.get(pieces[i])
+            if tid is not None:
+                ids.append(tid)
+            else:
+                for b in pieces[i].encode("utf-8"):
+                    ids.append(self.byte_token.get(b, self.data.unk_id if self.data.unk_id is not None else 0))
+            i = nxt[i]
+        return ids
+
+    def token_bytes(self, tid: int, special: bool = False) -> bytes:
+        text, ty = self.data.tokens[tid], self.types[tid]
+        if ty in (CONTROL, UNKNOWN):
+            return text.encode() if special else b""
+        if ty == BYTE:
+            return bytes([int(text[3:5], 16)])
+        return text.replace(self.SPACE, " ").encode()
 
 
-def make_tokenizer(data: TokenizerData, source: str = "model") -> BPETokenizer:
-    if data.model == "gpt2":
-        return BPETokenizer(data, source)
-    raise ModelFileError(f"{source}: tokenizer model '{data.model}' is not supported yet (supported: gpt2)")
+TOKENIZER_MODELS = {"gpt2": BPETokenizer, "llama": SPMTokenizer}
+
+
+def make_tokenizer(data: TokenizerData, source: str = "model") -> Tokenizer:
+    model = TOKENIZER_MODELS.get(data.model)
+    if model is None:
+        raise ModelFileError(f"{source}: tokenizer model '{data.model}' is not supported "
+                             f"(supported: {', '.join(TOKENIZER_MODELS)})")
+    return model(data, source)

@@ -35,6 +35,20 @@ def test_smollm2_matches_llamacpp(smollm2):
     assert not bad, f"{len(bad)} mismatches, first: {bad[:3]}"
 
 
+def test_gemma3_sentencepiece_matches_llamacpp(gemma3):
+    tok = make_tokenizer(read_model(gemma3).tokenizer)
+    texts = corpus() + ["<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", "<b>bold</b> and </s>"]
+    bad = _mismatches(tok, Reference(gemma3, n_ctx=64), texts)
+    assert not bad, f"{len(bad)} mismatches, first: {bad[:3]}"
+    assert tok.tokenize("Hello", add_special=True)[0] == 2  # the GGUF asks for BOS
+
+
+@pytest.mark.parametrize("text", [t for t in corpus() if "<" not in t][:60])
+def test_gemma3_detokenize_round_trips(gemma3, text):
+    tok = make_tokenizer(read_model(gemma3).tokenizer)
+    assert tok.detokenize(tok.tokenize(text, add_special=False, parse_special=False)) == text
+
+
 def test_qwen2_pre_tokenizer_matches_llamacpp(tiny, smollm2):
     # SmolLM2's vocabulary behind the qwen2 pre-tokenizer: llama.cpp splits with its qwen2 regex
     path = tiny("qwen2", tokenizer_from=smollm2, tokenizer_pre="qwen2")
