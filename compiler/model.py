@@ -64,8 +64,8 @@ def _status_messages(m: "Model") -> dict[int, str]:
         lib.KILN_E_CTX_FULL: f"context full: the tokens do not fit in n_ctx={m.n_ctx} (n_past={m.n_past}); "
                              "reset(), rollback(), or compile with a larger ctx",
         lib.KILN_E_ROLLBACK: f"rollback beyond the cache: it holds n_past={m.n_past} positions",
-        lib.KILN_E_ROLLBACK_RING: "rollback further back than the sliding-window rings remember "
-                                  f"({lib.kiln_rollback_limit()} positions); reset() and prefill again",
+        lib.KILN_E_ROLLBACK_RING: "rollback further back than the sliding-window rings remember (always "
+                                  f"{lib.kiln_rollback_limit()} positions back, or to 0); reset() and prefill again",
         lib.KILN_E_OPEN: f"{m.path}: cannot open or map the weights file",
         lib.KILN_E_WEIGHTS: f"{m.path}: this is not the weights file the library was compiled for "
                             f"(expected {lib.kiln_weights_size():,} bytes and the same header); recompile for it",

@@ -5,12 +5,16 @@ and 95-100% top-1 on SmolLM2.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
 from reference import Reference, compare
+
+LONG_TEXT = (Path(compiler.__file__).parent / "data" / "long_text.txt").read_text()
 
 PROMPTS = [
     "The capital of France is",
@@ -26,35 +30,73 @@ PROMPTS = [
 CONTINUATION = 48
 
 
+def teacher_forced(ref: Reference, kiln, prompt: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Logits of both engines at every position that predicts llama.cpp's greedy continuation.
+
+    kiln prefills the prompt for its last row only and the continuation with every row, so a
+    long prompt does not pay for [prompt, vocab] logits it would throw away."""
+    ids = ref.tokenize(prompt)
+    cont = ref.greedy(ids, CONTINUATION)
+    want = ref.logits(ids + cont)[len(ids) - 1:-1]
+    kiln.reset()
+    got = np.vstack([kiln.prefill(ids)[None], kiln.prefill(cont[:-1], logits="all")])
+    return want, got, len(ids) + len(cont)
+
+
+def report(name: str, n: int, a) -> None:
+    print(f"{name[:42]!r:<44} {n:>6} {a.mean_kl:>10.2e} {a.top1:>7.1%} {a.max_abs:>8.3f}")
+
+
+def assert_parity(ref: Reference, kiln, prompts: list[str]) -> None:
+    print(f"\n{'prompt':<44} {'tokens':>6} {'mean KL':>10} {'top-1':>7} {'max|d|':>8}")
+    wants, gots = [], []
+    for prompt in prompts:
+        want, got, n = teacher_forced(ref, kiln, prompt)
+        report(prompt, n, compare(want, got))
+        wants.append(want)
+        gots.append(got)
+    total = compare(np.concatenate(wants), np.concatenate(gots))
+    report("all prompts", total.positions, total)
+    assert total.mean_kl <= 5e-3 and total.top1 >= 0.97
+
+
 @pytest.fixture(scope="module")
 def smollm2_pair(smollm2):
     return Reference(smollm2, n_ctx=512), compiler.load(smollm2, ctx=512)
 
 
 def test_smollm2_logits_match_llamacpp(smollm2_pair):
-    ref, kiln = smollm2_pair
-    rows_ref, rows_kiln = [], []
-    print(f"\n{'prompt':<44} {'tokens':>6} {'mean KL':>10} {'top-1':>7} {'max|d|':>8}")
-    for prompt in PROMPTS:
-        ids = ref.tokenize(prompt)
-        seq = ids + ref.greedy(ids, CONTINUATION)
-        want = ref.logits(seq)
-        kiln.reset()
-        got = kiln.prefill(seq, logits="all")
-        span = slice(len(ids) - 1, len(seq) - 1)  # positions that predict the continuation
-        a = compare(want[span], got[span])
-        print(f"{prompt[:42]!r:<44} {len(seq):>6} {a.mean_kl:>10.2e} {a.top1:>7.1%} {a.max_abs:>8.3f}")
-        rows_ref.append(want[span])
-        rows_kiln.append(got[span])
-    total = compare(np.concatenate(rows_ref), np.concatenate(rows_kiln))
-    print(f"{'all prompts':<44} {total.positions:>6} {total.mean_kl:>10.2e} {total.top1:>7.1%} {total.max_abs:>8.3f}")
-    assert total.mean_kl <= 5e-3 and total.top1 >= 0.97
+    assert_parity(*smollm2_pair, PROMPTS)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])
+def test_smollm2_quantized_kv_still_matches_llamacpp(smollm2, smollm2_pair, kv_dtype):
+    assert_parity(smollm2_pair[0], compiler.load(smollm2, ctx=512, kv_dtype=kv_dtype), PROMPTS)
+
+
+GEMMA_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "Once upon a time, in a small village at the edge of a forest,",
+    "<start_of_turn>user\nWhat is the boiling point of water at sea level?<end_of_turn>\n<start_of_turn>model\n",
+    "List of prime numbers: 2, 3, 5, 7, 11,",
+    "In 1969, Neil Armstrong became the first person to",
+    LONG_TEXT,  # ~1500 tokens: every 512-token local ring wraps around several times
+]
+
+
+def test_gemma3_logits_match_llamacpp(gemma3):
+    assert_parity(Reference(gemma3, n_ctx=2048), compiler.load(gemma3, ctx=2048), GEMMA_PROMPTS)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_synthetic_logits_match_llamacpp(tiny, smollm2, arch, qtype):
-    path = tiny(arch, wtype=qtype, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, tokenizer_from=smollm2)
+    # gemma3: 6 layers (one global), MQA, a window of 8, so 70 tokens wrap every local ring many times
+    shape = dict(n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
+    if arch == "gemma3":
+        shape |= dict(n_layer=6, n_head_kv=1, head_dim=64, sliding_window=8)
+    path = tiny(arch, wtype=qtype, tokenizer_from=smollm2, **shape)
     ref = Reference(path, n_ctx=128)
     kiln = compiler.load(path, ctx=128, prefill_chunk=16)
     seq = [int(t) for t in np.random.default_rng(5).integers(0, 49152, 70)]

@@ -18,7 +18,7 @@
 #define N_CTX 64
 #define N_LAYER 2
 #define PREFILL_CHUNK 16
-#define ROLLBACK_LIMIT -1 /* -1: any rollback; else how far back sliding rings remember */
+#define ROLLBACK_LIMIT -1 /* -1: any rollback; else how far back sliding rings always remember */
 
 /* ==== the weights: the GGUF file, mmapped read-only, never copied ============================== */
 #define GGUF_BYTES 102720LL
@@ -391,7 +391,12 @@ int kiln_reset(kiln_model *m) {
 int kiln_rollback(kiln_model *m, int n_keep) {
     if (!m || n_keep < 0) return KILN_E_ARG;
     if (n_keep > m->n_past) return KILN_E_ROLLBACK;
-    if (ROLLBACK_LIMIT >= 0 && m->n_past - n_keep > ROLLBACK_LIMIT) return KILN_E_ROLLBACK_RING;
+    for (int l = 0; l < N_LAYER && n_keep > 0; l++) {
+        /* the next query (at n_keep) needs positions n_keep - window + 1 .. n_keep - 1;
+           a ring only still holds the last KV_CAP positions written */
+        const int first_needed = KV_WINDOW[l] && n_keep - KV_WINDOW[l] + 1 > 0 ? n_keep - KV_WINDOW[l] + 1 : 0;
+        if (first_needed < m->n_past - KV_CAP[l]) return KILN_E_ROLLBACK_RING;
+    }
     m->n_past = n_keep;
     return KILN_OK;
 }
