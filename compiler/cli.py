@@ -109,6 +109,27 @@ def cmd_run(a: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
+def cmd_kv_quality(a: argparse.Namespace) -> None:
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from .kv_quality import DEFAULT_TEXT, measure, render
+    from .dtypes import parse_kv_dtype
+
+    dtypes = [parse_kv_dtype(d).label for d in a.kv_dtype.split(",") if d.strip()]
+    path = Path(a.text) if a.text else DEFAULT_TEXT
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise KilnError(f"--text {path}: cannot read it ({e.strerror})") from None
+    rows = measure(a.model, dtypes, text, ctx=a.ctx, prefill_chunk=a.prefill_chunk, log=_log)
+    if a.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        sys.stdout.write(render(rows, str(a.model), str(path)))
+
+
 def cmd_ir(a: argparse.Namespace) -> None:
     p = plan(a.model, _options(a), Mode(a.mode), _log)
     sys.stdout.write(format_graph(p.graph))
@@ -149,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the GGUF's own chat template")
     p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")
+    p.add_argument("--kv-dtype", default="f16,q8_0", help="comma-separated dtypes to measure (default f16,q8_0)")
+    p.add_argument("--text", help="text file to read (default: a built-in text of about 1,500 tokens)")
+    p.add_argument("--ctx", type=int, default=CompileOptions.ctx, help="context; the text is cut to it")
+    p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_kv_quality)
 
     p = sub.add_parser("ir", help="print the IR after all passes")
     _add_model_options(p, with_mode=True)

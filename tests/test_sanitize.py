@@ -7,13 +7,14 @@ import sys
 import textwrap
 
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     import compiler
     from compiler.model import ModelError
-    m = compiler.load(sys.argv[1], ctx=40, prefill_chunk=8, sanitize=True)
+    m = compiler.load(sys.argv[1], ctx=40, prefill_chunk=8, kv_dtype=sys.argv[2], sanitize=True)
     ids = list(np.random.default_rng(0).integers(0, m.n_vocab, 21))
     logits = m.prefill(ids, logits="all")
     tok = int(logits[-1].argmax())
@@ -25,8 +26,8 @@ SCRIPT = textwrap.dedent("""
             raise SystemExit("expected a refusal")
         except ModelError:
             pass
-    m.rollback(3)
-    m.prefill([1] * 37)  # fills the context exactly
+    m.reset()
+    m.prefill([1] * 40)  # fills the context exactly
     lib, ffi = m._lib, m._ffi
     assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [1]), 1, ffi.new("float[]", m.n_vocab), 0) == lib.KILN_E_CTX_FULL
     print("clean", m.n_past)
@@ -41,13 +42,25 @@ def _libasan() -> str | None:
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
-def test_sanitized_generation_and_overflow(tiny):
+CASES = {
+    "llama-q4_1-f32": ("llama", dict(wtype=Q.Q4_1), "f32"),
+    # K-quant weights, an f16/q8_0 cache and rings of window 8 that wrap several times
+    "gemma3-q4_k-q8_0": ("gemma3", dict(wtype=Q.Q4_K, n_layer=6, n_embd=256, n_head=4, n_head_kv=1, head_dim=64,
+                                        n_ff=512, sliding_window=8), "q8_0"),
+    "gemma3-q6_k-f16": ("gemma3", dict(wtype=Q.Q6_K, n_layer=6, n_embd=256, n_head=4, n_head_kv=1, head_dim=64,
+                                       n_ff=512, sliding_window=8), "f16"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sanitized_generation_and_overflow(tiny, case):
     libasan = _libasan()
     if libasan is None:
         pytest.fail("the sanitizer test needs libasan (gcc's runtime); install gcc")
-    path = tiny("llama", wtype=__import__("gguf").GGMLQuantizationType.Q4_1)
+    arch, shape, kv_dtype = CASES[case]
+    path = tiny(arch, **shape)
     env = {**os.environ, "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path), kv_dtype], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "clean 40" in r.stdout, r.stderr[-3000:]
     assert "runtime error" not in r.stderr and "AddressSanitizer" not in r.stderr
