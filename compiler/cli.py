@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -130,6 +131,23 @@ def cmd_kv_quality(a: argparse.Namespace) -> None:
         sys.stdout.write(render(rows, str(a.model), str(path)))
 
 
+def cmd_bench(a: argparse.Namespace) -> None:
+    from .bench import decode_bytes_per_token, default_tests, read_bandwidth_gb_s, render, run_bench, write_json
+    from .model import load
+
+    threads = a.threads or os.cpu_count() or 1
+    if threads < 1 or a.reps < 1:
+        raise KilnError("--threads and --reps must be at least 1")
+    tests = default_tests(a.pp, a.tg, a.depth)
+    results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=_log)
+    m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
+    bpt, bw = decode_bytes_per_token(m), read_bandwidth_gb_s()
+    sys.stdout.write(render(results, str(a.model), threads, bpt, bw))
+    if a.json:
+        write_json(a.json, results, model=str(a.model), threads=threads, kv_dtype=a.kv_dtype,
+                   decode_bytes_per_token=bpt, read_bandwidth_gb_s=bw)
+
+
 def cmd_ir(a: argparse.Namespace) -> None:
     p = plan(a.model, _options(a), Mode(a.mode), _log)
     sys.stdout.write(format_graph(p.graph))
@@ -179,6 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_kv_quality)
+
+    p = sub.add_parser("bench", help="pp/tg/tg-at-depth side by side with llama.cpp (same GGUF, same threads)")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")
+    p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: all cores)")
+    p.add_argument("--kv-dtype", default="f32", help="KV cache dtype for both engines")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up")
+    p.add_argument("--pp", type=int, default=512, help="prompt tokens for the pp test")
+    p.add_argument("--tg", type=int, default=128, help="generated tokens for the tg tests")
+    p.add_argument("--depth", type=int, default=1024, help="tokens already in the cache for the tg@depth test")
+    p.add_argument("--json", help="also write the results here")
+    p.set_defaults(run=cmd_bench)
 
     p = sub.add_parser("ir", help="print the IR after all passes")
     _add_model_options(p, with_mode=True)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "quant_impl.h"
 
 void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const float *v, const int32_t *pos,
                    int n_tokens, int capacity, int n_head_kv, int head_dim) {
@@ -43,9 +44,7 @@ void kiln_attention(int type, float *out, const float *q, const int32_t *pos, in
             for (int j = first; j <= p; j++) { /* online softmax: rescale when a new maximum appears */
                 const size_t row = (size_t)(j % capacity) * row_bytes;
                 kiln_dequantize_row(type, kh + row, kr, head_dim);
-                float s = 0.0f;
-                for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
-                s *= scale;
+                const float s = kiln_dot_f32(head_dim, qh, kr) * scale;
                 if (s > max) {
                     const float c = expf(max - s);
                     denom *= c;

@@ -20,9 +20,12 @@ typedef struct {
     size_t block_bytes; /* bytes per block */
     int act_type;       /* format the activations are quantized to for the dot */
     dequant_fn dequant;
-    dot_fn dot;
+    dot_fn dot;          /* the scalar reference */
     quant_fn from_float; /* types a KV cache can hold: f32 rows -> this type */
 } type_traits;
+
+/* The dot a matmul runs: a SIMD twin where this build has one, else the reference. */
+static dot_fn fast_dot(int type);
 
 /* ==== activation quantizers ================================================================= */
 
@@ -258,6 +261,29 @@ static const struct { int block; size_t block_bytes; quant_fn quantize; } ACT[KI
     [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_quantize_q8_K},
 };
 
+static dot_fn fast_dot(int type) {
+#ifdef KILN_HAVE_AVX2
+    switch (type) {
+    case KILN_Q8_0: return kiln_dot_q8_0_avx2;
+    case KILN_Q4_0: return kiln_dot_q4_0_avx2;
+    case KILN_Q4_1: return kiln_dot_q4_1_avx2;
+    case KILN_Q5_0: return kiln_dot_q5_0_avx2;
+    case KILN_Q4_K: return kiln_dot_q4_K_avx2;
+    case KILN_Q6_K: return kiln_dot_q6_K_avx2;
+    default: break;
+    }
+#endif
+    return TYPES[type].dot;
+}
+
+float kiln_dot_f32(int n, const float *a, const float *b) {
+#ifdef KILN_HAVE_AVX2
+    return kiln_dot_f32_avx2(n, a, b);
+#else
+    return dot_f32(n, a, b);
+#endif
+}
+
 int kiln_type_supported(int type) {
     return type >= 0 && type < KILN_TYPE_COUNT && TYPES[type].dot != NULL;
 }
@@ -275,11 +301,13 @@ void kiln_dequantize_row(int type, const void *src, float *dst, int n) { TYPES[t
 
 void kiln_quantize_row(int type, const float *x, void *dst, int n) { TYPES[type].from_float(x, dst, n); }
 
-float kiln_vec_dot(int type, int n, const void *w, const void *act) { return TYPES[type].dot(n, w, act); }
+float kiln_vec_dot(int type, int n, const void *w, const void *act) { return fast_dot(type)(n, w, act); }
+
+float kiln_vec_dot_ref(int type, int n, const void *w, const void *act) { return TYPES[type].dot(n, w, act); }
 
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
                  const float *x, int n_rows, float *y, void *scratch) {
-    const type_traits *t = &TYPES[type];
+    const dot_fn dot = fast_dot(type);
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     uint8_t *act = scratch;
     for (int r = 0; r < n_rows; r++) kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
@@ -287,7 +315,7 @@ void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in
         const uint8_t *a = act + r * a_row;
         float *yr = y + (size_t)r * n_out;
         for (int o = 0; o < n_out; o++)
-            yr[o] = t->dot(n_in, (const uint8_t *)w + (size_t)o * w_row, a) + (bias ? bias[o] : 0.0f);
+            yr[o] = dot(n_in, (const uint8_t *)w + (size_t)o * w_row, a) + (bias ? bias[o] : 0.0f);
     }
 }
 

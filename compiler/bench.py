@@ -1,0 +1,144 @@
+"""`kiln bench`: kiln and llama.cpp side by side on the same GGUF, the same threads, one run.
+
+llama-bench's method: prompt processing (pp) times one prefill of N random tokens, text
+generation (tg) times N single-token decodes, optionally after a prefill of `depth`
+tokens that is not timed. Each test runs once to warm up, then `reps` times, alternating
+engines so that a noisy neighbour hits both; medians are reported with kiln/llama.cpp ratios.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import KilnError
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    name: str
+    n_prompt: int  # tokens prefilled and timed (pp)
+    n_gen: int  # tokens decoded one by one and timed (tg)
+    depth: int  # tokens prefilled first, untimed
+
+    @property
+    def n_timed(self) -> int:
+        return self.n_prompt or self.n_gen
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    test: str
+    kiln_tok_s: float
+    llamacpp_tok_s: float
+    ratio: float
+    kiln_runs: list[float]
+    llamacpp_runs: list[float]
+
+
+def default_tests(pp: int = 512, tg: int = 128, depth: int = 1024) -> list[BenchTest]:
+    return [BenchTest(f"pp{pp}", pp, 0, 0), BenchTest(f"tg{tg}", 0, tg, 0),
+            BenchTest(f"tg{tg}@d{depth}", 0, tg, depth)]
+
+
+class _Engine:
+    """One way to run a test: reset, untimed prefill of the depth, then the timed part."""
+
+    def __init__(self, reset: Callable[[], None], prefill: Callable[[list[int]], None],
+                 decode: Callable[[int], None]):
+        self.reset, self.prefill, self.decode = reset, prefill, decode
+
+    def run(self, t: BenchTest, tokens: list[int]) -> float:
+        self.reset()
+        if t.depth:
+            self.prefill(tokens[:t.depth])
+        start = time.perf_counter()
+        if t.n_prompt:
+            self.prefill(tokens[t.depth:t.depth + t.n_prompt])
+        for tok in tokens[t.depth:t.depth + t.n_gen]:
+            self.decode(tok)
+        return t.n_timed / (time.perf_counter() - start)
+
+
+def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str) -> tuple[_Engine, object]:
+    from .model import load
+
+    m = load(model, ctx=ctx, kv_dtype=kv_dtype, threads=threads)
+    return _Engine(m.reset, lambda ids: m.prefill(ids), lambda tok: m.decode(tok)), m
+
+
+def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str) -> _Engine:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise KilnError("kiln bench compares against llama.cpp: install llama-cpp-python "
+                        "(`make dev` does)") from None
+    types = {"f32": 0, "f16": 1, "q8_0": 8}
+    llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                n_threads_batch=threads, type_k=types[kv_dtype], type_v=types[kv_dtype], verbose=False)
+    return _Engine(llm.reset, lambda ids: llm.eval(ids), lambda tok: llm.eval([tok]))
+
+
+def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
+              log=lambda s: None) -> list[BenchResult]:
+    ctx = max(t.depth + t.n_timed for t in tests) + 1
+    kiln, m = kiln_engine(model, ctx, threads, kv_dtype)
+    ref = llamacpp_engine(m.spec.path, ctx, threads, kv_dtype)
+    tokens = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab, ctx)]
+    results = []
+    for t in tests:
+        runs: dict[str, list[float]] = {"kiln": [], "llama.cpp": []}
+        for rep in range(reps + 1):  # the first round warms both up and is not counted
+            for name, engine in (("kiln", kiln), ("llama.cpp", ref)):
+                speed = engine.run(t, tokens)
+                if rep:
+                    runs[name].append(speed)
+        k, r = statistics.median(runs["kiln"]), statistics.median(runs["llama.cpp"])
+        log(f"{t.name}: kiln {k:.1f} tok/s, llama.cpp {r:.1f} tok/s")
+        results.append(BenchResult(t.name, k, r, k / r, runs["kiln"], runs["llama.cpp"]))
+    return results
+
+
+def read_bandwidth_gb_s(nbytes: int = 96 << 20, reps: int = 5) -> float:
+    """Best-of-N single-threaded numpy read of a buffer larger than the caches."""
+    a = np.ones(nbytes // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def decode_bytes_per_token(m) -> int:
+    """Bytes one decode step must read: every weight it touches (one embedding row) plus the KV cache."""
+    layout = m.compiled.decode.layout
+    total = 0
+    for b in layout.region("weights"):
+        total += b.size // b.shape[0] if b.name == "token_embd.weight" else b.size
+    return total
+
+
+def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int, bandwidth: float) -> str:
+    out = [f"kiln bench: {model}, {threads} thread(s), medians; ratio = kiln / llama.cpp",
+           f"{'test':<14} {'kiln tok/s':>11} {'llama.cpp tok/s':>16} {'ratio':>7}"]
+    for r in results:
+        out.append(f"{r.test:<14} {r.kiln_tok_s:>11.1f} {r.llamacpp_tok_s:>16.1f} {r.ratio:>6.2f}x")
+    limit = bandwidth * 1e9 / bytes_per_token
+    out.append(f"decode reads {bytes_per_token / 1e6:.1f} MB of weights per token; measured read bandwidth "
+               f"{bandwidth:.1f} GB/s (1 thread, numpy) bounds decode near {limit:.0f} tok/s")
+    for r in results:
+        if r.test.startswith("tg"):
+            out.append(f"  {r.test}: kiln at {100 * r.kiln_tok_s / limit:.0f}% of that bound, "
+                       f"llama.cpp at {100 * r.llamacpp_tok_s / limit:.0f}%")
+    return "\n".join(out) + "\n"
+
+
+def write_json(path: str | os.PathLike[str], results: list[BenchResult], **meta) -> None:
+    with open(path, "w") as f:
+        json.dump({**meta, "results": [asdict(r) for r in results]}, f, indent=1)

@@ -1,0 +1,27 @@
+"""kiln bench runs both engines on the same file and reports medians and ratios (no timing asserted)."""
+from __future__ import annotations
+
+import json
+
+from gguf import GGMLQuantizationType as Q
+
+from compiler.bench import BenchTest, default_tests
+from compiler.cli import main
+
+
+def test_bench_smoke(tiny, smollm2, tmp_path, capsys):
+    path = tiny("llama", wtype=Q.Q8_0, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, tokenizer_from=smollm2)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(path), "--threads", "1", "--reps", "1", "--pp", "16", "--tg", "4", "--depth", "8",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "pp16" in text and "tg4@d8" in text and "ratio" in text
+    data = json.loads(out.read_text())
+    assert [r["test"] for r in data["results"]] == ["pp16", "tg4", "tg4@d8"]
+    assert all(r["kiln_tok_s"] > 0 and r["llamacpp_tok_s"] > 0 for r in data["results"])
+    assert data["decode_bytes_per_token"] > 0
+
+
+def test_default_tests_follow_llama_bench():
+    assert [t.name for t in default_tests()] == ["pp512", "tg128", "tg128@d1024"]
+    assert default_tests()[2] == BenchTest("tg128@d1024", 0, 128, 1024)
