@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from . import __version__
@@ -96,7 +95,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     from .chat import render_chat
     from .model import load
 
-    m = load(a.model, ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, log=_log)
+    m = load(a.model, ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, threads=a.threads, log=_log)
     prompt = a.prompt
     if a.chat:
         prompt = render_chat(m.spec.tokenizer, [{"role": "user", "content": a.prompt}], source=str(m.spec.path))
@@ -135,7 +134,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from .bench import decode_bytes_per_token, default_tests, read_bandwidth_gb_s, render, run_bench, write_json
     from .model import load
 
-    threads = a.threads or os.cpu_count() or 1
+    from .model import default_threads
+
+    threads = a.threads or default_threads()
     if threads < 1 or a.reps < 1:
         raise KilnError("--threads and --reps must be at least 1")
     tests = default_tests(a.pp, a.tg, a.depth)
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="generate C, build the shared library (cached), optionally copy it out")
     _add_model_options(p)
     p.add_argument("-o", "--output", help="directory to keep model.c, model.h, the layout maps and the library")
-    p.add_argument("--threads", type=int, default=None, help="threads (accepted for compatibility; 1 for now)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="accepted for scripts; threads are chosen when the library is loaded (kiln run --threads)")
     p.set_defaults(run=cmd_compile)
 
     p = sub.add_parser("run", help="generate text, streaming it (the model is compiled on first use, then cached)")
@@ -187,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the GGUF's own chat template")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.set_defaults(run=cmd_run)
 
     p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved")

@@ -76,7 +76,8 @@ def _status_messages(m: "Model") -> dict[int, str]:
 class Model:
     """A loaded model: one C instance with its own KV cache and arena."""
 
-    def __init__(self, compiled: Compiled, weights_path: str | os.PathLike[str] | None = None):
+    def __init__(self, compiled: Compiled, weights_path: str | os.PathLike[str] | None = None,
+                 threads: int | None = None):
         self.compiled = compiled
         self.spec = compiled.decode.spec
         self.options = compiled.decode.options
@@ -87,12 +88,16 @@ class Model:
         self._tokenizer = None
         self.tokens: list[int] = []  # what the cache holds, for prefix reuse
         handle = self._ffi.new("kiln_model **")
-        self._check(self._lib.kiln_open(handle, str(self.path).encode()))
+        self._check(self._lib.kiln_open(handle, str(self.path).encode(), threads or default_threads()))
         self._m = self._ffi.gc(handle[0], self._lib.kiln_close)
 
     def _check(self, status: int) -> None:
         if status != 0:
             raise ModelError(_status_messages(self).get(status, f"kiln error {status}"))
+
+    @property
+    def n_threads(self) -> int:
+        return int(self._lib.kiln_n_threads(self._m))
 
     @property
     def n_past(self) -> int:
@@ -211,4 +216,21 @@ def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise OptionError(f"threads must be a positive integer, got {threads!r}")
     opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk)
-    return Model(compile_model(model, opts, sanitize, log))
+    return Model(compile_model(model, opts, sanitize, log), threads=threads)
+
+
+def default_threads() -> int:
+    """Physical cores this process may run on: SMT siblings share one core's units and would
+    only contend in the matmuls."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((topo.joinpath("physical_package_id").read_text(), topo.joinpath("core_id").read_text()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))

@@ -9,6 +9,7 @@
 
 #include "fp16.h"
 #include "kernels.h"
+#include "kernels_mt.h"
 #include "quant_impl.h"
 
 typedef void (*dequant_fn)(const void *src, float *dst, int n);
@@ -305,18 +306,27 @@ float kiln_vec_dot(int type, int n, const void *w, const void *act) { return fas
 
 float kiln_vec_dot_ref(int type, int n, const void *w, const void *act) { return TYPES[type].dot(n, w, act); }
 
-void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
-                 const float *x, int n_rows, float *y, void *scratch) {
+void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
+                    const float *x, int n_rows, float *y, void *scratch) {
     const dot_fn dot = fast_dot(type);
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     uint8_t *act = scratch;
-    for (int r = 0; r < n_rows; r++) kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
+    for (int r = t->ith; r < n_rows; r += t->nth)
+        kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
+    kiln_barrier(t);
+    const int per = (n_out + t->nth - 1) / t->nth, o0 = t->ith * per, o1 = o0 + per < n_out ? o0 + per : n_out;
     for (int r = 0; r < n_rows; r++) {
         const uint8_t *a = act + r * a_row;
         float *yr = y + (size_t)r * n_out;
-        for (int o = 0; o < n_out; o++)
+        for (int o = o0; o < o1; o++)
             yr[o] = dot(n_in, (const uint8_t *)w + (size_t)o * w_row, a) + (bias ? bias[o] : 0.0f);
     }
+}
+
+void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
+                 const float *x, int n_rows, float *y, void *scratch) {
+    const kiln_thread alone = {0, 1, NULL};
+    kiln_matmul_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
 }
 
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale) {

@@ -119,3 +119,20 @@ def test_same_inputs_same_logits(tiny_llama):
     runs = [compiler.load(tiny_llama, ctx=64, prefill_chunk=8).prefill(ids, logits="all") for _ in range(2)]
     np.testing.assert_array_equal(*runs)
 
+
+
+def test_threads_give_the_same_logits(tiny):
+    path = tiny("qwen2", wtype=Q.Q4_1, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
+    ids = _ids(40, seed=11)
+    runs = []
+    for threads in (1, 2, 2, 3):
+        m = compiler.load(path, ctx=64, prefill_chunk=16, threads=threads)
+        assert m.n_threads == threads
+        runs.append(np.vstack([m.prefill(ids[:30], logits="all"), *[m.decode(t)[None] for t in ids[30:]]]))
+    for other in runs[1:]:
+        np.testing.assert_array_equal(runs[0], other)  # each output is computed by one thread, in one order
+
+
+def test_bad_thread_counts_are_refused(tiny_llama):
+    with pytest.raises(OptionError, match="threads must be a positive integer"):
+        compiler.load(tiny_llama, ctx=16, threads=0)

@@ -126,11 +126,19 @@ ARGS: dict[Op, Callable[[Node], list[str]]] = {
 assert set(ARGS) == set(Op)
 
 
+# Runtime functions with a threaded twin (`<name>_mt`, kernels_mt.h) that every thread calls;
+# the others run on thread 0 while the rest wait at the barrier that follows every op.
+THREADED = frozenset({"kiln_matmul", "kiln_attention"})
+
+
 def statement(n: Node) -> str:
     symbol = C_SYMBOLS.get(n.kernel)
     if symbol is None:
         raise CodegenError(f"kernel '{n.kernel}' (node {n.label}) has no C implementation yet")
-    return f"{symbol}({', '.join(ARGS[n.op](n))});"
+    args = ", ".join(ARGS[n.op](n))
+    if symbol in THREADED:
+        return f"{symbol}_mt(t, {args});"
+    return f"if (t->ith == 0) {symbol}({args});"
 
 
 def is_arena_value(v: Value) -> bool:

@@ -38,6 +38,7 @@ def _node_lines(n: Node, offsets: dict[str, int]) -> list[str]:
         cast = "" if ctype == "void" else f"({ctype} *)"
         lines.append(f"    {ctype} *{c_name(v)} = {cast}A({offsets[v.name]:#x}); /* {_shape_comment(v.shape)} */")
     lines.append(f"    {statement(n)}")
+    lines.append("    kiln_barrier(t);")
     return lines
 
 

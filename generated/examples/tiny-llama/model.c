@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels.h"
+#include "kernels_mt.h"
 #include "model.h"
 
 /* ==== configuration ======================================================================== */
@@ -40,7 +40,15 @@ struct kiln_model {
     uint8_t *kv;            /* [KV_BYTES] */
     uint8_t *arena;         /* [ARENA_BYTES] */
     int n_past;             /* positions held by sequence 0 */
+    kiln_pool *pool;        /* this instance's threads */
 };
+
+typedef struct {
+    kiln_model *m;
+    const int32_t *tokens;
+    int n, n_logits; /* tokens in this step; rows of logits wanted (the last n_logits) */
+    float *logits;   /* [n_logits x N_VOCAB], the caller's */
+} step_args;
 
 #define W(off) ((const void *)(m->weights + (off)))
 #define A(off) ((void *)(m->arena + (off)))
@@ -48,271 +56,353 @@ struct kiln_model {
 #define KV_V(l) ((void *)(m->kv + KV_V_OFF[l]))
 
 /* ==== decode step: up to 1 token(s), 35 ops ===================================== */
-static void decode_step(kiln_model *m, const int32_t *tokens, int n, int n_logits, float *logits) {
+/* every thread of the pool runs this; kernels split their work by t->ith / t->nth */
+static void decode_step(void *arg, const kiln_thread *t) {
+    const step_args *s = arg;
+    kiln_model *m = s->m;
+    const int n = s->n, n_logits = s->n_logits;
     int32_t *inp_tokens = (int32_t *)A(0x100); /* [n] */
     int32_t *inp_pos = (int32_t *)A(0x700);    /* [n] */
-    for (int i = 0; i < n; i++) {
-        inp_tokens[i] = tokens[i];
-        inp_pos[i] = m->n_past + i;
-    }
-    float *result_output = logits; /* [n_logits x N_VOCAB], the caller's */
+    if (t->ith == 0)
+        for (int i = 0; i < n; i++) {
+            inp_tokens[i] = s->tokens[i];
+            inp_pos[i] = m->n_past + i;
+        }
+    kiln_barrier(t);
+    float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
     float *inp_embd = (float *)A(0x0); /* [n x 64] */
-    kiln_embed(KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
+    if (t->ith == 0) kiln_embed(KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
+    kiln_barrier(t);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
     float *attn_norm_0 = (float *)A(0x100); /* [n x 64] */
-    kiln_rms_norm(attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* q-0: matmul_q8_0 */
     float *q_0 = (float *)A(0x200); /* [n x 4 x 16] */
     void *q_0_act = A(0x300); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
+    kiln_barrier(t);
     /* k-0: matmul_q8_0 */
     float *k_0 = (float *)A(0x300); /* [n x 2 x 16] */
     void *k_0_act = A(0x380); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
+    kiln_barrier(t);
     /* v-0: matmul_q8_0 */
     float *v_0 = (float *)A(0x380); /* [n x 2 x 16] */
     void *v_0_act = A(0x400); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
+    kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x100); /* [n x 4 x 16] */
-    kiln_rope(q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* k_rope-0: rope_pairwise_f32 */
     float *k_rope_0 = (float *)A(0x200); /* [n x 2 x 16] */
-    kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* kv_store-0: kv_store_f32 */
-    kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_barrier(t);
     /* attn-0: attention_decode_f32 */
     float *attn_0 = (float *)A(0x200); /* [n x 64] */
-    kiln_attention(KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_barrier(t);
     /* attn_out-0: matmul_q8_0 */
     float *attn_out_0 = (float *)A(0x100); /* [n x 64] */
     void *attn_out_0_act = A(0x300); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
+    kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x600); /* [n x 64] */
-    kiln_add(ffn_inp_0, attn_out_0, inp_embd, n * 64);
+    if (t->ith == 0) kiln_add(ffn_inp_0, attn_out_0, inp_embd, n * 64);
+    kiln_barrier(t);
     /* ffn_norm-0: rms_norm_f32 */
     float *ffn_norm_0 = (float *)A(0x400); /* [n x 64] */
-    kiln_rms_norm(ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* ffn_gate-0: matmul_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_0_act = A(0x200); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
+    kiln_barrier(t);
     /* ffn_up-0: matmul_q8_0 */
     float *ffn_up_0 = (float *)A(0x200); /* [n x 128] */
     void *ffn_up_0_act = A(0x500); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
+    kiln_barrier(t);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x400); /* [n x 128] */
-    kiln_swiglu(ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
+    if (t->ith == 0) kiln_swiglu(ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
+    kiln_barrier(t);
     /* ffn_out-0: matmul_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_0_act = A(0x100); /* [136 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
+    kiln_barrier(t);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x100); /* [n x 64] */
-    kiln_add(l_out_0, ffn_out_0, ffn_inp_0, n * 64);
+    if (t->ith == 0) kiln_add(l_out_0, ffn_out_0, ffn_inp_0, n * 64);
+    kiln_barrier(t);
 
     /* ---- layer 1 ---- */
     /* attn_norm-1: rms_norm_f32 */
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
-    kiln_rms_norm(attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* q-1: matmul_q8_0 */
     float *q_1 = (float *)A(0x200); /* [n x 4 x 16] */
     void *q_1_act = A(0x300); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
+    kiln_barrier(t);
     /* k-1: matmul_q8_0 */
     float *k_1 = (float *)A(0x300); /* [n x 2 x 16] */
     void *k_1_act = A(0x380); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
+    kiln_barrier(t);
     /* v-1: matmul_q8_0 */
     float *v_1 = (float *)A(0x380); /* [n x 2 x 16] */
     void *v_1_act = A(0x400); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
+    kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
-    kiln_rope(q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* k_rope-1: rope_pairwise_f32 */
     float *k_rope_1 = (float *)A(0x200); /* [n x 2 x 16] */
-    kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* kv_store-1: kv_store_f32 */
-    kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_barrier(t);
     /* attn-1: attention_decode_f32 */
     float *attn_1 = (float *)A(0x200); /* [n x 64] */
-    kiln_attention(KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_barrier(t);
     /* attn_out-1: matmul_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x300); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
+    kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x600); /* [n x 64] */
-    kiln_add(ffn_inp_1, attn_out_1, l_out_0, n * 64);
+    if (t->ith == 0) kiln_add(ffn_inp_1, attn_out_1, l_out_0, n * 64);
+    kiln_barrier(t);
     /* ffn_norm-1: rms_norm_f32 */
     float *ffn_norm_1 = (float *)A(0x400); /* [n x 64] */
-    kiln_rms_norm(ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* ffn_gate-1: matmul_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_1_act = A(0x200); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
+    kiln_barrier(t);
     /* ffn_up-1: matmul_q8_0 */
     float *ffn_up_1 = (float *)A(0x200); /* [n x 128] */
     void *ffn_up_1_act = A(0x500); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
+    kiln_barrier(t);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x400); /* [n x 128] */
-    kiln_swiglu(ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
+    if (t->ith == 0) kiln_swiglu(ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
+    kiln_barrier(t);
     /* ffn_out-1: matmul_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_1_act = A(0x100); /* [136 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
+    kiln_barrier(t);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x100); /* [n x 64] */
-    kiln_add(l_out_1, ffn_out_1, ffn_inp_1, n * 64);
+    if (t->ith == 0) kiln_add(l_out_1, ffn_out_1, ffn_inp_1, n * 64);
+    kiln_barrier(t);
 
     /* ---- output ---- */
     /* result_norm: rms_norm_f32 */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
-    kiln_rms_norm(result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* result_output: logits_q8_0 */
     void *result_output_act = A(0x100); /* [68 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x1560), NULL, 259, 64, result_norm + (size_t)(n - n_logits) * 64, n_logits, result_output, result_output_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_norm + (size_t)(n - n_logits) * 64, n_logits, result_output, result_output_act);
+    kiln_barrier(t);
 }
 
 /* ==== prefill step: up to 16 token(s), 35 ops ===================================== */
-static void prefill_step(kiln_model *m, const int32_t *tokens, int n, int n_logits, float *logits) {
+/* every thread of the pool runs this; kernels split their work by t->ith / t->nth */
+static void prefill_step(void *arg, const kiln_thread *t) {
+    const step_args *s = arg;
+    kiln_model *m = s->m;
+    const int n = s->n, n_logits = s->n_logits;
     int32_t *inp_tokens = (int32_t *)A(0x1000); /* [n] */
     int32_t *inp_pos = (int32_t *)A(0x7000);    /* [n] */
-    for (int i = 0; i < n; i++) {
-        inp_tokens[i] = tokens[i];
-        inp_pos[i] = m->n_past + i;
-    }
-    float *result_output = logits; /* [n_logits x N_VOCAB], the caller's */
+    if (t->ith == 0)
+        for (int i = 0; i < n; i++) {
+            inp_tokens[i] = s->tokens[i];
+            inp_pos[i] = m->n_past + i;
+        }
+    kiln_barrier(t);
+    float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
     float *inp_embd = (float *)A(0x0); /* [n x 64] */
-    kiln_embed(KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
+    if (t->ith == 0) kiln_embed(KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
+    kiln_barrier(t);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
     float *attn_norm_0 = (float *)A(0x1000); /* [n x 64] */
-    kiln_rms_norm(attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* q-0: matmul_q8_0 */
     float *q_0 = (float *)A(0x2000); /* [n x 4 x 16] */
     void *q_0_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
+    kiln_barrier(t);
     /* k-0: matmul_q8_0 */
     float *k_0 = (float *)A(0x3000); /* [n x 2 x 16] */
     void *k_0_act = A(0x3800); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
+    kiln_barrier(t);
     /* v-0: matmul_q8_0 */
     float *v_0 = (float *)A(0x3800); /* [n x 2 x 16] */
     void *v_0_act = A(0x4000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
+    kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x1000); /* [n x 4 x 16] */
-    kiln_rope(q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* k_rope-0: rope_pairwise_f32 */
     float *k_rope_0 = (float *)A(0x2000); /* [n x 2 x 16] */
-    kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* kv_copy-0: kv_batch_copy_f32 */
-    kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_barrier(t);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention(KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_barrier(t);
     /* attn_out-0: matmul_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
     void *attn_out_0_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
+    kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x6000); /* [n x 64] */
-    kiln_add(ffn_inp_0, attn_out_0, inp_embd, n * 64);
+    if (t->ith == 0) kiln_add(ffn_inp_0, attn_out_0, inp_embd, n * 64);
+    kiln_barrier(t);
     /* ffn_norm-0: rms_norm_f32 */
     float *ffn_norm_0 = (float *)A(0x4000); /* [n x 64] */
-    kiln_rms_norm(ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* ffn_gate-0: matmul_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_0_act = A(0x2000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
+    kiln_barrier(t);
     /* ffn_up-0: matmul_q8_0 */
     float *ffn_up_0 = (float *)A(0x2000); /* [n x 128] */
     void *ffn_up_0_act = A(0x5000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
+    kiln_barrier(t);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x4000); /* [n x 128] */
-    kiln_swiglu(ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
+    if (t->ith == 0) kiln_swiglu(ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
+    kiln_barrier(t);
     /* ffn_out-0: matmul_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_0_act = A(0x1000); /* [2176 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
+    kiln_barrier(t);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x1000); /* [n x 64] */
-    kiln_add(l_out_0, ffn_out_0, ffn_inp_0, n * 64);
+    if (t->ith == 0) kiln_add(l_out_0, ffn_out_0, ffn_inp_0, n * 64);
+    kiln_barrier(t);
 
     /* ---- layer 1 ---- */
     /* attn_norm-1: rms_norm_f32 */
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
-    kiln_rms_norm(attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* q-1: matmul_q8_0 */
     float *q_1 = (float *)A(0x2000); /* [n x 4 x 16] */
     void *q_1_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
+    kiln_barrier(t);
     /* k-1: matmul_q8_0 */
     float *k_1 = (float *)A(0x3000); /* [n x 2 x 16] */
     void *k_1_act = A(0x3800); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
+    kiln_barrier(t);
     /* v-1: matmul_q8_0 */
     float *v_1 = (float *)A(0x3800); /* [n x 2 x 16] */
     void *v_1_act = A(0x4000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
+    kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
-    kiln_rope(q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* k_rope-1: rope_pairwise_f32 */
     float *k_rope_1 = (float *)A(0x2000); /* [n x 2 x 16] */
-    kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
+    if (t->ith == 0) kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_barrier(t);
     /* kv_copy-1: kv_batch_copy_f32 */
-    kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_barrier(t);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention(KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_barrier(t);
     /* attn_out-1: matmul_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
+    kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x6000); /* [n x 64] */
-    kiln_add(ffn_inp_1, attn_out_1, l_out_0, n * 64);
+    if (t->ith == 0) kiln_add(ffn_inp_1, attn_out_1, l_out_0, n * 64);
+    kiln_barrier(t);
     /* ffn_norm-1: rms_norm_f32 */
     float *ffn_norm_1 = (float *)A(0x4000); /* [n x 64] */
-    kiln_rms_norm(ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* ffn_gate-1: matmul_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_1_act = A(0x2000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
+    kiln_barrier(t);
     /* ffn_up-1: matmul_q8_0 */
     float *ffn_up_1 = (float *)A(0x2000); /* [n x 128] */
     void *ffn_up_1_act = A(0x5000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
+    kiln_barrier(t);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x4000); /* [n x 128] */
-    kiln_swiglu(ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
+    if (t->ith == 0) kiln_swiglu(ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
+    kiln_barrier(t);
     /* ffn_out-1: matmul_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_1_act = A(0x1000); /* [2176 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
+    kiln_barrier(t);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x1000); /* [n x 64] */
-    kiln_add(l_out_1, ffn_out_1, ffn_inp_1, n * 64);
+    if (t->ith == 0) kiln_add(l_out_1, ffn_out_1, ffn_inp_1, n * 64);
+    kiln_barrier(t);
 
     /* ---- output ---- */
     /* result_norm: rms_norm_f32 */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
-    kiln_rms_norm(result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
+    if (t->ith == 0) kiln_rms_norm(result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_barrier(t);
     /* result_output: logits_q8_0 */
     void *result_output_act = A(0x1000); /* [1088 bytes] */
-    kiln_matmul(KILN_Q8_0, W(0x1560), NULL, 259, 64, result_norm + (size_t)(n - n_logits) * 64, n_logits, result_output, result_output_act);
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_norm + (size_t)(n - n_logits) * 64, n_logits, result_output, result_output_act);
+    kiln_barrier(t);
 }
 
 /* ==== the API ================================================================================= */
@@ -325,8 +415,8 @@ static uint32_t crc32(const uint8_t *p, size_t n) {
     return ~c;
 }
 
-int kiln_open(kiln_model **out, const char *gguf_path) {
-    if (!out || !gguf_path) return KILN_E_ARG;
+int kiln_open(kiln_model **out, const char *gguf_path, int n_threads) {
+    if (!out || !gguf_path || n_threads < 1 || n_threads > 256) return KILN_E_ARG;
     *out = NULL;
     const int fd = open(gguf_path, O_RDONLY);
     if (fd < 0) return KILN_E_OPEN;
@@ -344,19 +434,21 @@ int kiln_open(kiln_model **out, const char *gguf_path) {
     }
     kiln_model *m = calloc(1, sizeof *m);
     uint8_t *kv = aligned_alloc(64, KV_BYTES), *arena = aligned_alloc(64, ARENA_BYTES);
-    if (!m || !kv || !arena) {
-        free(m), free(kv), free(arena);
+    kiln_pool *pool = kiln_pool_create(n_threads);
+    if (!m || !kv || !arena || !pool) {
+        free(m), free(kv), free(arena), kiln_pool_destroy(pool);
         munmap(w, (size_t)GGUF_BYTES);
         return KILN_E_NOMEM;
     }
     memset(kv, 0, KV_BYTES);
-    m->weights = w, m->kv = kv, m->arena = arena;
+    m->weights = w, m->kv = kv, m->arena = arena, m->pool = pool;
     *out = m;
     return KILN_OK;
 }
 
 void kiln_close(kiln_model *m) {
     if (!m) return;
+    kiln_pool_destroy(m->pool);
     munmap((void *)m->weights, (size_t)GGUF_BYTES);
     free(m->kv);
     free(m->arena);
@@ -371,11 +463,8 @@ int kiln_eval(kiln_model *m, const int32_t *tokens, int n_tokens, float *logits,
     for (int done = 0; done < n_tokens;) {
         const int n = n_tokens - done < PREFILL_CHUNK ? n_tokens - done : PREFILL_CHUNK;
         const int n_logits = logits_all ? n : (done + n == n_tokens);
-        float *out = logits_all ? logits + (size_t)done * N_VOCAB : logits;
-        if (n == 1)
-            decode_step(m, tokens + done, n, n_logits, out);
-        else
-            prefill_step(m, tokens + done, n, n_logits, out);
+        step_args args = {m, tokens + done, n, n_logits, logits_all ? logits + (size_t)done * N_VOCAB : logits};
+        kiln_pool_run(m->pool, n == 1 ? decode_step : prefill_step, &args);
         m->n_past += n;
         done += n;
     }
@@ -402,6 +491,7 @@ int kiln_rollback(kiln_model *m, int n_keep) {
 }
 
 int kiln_n_past(const kiln_model *m) { return m ? m->n_past : KILN_E_ARG; }
+int kiln_n_threads(const kiln_model *m) { return m ? kiln_pool_size(m->pool) : KILN_E_ARG; }
 int kiln_n_ctx(void) { return N_CTX; }
 int kiln_n_vocab(void) { return N_VOCAB; }
 long long kiln_weights_size(void) { return GGUF_BYTES; }

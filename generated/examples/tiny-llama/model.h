@@ -19,7 +19,7 @@ enum kiln_status {
     KILN_E_NOMEM = -8            /* the KV region or the arena cannot be allocated */
 };
 
-int kiln_open(kiln_model **out, const char *gguf_path);
+int kiln_open(kiln_model **out, const char *gguf_path, int n_threads); /* threads: this instance's pool */
 void kiln_close(kiln_model *m);
 /* append n_tokens to sequence 0; logits gets the last token's [n_vocab], or every token's
    [n_tokens][n_vocab] when logits_all is set */
@@ -27,6 +27,7 @@ int kiln_eval(kiln_model *m, const int32_t *tokens, int n_tokens, float *logits,
 int kiln_reset(kiln_model *m);
 int kiln_rollback(kiln_model *m, int n_keep);  /* keep the first n_keep positions */
 int kiln_n_past(const kiln_model *m);
+int kiln_n_threads(const kiln_model *m);
 int kiln_n_ctx(void);
 int kiln_n_vocab(void);
 long long kiln_weights_size(void);

@@ -1,0 +1,133 @@
+/* threads.c: the per-model pool. Workers sleep on a condition variable between steps (one
+ * wake-up per step) and meet at a spinning, sense-counting barrier inside a step (cheap, and
+ * only where data depends). */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "threads.h"
+
+struct kiln_pool {
+    int n;
+    pthread_t *workers;
+    pthread_mutex_t mu;
+    pthread_cond_t start, done;
+    unsigned generation; /* bumped once per region */
+    int running;         /* workers still inside the current region */
+    int stop;
+    kiln_region_fn fn;
+    void *arg;
+    atomic_int arrived; /* threads at the barrier */
+    atomic_uint phase;  /* bumped each time the barrier opens */
+};
+
+typedef struct {
+    kiln_pool *pool;
+    int ith;
+} worker_arg;
+
+static void *worker_main(void *p_) {
+    worker_arg *wa = p_;
+    kiln_pool *p = wa->pool;
+    const kiln_thread t = {wa->ith, p->n, p};
+    free(wa);
+    unsigned seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (p->generation == seen && !p->stop) pthread_cond_wait(&p->start, &p->mu);
+        if (p->stop) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        seen = p->generation;
+        const kiln_region_fn fn = p->fn;
+        void *arg = p->arg;
+        pthread_mutex_unlock(&p->mu);
+        fn(arg, &t);
+        pthread_mutex_lock(&p->mu);
+        if (--p->running == 0) pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+kiln_pool *kiln_pool_create(int n_threads) {
+    if (n_threads < 1) return NULL;
+    kiln_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n = n_threads;
+    p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->arrived, 0);
+    atomic_init(&p->phase, 0);
+    if (!p->workers) {
+        kiln_pool_destroy(p);
+        return NULL;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        if (!wa) {
+            p->n = i;
+            kiln_pool_destroy(p);
+            return NULL;
+        }
+        *wa = (worker_arg){p, i};
+        if (pthread_create(&p->workers[i], NULL, worker_main, wa) != 0) {
+            free(wa);
+            p->n = i; /* join only the workers that started */
+            kiln_pool_destroy(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+void kiln_pool_destroy(kiln_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->workers[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start);
+    pthread_cond_destroy(&p->done);
+    free(p->workers);
+    free(p);
+}
+
+int kiln_pool_size(const kiln_pool *p) { return p ? p->n : 1; }
+
+void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg) {
+    if (!p || p->n == 1) {
+        const kiln_thread alone = {0, 1, NULL};
+        fn(arg, &alone);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->running = p->n - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    const kiln_thread t0 = {0, p->n, p};
+    fn(arg, &t0);
+    pthread_mutex_lock(&p->mu);
+    while (p->running > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kiln_barrier(const kiln_thread *t) {
+    if (t->nth == 1) return;
+    kiln_pool *p = t->pool;
+    const unsigned phase = atomic_load_explicit(&p->phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->arrived, 1, memory_order_acq_rel) == t->nth - 1) {
+        atomic_store_explicit(&p->arrived, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->phase, 1, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&p->phase, memory_order_acquire) == phase) sched_yield();
+}

@@ -1,0 +1,24 @@
+/* threads.h: one persistent pool of threads per model instance.
+ *
+ * A step runs as one parallel region: every thread executes the whole step function,
+ * kernels split their work by (ith, nth), and kiln_barrier() separates dependent ops.
+ */
+#ifndef KILN_THREADS_H
+#define KILN_THREADS_H
+
+typedef struct kiln_pool kiln_pool;
+
+typedef struct {
+    int ith, nth;    /* this thread's index, and how many run the region */
+    kiln_pool *pool; /* NULL when running alone */
+} kiln_thread;
+
+typedef void (*kiln_region_fn)(void *arg, const kiln_thread *t);
+
+kiln_pool *kiln_pool_create(int n_threads); /* NULL on failure; n_threads - 1 workers are started */
+void kiln_pool_destroy(kiln_pool *p);
+int kiln_pool_size(const kiln_pool *p);
+void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg); /* the caller is thread 0 */
+void kiln_barrier(const kiln_thread *t);
+
+#endif
