@@ -1,6 +1,7 @@
 /* kquants.c: scalar references for the 256-element super-block types Q4_K, Q5_K, Q6_K and
  * the q8_K activation blocks their dots use. Entered through quant.c's type table. */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "fp16.h"
@@ -65,65 +66,53 @@ static inline int q6k_value(const block_q6_K *x, int l) {
     return (low | high << 4) - 32;
 }
 
-void kiln_dequant_q4_K(const void *src, float *dst, int n) {
-    const block_q4_K *x = src;
-    for (int b = 0; b < n / QK_K; b++, dst += QK_K) {
-        const float d = kiln_fp16_to_fp32(x[b].d), dmin = kiln_fp16_to_fp32(x[b].dmin);
+/* Q4_K and Q5_K share their head (d, dmin, 12 bytes of scales) and their arithmetic;
+ * only the way a weight's integer is read differs. */
+typedef struct {
+    kiln_half d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+} k4_head;
+_Static_assert(offsetof(block_q4_K, qs) == sizeof(k4_head) && offsetof(block_q5_K, qh) == sizeof(k4_head),
+               "Q4_K and Q5_K begin with the same head");
+
+typedef int (*k4_value_fn)(const void *block, int l);
+
+static int q4k_at(const void *block, int l) { return q4k_value(block, l); }
+static int q5k_at(const void *block, int l) { return q5k_value(block, l); }
+
+static void dequant_k4(const uint8_t *src, size_t block_bytes, k4_value_fn value, float *dst, int n) {
+    for (int b = 0; b < n / QK_K; b++, src += block_bytes, dst += QK_K) {
+        const k4_head *h = (const k4_head *)src;
+        const float d = kiln_fp16_to_fp32(h->d), dmin = kiln_fp16_to_fp32(h->dmin);
         for (int j = 0; j < QK_K / 32; j++) {
             int sc, m;
-            scale_min_k4(j, x[b].scales, &sc, &m);
-            for (int i = 0; i < 32; i++) dst[32 * j + i] = d * sc * q4k_value(&x[b], 32 * j + i) - dmin * m;
+            scale_min_k4(j, h->scales, &sc, &m);
+            for (int i = 0; i < 32; i++) dst[32 * j + i] = d * sc * value(src, 32 * j + i) - dmin * m;
         }
     }
 }
 
-float kiln_dot_q4_K(int n, const void *w, const void *act) {
-    const block_q4_K *x = w;
-    const block_q8_K *y = act;
+static float dot_k4(const uint8_t *w, size_t block_bytes, k4_value_fn value, const block_q8_K *y, int n) {
     float sum = 0.0f;
-    for (int b = 0; b < n / QK_K; b++) {
+    for (int b = 0; b < n / QK_K; b++, w += block_bytes) {
+        const k4_head *h = (const k4_head *)w;
         int sumi = 0, summ = 0;
         for (int j = 0; j < QK_K / 32; j++) {
             int sc, m, s = 0;
-            scale_min_k4(j, x[b].scales, &sc, &m);
-            for (int i = 0; i < 32; i++) s += q4k_value(&x[b], 32 * j + i) * y[b].qs[32 * j + i];
+            scale_min_k4(j, h->scales, &sc, &m);
+            for (int i = 0; i < 32; i++) s += value(w, 32 * j + i) * y[b].qs[32 * j + i];
             sumi += sc * s;
             summ += m * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
         }
-        sum += kiln_fp16_to_fp32(x[b].d) * y[b].d * (float)sumi - kiln_fp16_to_fp32(x[b].dmin) * y[b].d * (float)summ;
+        sum += kiln_fp16_to_fp32(h->d) * y[b].d * (float)sumi - kiln_fp16_to_fp32(h->dmin) * y[b].d * (float)summ;
     }
     return sum;
 }
 
-void kiln_dequant_q5_K(const void *src, float *dst, int n) {
-    const block_q5_K *x = src;
-    for (int b = 0; b < n / QK_K; b++, dst += QK_K) {
-        const float d = kiln_fp16_to_fp32(x[b].d), dmin = kiln_fp16_to_fp32(x[b].dmin);
-        for (int j = 0; j < QK_K / 32; j++) {
-            int sc, m;
-            scale_min_k4(j, x[b].scales, &sc, &m);
-            for (int i = 0; i < 32; i++) dst[32 * j + i] = d * sc * q5k_value(&x[b], 32 * j + i) - dmin * m;
-        }
-    }
-}
-
-float kiln_dot_q5_K(int n, const void *w, const void *act) {
-    const block_q5_K *x = w;
-    const block_q8_K *y = act;
-    float sum = 0.0f;
-    for (int b = 0; b < n / QK_K; b++) {
-        int sumi = 0, summ = 0;
-        for (int j = 0; j < QK_K / 32; j++) {
-            int sc, m, s = 0;
-            scale_min_k4(j, x[b].scales, &sc, &m);
-            for (int i = 0; i < 32; i++) s += q5k_value(&x[b], 32 * j + i) * y[b].qs[32 * j + i];
-            sumi += sc * s;
-            summ += m * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
-        }
-        sum += kiln_fp16_to_fp32(x[b].d) * y[b].d * (float)sumi - kiln_fp16_to_fp32(x[b].dmin) * y[b].d * (float)summ;
-    }
-    return sum;
-}
+void kiln_dequant_q4_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q4_K), q4k_at, dst, n); }
+void kiln_dequant_q5_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q5_K), q5k_at, dst, n); }
+float kiln_dot_q4_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q4_K), q4k_at, act, n); }
+float kiln_dot_q5_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q5_K), q5k_at, act, n); }
 
 void kiln_dequant_q6_K(const void *src, float *dst, int n) {
     const block_q6_K *x = src;
