@@ -1,7 +1,6 @@
 """The compiled model through its Python wrapper: chunking, cursor operations and refusals."""
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest

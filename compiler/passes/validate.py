@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..errors import GraphError
 from ..gguf_model import ModelSpec
-from ..ir import OP_ATTRS, AttentionAttrs, Graph, Node, Op, Value, ValueKind
+from ..ir import OP_ATTRS, AttentionAttrs, Graph, Node, Op, ValueKind
 
 ShapeRule = Callable[[Node], "str | None"]
 
