@@ -111,8 +111,6 @@ class Model:
         if bad.size:
             raise ModelError(f"token id {int(tokens[bad[0]])} at index {int(bad[0])} is out of range [0, {self.n_vocab})")
         tokens = tokens.astype(np.int32)
-        if tokens.size > self.n_ctx - self.n_past:
-            raise ModelError(_status_messages(self)[self._lib.KILN_E_CTX_FULL])
         out = np.empty((tokens.size if logits_all else 1, self.n_vocab), dtype=np.float32)
         self._check(self._lib.kiln_eval(self._m, self._ffi.cast("int32_t *", self._ffi.from_buffer(tokens)),
                                         tokens.size, self._ffi.cast("float *", self._ffi.from_buffer(out)),

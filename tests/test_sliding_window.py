@@ -85,6 +85,6 @@ def test_generate_falls_back_to_a_fresh_prefill(gemma_tiny):
     m.prefill(first)
     second = first[:10] + _ids(5, seed=6)
     m.generate(second, max_tokens=2, temperature=0)  # shares 10 tokens, but 20 back is beyond the rings
+    assert m.tokens[:len(second)] == second and m.n_past == len(second) + 1
     fresh = _load(gemma_tiny)
-    fresh.prefill(second)
-    assert m.tokens[:len(second)] == second
+    assert m.tokens[len(second)] == int(fresh.prefill(second).argmax())  # the same greedy token as a clean start
