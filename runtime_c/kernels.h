@@ -21,6 +21,7 @@ int kiln_type_supported(int type);
 size_t kiln_row_bytes(int type, int n);             /* bytes of n elements of type */
 size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations quantized for type */
 void kiln_quantize_act(int type, const float *x, void *dst, int n);     /* x[n] -> type's act format */
+void kiln_quantize_act_ref(int type, const float *x, void *dst, int n); /* the same, scalar reference */
 void kiln_dequantize_row(int type, const void *src, float *dst, int n); /* n elements -> f32 */
 float kiln_vec_dot(int type, int n, const void *w, const void *act);    /* w row . quantized act row */
 float kiln_vec_dot_ref(int type, int n, const void *w, const void *act); /* the same, scalar reference */

@@ -15,6 +15,8 @@
 typedef void (*dequant_fn)(const void *src, float *dst, int n);
 typedef float (*dot_fn)(int n, const void *w, const void *act);
 typedef void (*quant_fn)(const float *x, void *dst, int n);
+typedef void (*gemm_fn)(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
+                        float *y, size_t y_row);
 
 typedef struct {
     int block;          /* elements per block */
@@ -262,20 +264,40 @@ static const struct { int block; size_t block_bytes; quant_fn quantize; } ACT[KI
     [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_quantize_q8_K},
 };
 
-static dot_fn fast_dot(int type) {
+/* The kernels a matmul runs where this build has SIMD versions; NULL entries fall back to the
+ * scalar references above (dots) or to a loop of dots (gemms). */
+static const struct {
+    dot_fn dot;
+    gemm_fn gemm;
+    quant_fn quantize_act;
+} SIMD[KILN_TYPE_COUNT] = {
 #ifdef KILN_HAVE_AVX2
-    switch (type) {
-    case KILN_Q8_0: return kiln_dot_q8_0_avx2;
-    case KILN_Q4_0: return kiln_dot_q4_0_avx2;
-    case KILN_Q4_1: return kiln_dot_q4_1_avx2;
-    case KILN_Q5_0: return kiln_dot_q5_0_avx2;
-    case KILN_Q4_K: return kiln_dot_q4_K_avx2;
-    case KILN_Q6_K: return kiln_dot_q6_K_avx2;
-    default: break;
-    }
+    [KILN_Q8_0].dot = kiln_dot_q8_0_avx2,
+    [KILN_Q4_0].dot = kiln_dot_q4_0_avx2,
+    [KILN_Q4_1].dot = kiln_dot_q4_1_avx2,
+    [KILN_Q5_0].dot = kiln_dot_q5_0_avx2,
+    [KILN_Q4_K].dot = kiln_dot_q4_K_avx2,
+    [KILN_Q6_K].dot = kiln_dot_q6_K_avx2,
 #endif
-    return TYPES[type].dot;
+#ifdef KILN_HAVE_VNNI
+    [KILN_Q8_0].gemm = kiln_gemm_q8_0_vnni,
+    [KILN_Q4_0].gemm = kiln_gemm_q4_0_vnni,
+    [KILN_Q4_1].gemm = kiln_gemm_q4_1_vnni,
+    [KILN_Q5_0].gemm = kiln_gemm_q5_0_vnni,
+    [KILN_Q5_1].gemm = kiln_gemm_q5_1_vnni,
+#endif
+};
+
+/* Activation formats (indexed by format) with their SIMD quantizers, same bits as the scalar ones */
+static quant_fn fast_quantize_act(int act_type) {
+#ifdef KILN_HAVE_AVX2
+    if (act_type == KILN_Q8_0) return kiln_quantize_q8_0_avx2;
+    if (act_type == KILN_Q8_1) return kiln_quantize_q8_1_avx2;
+#endif
+    return ACT[act_type].quantize;
 }
+
+static dot_fn fast_dot(int type) { return SIMD[type].dot ? SIMD[type].dot : TYPES[type].dot; }
 
 float kiln_dot_f32(int n, const float *a, const float *b) {
 #ifdef KILN_HAVE_AVX2
@@ -296,7 +318,9 @@ size_t kiln_act_row_bytes(int type, int n) {
     return (size_t)(n / ACT[a].block) * ACT[a].block_bytes;
 }
 
-void kiln_quantize_act(int type, const float *x, void *dst, int n) { ACT[TYPES[type].act_type].quantize(x, dst, n); }
+void kiln_quantize_act(int type, const float *x, void *dst, int n) { fast_quantize_act(TYPES[type].act_type)(x, dst, n); }
+
+void kiln_quantize_act_ref(int type, const float *x, void *dst, int n) { ACT[TYPES[type].act_type].quantize(x, dst, n); }
 
 void kiln_dequantize_row(int type, const void *src, float *dst, int n) { TYPES[type].dequant(src, dst, n); }
 
@@ -306,21 +330,33 @@ float kiln_vec_dot(int type, int n, const void *w, const void *act) { return fas
 
 float kiln_vec_dot_ref(int type, int n, const void *w, const void *act) { return TYPES[type].dot(n, w, act); }
 
+/* y[r][o0..o1) for every activation row r: the SIMD gemm where there is one, else a loop of dots */
+static void matmul_rows(int type, const uint8_t *w, size_t w_row, int o0, int o1, int n_in, const uint8_t *act,
+                        size_t a_row, int n_rows, float *y, int n_out) {
+    if (SIMD[type].gemm) {
+        SIMD[type].gemm(n_in, w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0, (size_t)n_out);
+        return;
+    }
+    const dot_fn dot = fast_dot(type);
+    for (int r = 0; r < n_rows; r++)
+        for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] = dot(n_in, w + (size_t)o * w_row, act + r * a_row);
+}
+
 void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch) {
-    const dot_fn dot = fast_dot(type);
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     uint8_t *act = scratch;
     for (int r = t->ith; r < n_rows; r += t->nth)
         kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
     kiln_barrier(t);
-    const int per = (n_out + t->nth - 1) / t->nth, o0 = t->ith * per, o1 = o0 + per < n_out ? o0 + per : n_out;
-    for (int r = 0; r < n_rows; r++) {
-        const uint8_t *a = act + r * a_row;
-        float *yr = y + (size_t)r * n_out;
-        for (int o = o0; o < o1; o++)
-            yr[o] = dot(n_in, (const uint8_t *)w + (size_t)o * w_row, a) + (bias ? bias[o] : 0.0f);
-    }
+    /* each thread takes a contiguous range of output rows, a multiple of 4 so gemm tiles stay whole */
+    const int per = ((n_out + t->nth - 1) / t->nth + 3) & ~3;
+    const int o0 = t->ith * per < n_out ? t->ith * per : n_out, o1 = o0 + per < n_out ? o0 + per : n_out;
+    if (o0 == o1) return;
+    matmul_rows(type, w, w_row, o0, o1, n_in, act, a_row, n_rows, y, n_out);
+    if (bias)
+        for (int r = 0; r < n_rows; r++)
+            for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] += bias[o];
 }
 
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,

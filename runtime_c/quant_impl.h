@@ -2,6 +2,8 @@
 #ifndef KILN_QUANT_IMPL_H
 #define KILN_QUANT_IMPL_H
 
+#include <stddef.h>
+
 #include "quants.h"
 
 void kiln_quantize_q8_K(const float *x, void *dst, int n);
@@ -23,6 +25,22 @@ float kiln_dot_q5_0_avx2(int n, const void *w, const void *act);
 float kiln_dot_q4_K_avx2(int n, const void *w, const void *act);
 float kiln_dot_q6_K_avx2(int n, const void *w, const void *act);
 float kiln_dot_f32_avx2(int n, const float *a, const float *b);
+void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
+void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
+#endif
+
+/* AVX-512 VNNI tiled gemms (gemm_vnni.c): y[c * y_row + r] = W[r] . act[c], r < n_w, c < n_a */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define KILN_HAVE_VNNI 1
+#define KILN_GEMM_DECL(name) \
+    void kiln_gemm_##name##_vnni(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, \
+                                 int n_a, float *y, size_t y_row);
+KILN_GEMM_DECL(q4_0)
+KILN_GEMM_DECL(q4_1)
+KILN_GEMM_DECL(q5_0)
+KILN_GEMM_DECL(q5_1)
+KILN_GEMM_DECL(q8_0)
+#undef KILN_GEMM_DECL
 #endif
 
 /* a . b over n floats, with the best kernel this build has */

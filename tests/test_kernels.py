@@ -273,3 +273,41 @@ def test_simd_dot_matches_its_scalar_twin(t):
     for r in range(16):
         fast, ref = lib.kiln_vec_dot(int(t), n, ptr(w[r]), ptr(act)), lib.kiln_vec_dot_ref(int(t), n, ptr(w[r]), ptr(act))
         assert fast == pytest.approx(ref, rel=2e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_simd_activation_quantizer_is_bit_exact(t):
+    """The dispatched quantizer (AVX2 where built) writes the scalar reference's exact bytes,
+    including half-way values, which roundf takes away from zero and the ISA's rounding would not."""
+    rng = np.random.default_rng(300 + int(t))
+    n = 1024
+    x = rng.standard_normal((8, n)).astype(np.float32)
+    x[0, :32] = np.append(127.0, np.arange(-15, 16) + 0.5)  # d = 1 exactly: 31 exact ties
+    x[1, :32] = -x[0, :32]
+    x[2, :64] = 0.0  # all-zero blocks
+    for r in range(len(x)):
+        fast = np.zeros(lib.kiln_act_row_bytes(int(t), n), np.uint8)
+        ref = np.zeros_like(fast)
+        lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(fast), n)
+        lib.kiln_quantize_act_ref(int(t), ptr(x[r]), ptr(ref), n)
+        assert np.array_equal(fast, ref), f"row {r}"
+
+
+@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_out,rows", [(1, 1), (7, 1), (12, 3), (37, 9)])
+def test_matmul_tiles_match_reference_dots(t, n_out, rows):
+    """The matmul (register-tiled gemm where built) against the scalar reference dot of every
+    (row, output) pair, on shapes that leave partial tiles on both sides. Integer block sums
+    are exact, so only float accumulation order differs."""
+    rng = np.random.default_rng(400 + int(t) + n_out)
+    n_in = 512
+    _, w = quantized(rng, n_out, n_in, t)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    y = np.zeros((rows, n_out), np.float32)
+    a_row = lib.kiln_act_row_bytes(int(t), n_in)
+    scratch = np.zeros(rows * a_row, np.uint8)
+    lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
+    act = scratch.reshape(rows, a_row)
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                     for r in range(rows)], np.float32)
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())

@@ -1,0 +1,169 @@
+/* gemm_vnni.c: register-tiled products of weight rows with activation rows for the 32-element
+ * block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on AVX-512 VNNI at 256-bit width (32 registers).
+ *
+ * A tile is R weight rows x C activation rows: each weight block is widened once to 32
+ * unsigned bytes u and reused for C activation rows, each activation block is loaded once
+ * and reused for R weight rows. A weight is w = d * (u - o) (Q4_0 o = 8, Q5_0 o = 16, Q8_0
+ * stored as u = q ^ 0x80, o = 128) or w = d * u + m (Q4_1, Q5_1). One vpdpbusd per block pair
+ * computes sum(u * y); the offset term -o * sum(y) is computed once per activation block
+ * and seeds the accumulator. The integer block sums are therefore exactly those of the
+ * scalar twins in quant.c; only the float accumulation order differs.
+ *
+ * Decode is the C = 1 case: four weight rows stream side by side against one activation row.
+ */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "kernels.h"
+#include "quant_impl.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define TILE_R 4
+#define TILE_C 4
+
+typedef struct {
+    __m256i u; /* 32 unsigned bytes */
+    float d, m;
+} wblock;
+
+typedef struct {
+    __m256i q; /* 32 signed bytes */
+    float d, s; /* s = d * sum(q) for q8_1 */
+} ablock;
+
+/* 16 bytes of packed nibbles -> weights 0..15 from the low nibbles, 16..31 from the high */
+INLINE __m256i nibbles(const uint8_t *qs) {
+    const __m128i p = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0F));
+}
+
+/* bit j of qh -> 0x10 in byte j */
+INLINE __m256i fifth_bits(const uint8_t qh[4]) {
+    uint32_t bits;
+    memcpy(&bits, qh, sizeof bits);
+    return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10));
+}
+
+INLINE int offset_of(const int type) {
+    return type == KILN_Q4_0 ? 8 : type == KILN_Q5_0 ? 16 : type == KILN_Q8_0 ? 128 : 0;
+}
+
+INLINE int has_min(const int type) { return type == KILN_Q4_1 || type == KILN_Q5_1; }
+
+INLINE wblock load_w(const int type, const uint8_t *row, int b) {
+    switch (type) {
+    case KILN_Q4_0: {
+        const block_q4_0 *x = (const block_q4_0 *)row + b;
+        return (wblock){nibbles(x->qs), kiln_fp16_to_fp32(x->d), 0.0f};
+    }
+    case KILN_Q4_1: {
+        const block_q4_1 *x = (const block_q4_1 *)row + b;
+        return (wblock){nibbles(x->qs), kiln_fp16_to_fp32(x->d), kiln_fp16_to_fp32(x->m)};
+    }
+    case KILN_Q5_0: {
+        const block_q5_0 *x = (const block_q5_0 *)row + b;
+        return (wblock){_mm256_or_si256(nibbles(x->qs), fifth_bits(x->qh)), kiln_fp16_to_fp32(x->d), 0.0f};
+    }
+    case KILN_Q5_1: {
+        const block_q5_1 *x = (const block_q5_1 *)row + b;
+        return (wblock){_mm256_or_si256(nibbles(x->qs), fifth_bits(x->qh)), kiln_fp16_to_fp32(x->d),
+                        kiln_fp16_to_fp32(x->m)};
+    }
+    default: { /* KILN_Q8_0 */
+        const block_q8_0 *x = (const block_q8_0 *)row + b;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+        return (wblock){_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), kiln_fp16_to_fp32(x->d), 0.0f};
+    }
+    }
+}
+
+INLINE ablock load_a(const int type, const uint8_t *row, int b) {
+    if (has_min(type)) {
+        const block_q8_1 *y = (const block_q8_1 *)row + b;
+        return (ablock){_mm256_loadu_si256((const __m256i *)y->qs), kiln_fp16_to_fp32(y->d),
+                        kiln_fp16_to_fp32(y->s)};
+    }
+    const block_q8_0 *y = (const block_q8_0 *)row + b;
+    return (ablock){_mm256_loadu_si256((const __m256i *)y->qs), kiln_fp16_to_fp32(y->d), 0.0f};
+}
+
+INLINE float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+INLINE size_t block_bytes(const int type) {
+    return type == KILN_Q4_0 ? sizeof(block_q4_0) : type == KILN_Q4_1 ? sizeof(block_q4_1)
+         : type == KILN_Q5_0 ? sizeof(block_q5_0) : type == KILN_Q5_1 ? sizeof(block_q5_1) : sizeof(block_q8_0);
+}
+
+/* y[c * y_row + r] = W[r] . act[c] for r < R, c < C; R and C are constants after inlining.
+ * When streaming (C = 1, decode) the R rows are adjacent in memory but read side by side,
+ * which the hardware prefetcher follows poorly: each block step prefetches its share of the
+ * next tile's bytes (doubles decode speed). Wider tiles reuse weights already in cache. */
+INLINE void tile(const int type, const int R, const int C, int nb, const uint8_t *w, size_t w_row,
+                 const uint8_t *a, size_t a_row, float *y, size_t y_row) {
+    const uint8_t *next = w + R * w_row;
+    const size_t step = R * block_bytes(type);
+    __m256 acc[TILE_R][TILE_C];
+    float mins[TILE_R][TILE_C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps(), mins[r][c] = 0.0f;
+    const __m256i offset = _mm256_set1_epi8((char)offset_of(type));
+    for (int b = 0; b < nb; b++) {
+        if (C == 1)
+            for (size_t off = 0; off < step; off += 64) _mm_prefetch((const char *)next + b * step + off, _MM_HINT_T0);
+        wblock wb[TILE_R];
+        for (int r = 0; r < R; r++) wb[r] = load_w(type, w + r * w_row, b);
+        for (int c = 0; c < C; c++) {
+            const ablock ab = load_a(type, a + c * a_row, b);
+            const __m256i seed = offset_of(type)
+                ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset, ab.q))
+                : _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) {
+                const __m256 sum = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, wb[r].u, ab.q));
+                acc[r][c] = _mm256_fmadd_ps(sum, _mm256_set1_ps(wb[r].d * ab.d), acc[r][c]);
+                if (has_min(type)) mins[r][c] += wb[r].m * ab.s;
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * y_row + r] = hsum8(acc[r][c]) + mins[r][c];
+}
+
+/* Weight rows outer, activation rows inner: a tile's weights stay in L1 while the activation
+ * rows (the whole prefill chunk, quantized) stream from L2. */
+INLINE void gemm(const int type, int n, const void *w_, size_t w_row, int n_w, const void *a_, size_t a_row,
+                 int n_a, float *y, size_t y_row) {
+    const uint8_t *w = w_, *a = a_;
+    const int nb = n / 32;
+    int r = 0;
+    for (; r + TILE_R <= n_w; r += TILE_R) {
+        int c = 0;
+        for (; c + TILE_C <= n_a; c += TILE_C)
+            tile(type, TILE_R, TILE_C, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+        for (; c < n_a; c++) tile(type, TILE_R, 1, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+    }
+    for (; r < n_w; r++) {
+        int c = 0;
+        for (; c + TILE_C <= n_a; c += TILE_C)
+            tile(type, 1, TILE_C, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+        for (; c < n_a; c++) tile(type, 1, 1, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+    }
+}
+
+#define GEMM_FOR(name, type)                                                                                     \
+    void kiln_gemm_##name##_vnni(int n, const void *w, size_t w_row, int n_w, const void *a, size_t a_row,      \
+                                 int n_a, float *y, size_t y_row) {                                             \
+        gemm(type, n, w, w_row, n_w, a, a_row, n_a, y, y_row);                                                   \
+    }
+GEMM_FOR(q4_0, KILN_Q4_0)
+GEMM_FOR(q4_1, KILN_Q4_1)
+GEMM_FOR(q5_0, KILN_Q5_0)
+GEMM_FOR(q5_1, KILN_Q5_1)
+GEMM_FOR(q8_0, KILN_Q8_0)
+#endif
