@@ -12,6 +12,7 @@
 #include "kernels.h"
 #include "kernels_mt.h"
 #include "quant_impl.h"
+#include "simd_f32.h"
 
 void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const float *v, const int32_t *pos,
                    int n_tokens, int capacity, int n_head_kv, int head_dim) {
@@ -26,13 +27,92 @@ void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const
     }
 }
 
+/* A row of the cache as f32: f32 rows are read in place, others dequantized into buf. */
+static inline const float *cache_row(int type, const uint8_t *head, size_t row_bytes, int row, float *buf, int hd) {
+    const uint8_t *src = head + (size_t)row * row_bytes;
+    if (type == KILN_F32) return (const float *)src;
+    kiln_dequantize_row(type, src, buf, hd);
+    return buf;
+}
+
+#define ATTN_CHUNK 64 /* cache rows scored at once: softmax runs over a chunk, rescaling between chunks */
+#define ATTN_MAX_Q 16 /* queries that share one pass over a kv head's rows */
+
+/* Queries q[i] (i < nq, all at position p, all reading kv head `head`) against cache rows
+ * first..p: scores for a chunk of rows, the running max/denominator rescaled when the max
+ * grows (online softmax by chunks), then the chunk's V rows accumulated into every query. */
+static void attend(int type, float *const out[], const float *const q[], int nq, int first, int p,
+                   const uint8_t *kh, const uint8_t *vh, size_t row_bytes, int capacity, int hd, float scale) {
+    float acc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], s[ATTN_MAX_Q][ATTN_CHUNK], max[ATTN_MAX_Q], denom[ATTN_MAX_Q];
+    float buf[KILN_MAX_HEAD_DIM];
+    for (int i = 0; i < nq; i++) {
+        max[i] = -INFINITY, denom[i] = 0.0f;
+        memset(acc[i], 0, (size_t)hd * sizeof(float));
+    }
+    for (int j0 = first; j0 <= p; j0 += ATTN_CHUNK) {
+        const int nj = p - j0 + 1 < ATTN_CHUNK ? p - j0 + 1 : ATTN_CHUNK;
+        for (int jj = 0; jj < nj; jj++) {
+            const float *k = cache_row(type, kh, row_bytes, (j0 + jj) % capacity, buf, hd);
+            for (int i = 0; i < nq; i++) s[i][jj] = kiln_vdot(q[i], k, hd) * scale;
+        }
+        for (int i = 0; i < nq; i++) {
+            const float m = kiln_vmax(s[i], nj);
+            if (m > max[i]) {
+                const float c = expf(max[i] - m); /* 0 on the first chunk */
+                denom[i] *= c;
+                kiln_vscale(acc[i], c, hd);
+                max[i] = m;
+            }
+            denom[i] += kiln_vexp_sum(s[i], max[i], nj);
+        }
+        for (int jj = 0; jj < nj; jj++) {
+            const float *v = cache_row(type, vh, row_bytes, (j0 + jj) % capacity, buf, hd);
+            for (int i = 0; i < nq; i++) kiln_vaxpy(acc[i], s[i][jj], v, hd);
+        }
+    }
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < hd; d++) out[i][d] = acc[i][d] / denom[i];
+}
+
 void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float *q, const int32_t *pos, int n_tokens,
                        const void *k_cache, const void *v_cache, int capacity, int window, int n_head,
                        int n_head_kv, int head_dim, float scale) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes = kiln_row_bytes(type, head_dim);
+    /* An item is one token's query heads that read one kv head: the whole group shares each
+     * pass over the rows when there are enough items to go round, single heads otherwise (decode). */
+    const int share = n_tokens * n_head_kv >= 4 * th->nth && group <= ATTN_MAX_Q ? group : 1;
+    const int per_token = n_head / share;
+    for (int item = th->ith; item < n_tokens * per_token; item += th->nth) {
+        const int t = item / per_token, h0 = item % per_token * share, g = h0 / group;
+        const int p = pos[t], first = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
+        const float *qs[ATTN_MAX_Q];
+        float *os[ATTN_MAX_Q];
+        for (int i = 0; i < share; i++) {
+            qs[i] = q + ((size_t)t * n_head + h0 + i) * head_dim;
+            os[i] = out + ((size_t)t * n_head + h0 + i) * head_dim;
+        }
+        attend(type, os, qs, share, first, p, (const uint8_t *)k_cache + (size_t)g * capacity * row_bytes,
+               (const uint8_t *)v_cache + (size_t)g * capacity * row_bytes, row_bytes, capacity, head_dim, scale);
+    }
+}
+
+void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
+                    const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
+                    float scale) {
+    const kiln_thread alone = {0, 1, NULL};
+    kiln_attention_mt(&alone, type, out, q, pos, n_tokens, k_cache, v_cache, capacity, window, n_head, n_head_kv,
+                      head_dim, scale);
+}
+
+/* The reference: one row at a time, online softmax in scalar float. */
+void kiln_attention_ref(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
+                        const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
+                        float scale) {
+    const int group = n_head / n_head_kv;
+    const size_t row_bytes = kiln_row_bytes(type, head_dim);
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
-    for (int item = th->ith; item < n_tokens * n_head; item += th->nth) {
+    for (int item = 0; item < n_tokens * n_head; item++) {
         const int t = item / n_head, h = item % n_head;
         const int p = pos[t];
         const int first = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
@@ -45,7 +125,9 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
         for (int j = first; j <= p; j++) { /* online softmax: rescale when a new maximum appears */
             const size_t row = (size_t)(j % capacity) * row_bytes;
             kiln_dequantize_row(type, kh + row, kr, head_dim);
-            const float s = kiln_dot_f32(head_dim, qh, kr) * scale;
+            float s = 0.0f;
+            for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
+            s *= scale;
             if (s > max) {
                 const float c = expf(max - s);
                 denom *= c;
@@ -59,12 +141,4 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
         }
         for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;
     }
-}
-
-void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
-                    const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                    float scale) {
-    const kiln_thread alone = {0, 1, NULL};
-    kiln_attention_mt(&alone, type, out, q, pos, n_tokens, k_cache, v_cache, capacity, window, n_head, n_head_kv,
-                      head_dim, scale);
 }

@@ -10,6 +10,11 @@
  * scalar twins in quant.c; only the float accumulation order differs.
  *
  * Decode is the C = 1 case: four weight rows stream side by side against one activation row.
+ *
+ * The K-quants (Q4_K, Q6_K; 256-weight super-blocks against q8_K) tile the same way with
+ * int16 arithmetic: vpmaddubsw pairs 32 weights with 32 activations, vpdpwssd multiplies
+ * the pair sums by their sub-block's scale and accumulates; the min (Q4_K) or offset (Q6_K)
+ * term comes from q8_K's per-16 sums with one vpmaddwd.
  */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -135,24 +140,119 @@ INLINE void tile(const int type, const int R, const int C, int nb, const uint8_t
         for (int c = 0; c < C; c++) y[c * y_row + r] = hsum8(acc[r][c]) + mins[r][c];
 }
 
+/* ---- K-quants ------------------------------------------------------------------------------ */
+
+typedef struct {
+    float d, dc;      /* the scale of the integer sum, and of the bsums term */
+    __m256i coef;     /* 16 x int16: the bsums term is sum(coef[i] * bsums[i]) */
+    int16_t sc[16];   /* scale of each group of 16 weights */
+} khead;
+
+INLINE khead load_khead(const int type, const uint8_t *row, int b) {
+    khead h;
+    if (type == KILN_Q4_K) {
+        const block_q4_K *x = (const block_q4_K *)row + b;
+        int sc[8], m[8];
+        kiln_k4_scales(x->scales, sc, m);
+        int16_t mm[16];
+        for (int j = 0; j < 16; j++) h.sc[j] = (int16_t)sc[j / 2], mm[j] = (int16_t)m[j / 2];
+        h.coef = _mm256_loadu_si256((const __m256i *)mm);
+        h.d = kiln_fp16_to_fp32(x->d), h.dc = kiln_fp16_to_fp32(x->dmin);
+    } else { /* KILN_Q6_K: q is stored + 32 */
+        const block_q6_K *x = (const block_q6_K *)row + b;
+        int16_t off[16];
+        for (int j = 0; j < 16; j++) h.sc[j] = x->scales[j], off[j] = (int16_t)(32 * x->scales[j]);
+        h.coef = _mm256_loadu_si256((const __m256i *)off);
+        h.d = h.dc = kiln_fp16_to_fp32(x->d);
+    }
+    return h;
+}
+
+/* weights 32k .. 32k+31 of a super-block as unsigned bytes */
+INLINE __m256i load_kgroup(const int type, const uint8_t *row, int b, int k) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (type == KILN_Q4_K) {
+        const block_q4_K *x = (const block_q4_K *)row + b;
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * (k / 2)));
+        return _mm256_and_si256(k % 2 ? _mm256_srli_epi16(packed, 4) : packed, m4);
+    }
+    const block_q6_K *x = (const block_q6_K *)row + b;
+    const int half = k / 4, quarter = k % 4;
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * half + 32 * (quarter % 2)));
+    const __m256i hi = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * half));
+    const __m256i low = _mm256_and_si256(quarter < 2 ? lo : _mm256_srli_epi16(lo, 4), m4);
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * quarter), _mm256_set1_epi8(3));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+}
+
+/* the int16 scales of group k's two halves of 16 */
+INLINE __m256i kscales(const khead *h, int k) {
+    return _mm256_set_m128i(_mm_set1_epi16(h->sc[2 * k + 1]), _mm_set1_epi16(h->sc[2 * k]));
+}
+
+INLINE void tile_k(const int type, const int R, const int C, int nb, const uint8_t *w, size_t w_row,
+                   const uint8_t *a, size_t a_row, float *y, size_t y_row) {
+    const uint8_t *next = w + R * w_row;
+    const size_t step = R * (type == KILN_Q4_K ? sizeof(block_q4_K) : sizeof(block_q6_K));
+    __m256 acc[TILE_R][TILE_C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (C == 1)
+            for (size_t off = 0; off < step; off += 64) _mm_prefetch((const char *)next + b * step + off, _MM_HINT_T0);
+        khead h[TILE_R];
+        for (int r = 0; r < R; r++) h[r] = load_khead(type, w + r * w_row, b);
+        __m256i isum[TILE_R][TILE_C];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) isum[r][c] = _mm256_setzero_si256();
+        for (int k = 0; k < QK_K / 32; k++) {
+            __m256i q[TILE_R], sc[TILE_R];
+            for (int r = 0; r < R; r++) q[r] = load_kgroup(type, w + r * w_row, b, k), sc[r] = kscales(&h[r], k);
+            for (int c = 0; c < C; c++) {
+                const block_q8_K *yb = (const block_q8_K *)(a + c * a_row) + b;
+                const __m256i yk = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * k));
+                for (int r = 0; r < R; r++)
+                    isum[r][c] = _mm256_dpwssd_epi32(isum[r][c], _mm256_maddubs_epi16(q[r], yk), sc[r]);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const block_q8_K *yb = (const block_q8_K *)(a + c * a_row) + b;
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+            for (int r = 0; r < R; r++) {
+                const __m256 term = _mm256_cvtepi32_ps(_mm256_madd_epi16(h[r].coef, bsums));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(h[r].d * yb->d), acc[r][c]);
+                acc[r][c] = _mm256_fnmadd_ps(term, _mm256_set1_ps(h[r].dc * yb->d), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * y_row + r] = hsum8(acc[r][c]);
+}
+
 /* Weight rows outer, activation rows inner: a tile's weights stay in L1 while the activation
  * rows (the whole prefill chunk, quantized) stream from L2. */
+INLINE void any_tile(const int type, const int R, const int C, int nb, const uint8_t *w, size_t w_row,
+                     const uint8_t *a, size_t a_row, float *y, size_t y_row) {
+    if (type == KILN_Q4_K || type == KILN_Q6_K) tile_k(type, R, C, nb, w, w_row, a, a_row, y, y_row);
+    else tile(type, R, C, nb, w, w_row, a, a_row, y, y_row);
+}
+
 INLINE void gemm(const int type, int n, const void *w_, size_t w_row, int n_w, const void *a_, size_t a_row,
                  int n_a, float *y, size_t y_row) {
     const uint8_t *w = w_, *a = a_;
-    const int nb = n / 32;
+    const int nb = n / (type == KILN_Q4_K || type == KILN_Q6_K ? QK_K : 32);
     int r = 0;
     for (; r + TILE_R <= n_w; r += TILE_R) {
         int c = 0;
         for (; c + TILE_C <= n_a; c += TILE_C)
-            tile(type, TILE_R, TILE_C, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
-        for (; c < n_a; c++) tile(type, TILE_R, 1, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+            any_tile(type, TILE_R, TILE_C, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+        for (; c < n_a; c++) any_tile(type, TILE_R, 1, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
     }
     for (; r < n_w; r++) {
         int c = 0;
         for (; c + TILE_C <= n_a; c += TILE_C)
-            tile(type, 1, TILE_C, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
-        for (; c < n_a; c++) tile(type, 1, 1, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+            any_tile(type, 1, TILE_C, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
+        for (; c < n_a; c++) any_tile(type, 1, 1, nb, w + r * w_row, w_row, a + c * a_row, a_row, y + c * y_row + r, y_row);
     }
 }
 
@@ -166,4 +266,6 @@ GEMM_FOR(q4_1, KILN_Q4_1)
 GEMM_FOR(q5_0, KILN_Q5_0)
 GEMM_FOR(q5_1, KILN_Q5_1)
 GEMM_FOR(q8_0, KILN_Q8_0)
+GEMM_FOR(q4_K, KILN_Q4_K)
+GEMM_FOR(q6_K, KILN_Q6_K)
 #endif

@@ -55,5 +55,9 @@ void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const
 void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
                     const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
                     float scale);
+/* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
+void kiln_attention_ref(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
+                        const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
+                        float scale);
 
 #endif

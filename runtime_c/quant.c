@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "kernels_mt.h"
 #include "quant_impl.h"
+#include "simd_f32.h"
 
 typedef void (*dequant_fn)(const void *src, float *dst, int n);
 typedef float (*dot_fn)(int n, const void *w, const void *act);
@@ -285,6 +286,8 @@ static const struct {
     [KILN_Q4_1].gemm = kiln_gemm_q4_1_vnni,
     [KILN_Q5_0].gemm = kiln_gemm_q5_0_vnni,
     [KILN_Q5_1].gemm = kiln_gemm_q5_1_vnni,
+    [KILN_Q4_K].gemm = kiln_gemm_q4_K_vnni,
+    [KILN_Q6_K].gemm = kiln_gemm_q6_K_vnni,
 #endif
 };
 
@@ -297,14 +300,11 @@ static quant_fn fast_quantize_act(int act_type) {
     return ACT[act_type].quantize;
 }
 
-static dot_fn fast_dot(int type) { return SIMD[type].dot ? SIMD[type].dot : TYPES[type].dot; }
+static float dot_f32_simd(int n, const void *w, const void *act) { return kiln_vdot(w, act, n); }
 
-float kiln_dot_f32(int n, const float *a, const float *b) {
-#ifdef KILN_HAVE_AVX2
-    return kiln_dot_f32_avx2(n, a, b);
-#else
-    return dot_f32(n, a, b);
-#endif
+static dot_fn fast_dot(int type) {
+    if (type == KILN_F32) return dot_f32_simd;
+    return SIMD[type].dot ? SIMD[type].dot : TYPES[type].dot;
 }
 
 int kiln_type_supported(int type) {

@@ -107,23 +107,13 @@ float kiln_dot_q5_0_avx2(int n, const void *w, const void *act) {
     return hsum8(acc);
 }
 
-/* 6-bit scales and mins of Q4_K's eight sub-blocks */
-static inline void unpack_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-        sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
-        m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
-}
-
 float kiln_dot_q4_K_avx2(int n, const void *w, const void *act) {
     const block_q4_K *x = w;
     const block_q8_K *y = act;
     float sum = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         int sc[8], m[8], summ = 0;
-        unpack_k4_scales(x[b].scales, sc, m);
+        kiln_k4_scales(x[b].scales, sc, m);
         for (int j = 0; j < 8; j++) summ += m[j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) { /* 32 bytes of qs: sub-block 2j in the low nibbles, 2j+1 in the high */
@@ -177,14 +167,6 @@ float kiln_dot_q6_K_avx2(int n, const void *w, const void *act) {
     return sum;
 }
 
-float kiln_dot_f32_avx2(int n, const float *a, const float *b) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float sum = hsum8(acc);
-    for (; i < n; i++) sum += a[i] * b[i];
-    return sum;
-}
 /* ==== activation quantizers: the scalar ones' exact bits ========================================= */
 
 /* roundf(v) for 8 floats: half-way cases away from zero (the rounding modes of the ISA are

@@ -14,6 +14,16 @@ float kiln_dot_q4_K(int n, const void *w, const void *act);
 float kiln_dot_q5_K(int n, const void *w, const void *act);
 float kiln_dot_q6_K(int n, const void *w, const void *act);
 
+/* the 6-bit scales and mins of a Q4_K/Q5_K super-block's eight sub-blocks, for the SIMD kernels */
+static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
+        m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
 
 /* AVX2 twins (quant_avx2.c), present when the compiler targets AVX2 and FMA */
 #if defined(__AVX2__) && defined(__FMA__)
@@ -24,7 +34,6 @@ float kiln_dot_q4_1_avx2(int n, const void *w, const void *act);
 float kiln_dot_q5_0_avx2(int n, const void *w, const void *act);
 float kiln_dot_q4_K_avx2(int n, const void *w, const void *act);
 float kiln_dot_q6_K_avx2(int n, const void *w, const void *act);
-float kiln_dot_f32_avx2(int n, const float *a, const float *b);
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
 #endif
@@ -40,10 +49,9 @@ KILN_GEMM_DECL(q4_1)
 KILN_GEMM_DECL(q5_0)
 KILN_GEMM_DECL(q5_1)
 KILN_GEMM_DECL(q8_0)
+KILN_GEMM_DECL(q4_K)
+KILN_GEMM_DECL(q6_K)
 #undef KILN_GEMM_DECL
 #endif
-
-/* a . b over n floats, with the best kernel this build has */
-float kiln_dot_f32(int n, const float *a, const float *b);
 
 #endif

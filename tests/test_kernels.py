@@ -311,3 +311,28 @@ def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
                      for r in range(rows)], np.float32)
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tokens,window,hd", [(1, 0, 64), (6, 0, 64), (1, 100, 256), (5, 100, 256)])
+def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd):
+    """Chunked online softmax with a polynomial exp, and query heads sharing a pass over their
+    kv head (prefill) or not (decode), against the row-at-a-time scalar reference; the cache
+    holds 300 positions, several chunks, and the window=100 ring of 128 rows has wrapped."""
+    rng = np.random.default_rng(500 + int(t) + n_tokens + hd)
+    n_head, n_kv, n_pos = 8, 2, 300
+    cap = 128 if window else n_pos
+    row_bytes = lib.kiln_row_bytes(int(t), hd)
+    kc, vc = (rng.integers(0, 256, n_kv * cap * row_bytes, dtype=np.uint8) for _ in range(2))
+    k = (rng.standard_normal((n_pos, n_kv, hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
+    all_pos = np.arange(n_pos, dtype=np.int32)
+    lib.kiln_kv_store(int(t), ptr(kc), ptr(vc), ptr(k), ptr(v), ptr(all_pos, "int32_t *"), n_pos, cap, n_kv, hd)
+    pos = all_pos[n_pos - n_tokens:]
+    q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
+    fast, ref = np.zeros((2, n_tokens, n_head, hd), np.float32)
+    args = (ptr(q, "float *"), ptr(pos, "int32_t *"), n_tokens, ptr(kc), ptr(vc), cap, window, n_head, n_kv, hd,
+            hd ** -0.5)
+    lib.kiln_attention(int(t), ptr(fast, "float *"), *args)
+    lib.kiln_attention_ref(int(t), ptr(ref, "float *"), *args)
+    np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=2e-6)
