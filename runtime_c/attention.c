@@ -27,6 +27,14 @@ void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const
     }
 }
 
+void kiln_kv_store_mt(const kiln_thread *t, int type, void *k_cache, void *v_cache, const float *k, const float *v,
+                      const int32_t *pos, int n_tokens, int capacity, int n_head_kv, int head_dim) {
+    int t0, t1;
+    kiln_share(t, n_tokens, 1, &t0, &t1);
+    const size_t at = (size_t)t0 * n_head_kv * head_dim;
+    if (t1 > t0) kiln_kv_store(type, k_cache, v_cache, k + at, v + at, pos + t0, t1 - t0, capacity, n_head_kv, head_dim);
+}
+
 /* A row of the cache as f32: f32 rows are read in place, others dequantized into buf. */
 static inline const float *cache_row(int type, const uint8_t *head, size_t row_bytes, int row, float *buf, int hd) {
     const uint8_t *src = head + (size_t)row * row_bytes;

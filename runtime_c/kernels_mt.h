@@ -14,4 +14,17 @@ void kiln_attention_mt(const kiln_thread *t, int type, float *out, const float *
                        const void *k_cache, const void *v_cache, int capacity, int window, int n_head,
                        int n_head_kv, int head_dim, float scale);
 
+/* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
+void kiln_embed_mt(const kiln_thread *t, int type, float *y, const void *table, const int32_t *ids, int rows,
+                   int n_embd, float scale);
+void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, float w_offset, float eps,
+                      int n, int rows);
+void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
+                  int head_dim, float base, int neox);
+void kiln_kv_store_mt(const kiln_thread *t, int type, void *k_cache, void *v_cache, const float *k, const float *v,
+                      const int32_t *pos, int n_tokens, int capacity, int n_head_kv, int head_dim);
+void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
+void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
+void kiln_geglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
+
 #endif

@@ -1,8 +1,10 @@
 /* ops.c: scalar reference kernels for the f32 elementwise and normalisation ops. */
 #include <math.h>
+#include <pthread.h>
 
 #include "fp16.h"
 #include "kernels.h"
+#include "kernels_mt.h"
 
 void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
     for (int r = 0; r < rows; r++, x += n, y += n) {
@@ -44,15 +46,37 @@ void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
 /* GELU is evaluated as llama.cpp's CPU backend does: at the input rounded to f16, with the
  * result rounded to f16 (its lookup-table path), and cut off outside [-10, 10]. Exact tanh-GELU
  * drifts Gemma's logits measurably away from the reference. */
-static inline float gelu_f16_rounded(float x) {
+static inline kiln_half gelu_at_f16(kiln_half bits) {
     const float sqrt_2_over_pi = 0.79788456080286535588f, coef_a = 0.044715f;
+    const float h = kiln_fp16_to_fp32(bits);
+    return kiln_fp32_to_fp16(0.5f * h * (1.0f + tanhf(sqrt_2_over_pi * h * (1.0f + coef_a * h * h))));
+}
+
+static inline float gelu_f16_rounded(float x) {
     if (x <= -10.0f) return 0.0f;
     if (x >= 10.0f) return x;
-    const float h = kiln_fp16_to_fp32(kiln_fp32_to_fp16(x));
-    return kiln_fp16_to_fp32(kiln_fp32_to_fp16(0.5f * h * (1.0f + tanhf(sqrt_2_over_pi * h * (1.0f + coef_a * h * h)))));
+    return kiln_fp16_to_fp32(gelu_at_f16(kiln_fp32_to_fp16(x)));
+}
+
+/* Inside the cut-offs that is a function of x's f16 bits, so a table of all 65536 gives the
+ * same values without a tanhf per element (as ggml's table does). */
+static kiln_half gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_init(void) {
+    for (int i = 0; i < 1 << 16; i++) gelu_table[i] = gelu_at_f16((kiln_half)i);
 }
 
 void kiln_geglu(float *y, const float *gate, const float *up, int n) {
+    pthread_once(&gelu_once, gelu_table_init);
+    for (int i = 0; i < n; i++) {
+        const float x = gate[i];
+        const float g = x <= -10.0f ? 0.0f : x >= 10.0f ? x : kiln_fp16_to_fp32(gelu_table[kiln_fp32_to_fp16(x)]);
+        y[i] = g * up[i];
+    }
+}
+
+void kiln_geglu_ref(float *y, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) y[i] = gelu_f16_rounded(gate[i]) * up[i];
 }
 
@@ -67,3 +91,30 @@ void kiln_softmax(float *x, int n) {
     const float inv = (float)(1.0 / sum);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
+
+/* ==== threaded twins: each thread takes a contiguous share of the rows (or elements) ========== */
+
+void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, float w_offset, float eps,
+                      int n, int rows) {
+    int r0, r1;
+    kiln_share(t, rows, 1, &r0, &r1);
+    if (r1 > r0) kiln_rms_norm(y + (size_t)r0 * n, x + (size_t)r0 * n, w, w_offset, eps, n, r1 - r0);
+}
+
+void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
+                  int head_dim, float base, int neox) {
+    int r0, r1;
+    kiln_share(t, rows, 1, &r0, &r1);
+    const size_t at = (size_t)r0 * n_head * head_dim;
+    if (r1 > r0) kiln_rope(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, base, neox);
+}
+
+#define ELEMENTWISE_MT(name)                                                                   \
+    void name##_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n) {     \
+        int i0, i1;                                                                            \
+        kiln_share(t, n, 16, &i0, &i1);                                                        \
+        if (i1 > i0) name(y + i0, a + i0, b + i0, i1 - i0);                                    \
+    }
+ELEMENTWISE_MT(kiln_add)
+ELEMENTWISE_MT(kiln_swiglu)
+ELEMENTWISE_MT(kiln_geglu)

@@ -349,9 +349,8 @@ void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *
     for (int r = t->ith; r < n_rows; r += t->nth)
         kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
     kiln_barrier(t);
-    /* each thread takes a contiguous range of output rows, a multiple of 4 so gemm tiles stay whole */
-    const int per = ((n_out + t->nth - 1) / t->nth + 3) & ~3;
-    const int o0 = t->ith * per < n_out ? t->ith * per : n_out, o1 = o0 + per < n_out ? o0 + per : n_out;
+    int o0, o1; /* a multiple of 4 output rows, so gemm tiles stay whole */
+    kiln_share(t, n_out, 4, &o0, &o1);
     if (o0 == o1) return;
     matmul_rows(type, w, w_row, o0, o1, n_in, act, a_row, n_rows, y, n_out);
     if (bias)
@@ -363,6 +362,13 @@ void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in
                  const float *x, int n_rows, float *y, void *scratch) {
     const kiln_thread alone = {0, 1, NULL};
     kiln_matmul_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
+}
+
+void kiln_embed_mt(const kiln_thread *t, int type, float *y, const void *table, const int32_t *ids, int rows,
+                   int n_embd, float scale) {
+    int r0, r1;
+    kiln_share(t, rows, 1, &r0, &r1);
+    if (r1 > r0) kiln_embed(type, y + (size_t)r0 * n_embd, table, ids + r0, r1 - r0, n_embd, scale);
 }
 
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale) {

@@ -21,4 +21,11 @@ int kiln_pool_size(const kiln_pool *p);
 void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg); /* the caller is thread 0 */
 void kiln_barrier(const kiln_thread *t);
 
+/* this thread's contiguous share [*lo, *hi) of n items, cut at multiples of `align` */
+static inline void kiln_share(const kiln_thread *t, int n, int align, int *lo, int *hi) {
+    const int per = ((n + t->nth - 1) / t->nth + align - 1) / align * align;
+    *lo = t->ith * per < n ? t->ith * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
 #endif

@@ -336,3 +336,15 @@ def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd):
     lib.kiln_attention(int(t), ptr(fast, "float *"), *args)
     lib.kiln_attention_ref(int(t), ptr(ref, "float *"), *args)
     np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_geglu_table_equals_direct_evaluation():
+    """GELU by lookup on the input's f16 bits: identical to evaluating it, for every f16 value,
+    the values between them, and both sides of the +-10 cut-offs."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = np.concatenate([halves[np.isfinite(halves)], np.linspace(-12, 12, 100_001, dtype=np.float32)])
+    up = np.random.default_rng(9).standard_normal(x.size).astype(np.float32)
+    fast, ref = np.zeros_like(x), np.zeros_like(x)
+    lib.kiln_geglu(ptr(fast, "float *"), ptr(x, "float *"), ptr(up, "float *"), x.size)
+    lib.kiln_geglu_ref(ptr(ref, "float *"), ptr(x, "float *"), ptr(up, "float *"), x.size)
+    assert np.array_equal(fast, ref)

@@ -126,19 +126,15 @@ ARGS: dict[Op, Callable[[Node], list[str]]] = {
 assert set(ARGS) == set(Op)
 
 
-# Runtime functions with a threaded twin (`<name>_mt`, kernels_mt.h) that every thread calls;
-# the others run on thread 0 while the rest wait at the barrier that follows every op.
-THREADED = frozenset({"kiln_matmul", "kiln_attention"})
+# Every runtime function has a threaded twin (`<name>_mt`, kernels_mt.h) that all threads
+# call with the same arguments, each doing its share; a barrier follows every op.
 
 
 def statement(n: Node) -> str:
     symbol = C_SYMBOLS.get(n.kernel)
     if symbol is None:
         raise CodegenError(f"kernel '{n.kernel}' (node {n.label}) has no C implementation yet")
-    args = ", ".join(ARGS[n.op](n))
-    if symbol in THREADED:
-        return f"{symbol}_mt(t, {args});"
-    return f"if (t->ith == 0) {symbol}({args});"
+    return f"{symbol}_mt(t, {', '.join(ARGS[n.op](n))});"
 
 
 def is_arena_value(v: Value) -> bool:

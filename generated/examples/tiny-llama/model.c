@@ -72,13 +72,13 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
     float *inp_embd = (float *)A(0x0); /* [n x 64] */
-    if (t->ith == 0) kiln_embed(KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
+    kiln_embed_mt(t, KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
     kiln_barrier(t);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
     float *attn_norm_0 = (float *)A(0x100); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-0: matmul_q8_0 */
     float *q_0 = (float *)A(0x200); /* [n x 4 x 16] */
@@ -97,14 +97,14 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x100); /* [n x 4 x 16] */
-    if (t->ith == 0) kiln_rope(q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_rope_mt(t, q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-0: rope_pairwise_f32 */
     float *k_rope_0 = (float *)A(0x200); /* [n x 2 x 16] */
-    if (t->ith == 0) kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-0: kv_store_f32 */
-    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_decode_f32 */
     float *attn_0 = (float *)A(0x200); /* [n x 64] */
@@ -117,11 +117,11 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x600); /* [n x 64] */
-    if (t->ith == 0) kiln_add(ffn_inp_0, attn_out_0, inp_embd, n * 64);
+    kiln_add_mt(t, ffn_inp_0, attn_out_0, inp_embd, n * 64);
     kiln_barrier(t);
     /* ffn_norm-0: rms_norm_f32 */
     float *ffn_norm_0 = (float *)A(0x400); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* ffn_gate-0: matmul_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
@@ -135,7 +135,7 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x400); /* [n x 128] */
-    if (t->ith == 0) kiln_swiglu(ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
+    kiln_swiglu_mt(t, ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
     kiln_barrier(t);
     /* ffn_out-0: matmul_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
@@ -144,13 +144,13 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x100); /* [n x 64] */
-    if (t->ith == 0) kiln_add(l_out_0, ffn_out_0, ffn_inp_0, n * 64);
+    kiln_add_mt(t, l_out_0, ffn_out_0, ffn_inp_0, n * 64);
     kiln_barrier(t);
 
     /* ---- layer 1 ---- */
     /* attn_norm-1: rms_norm_f32 */
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-1: matmul_q8_0 */
     float *q_1 = (float *)A(0x200); /* [n x 4 x 16] */
@@ -169,14 +169,14 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
-    if (t->ith == 0) kiln_rope(q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_rope_mt(t, q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-1: rope_pairwise_f32 */
     float *k_rope_1 = (float *)A(0x200); /* [n x 2 x 16] */
-    if (t->ith == 0) kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-1: kv_store_f32 */
-    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_decode_f32 */
     float *attn_1 = (float *)A(0x200); /* [n x 64] */
@@ -189,11 +189,11 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x600); /* [n x 64] */
-    if (t->ith == 0) kiln_add(ffn_inp_1, attn_out_1, l_out_0, n * 64);
+    kiln_add_mt(t, ffn_inp_1, attn_out_1, l_out_0, n * 64);
     kiln_barrier(t);
     /* ffn_norm-1: rms_norm_f32 */
     float *ffn_norm_1 = (float *)A(0x400); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* ffn_gate-1: matmul_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
@@ -207,7 +207,7 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x400); /* [n x 128] */
-    if (t->ith == 0) kiln_swiglu(ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
+    kiln_swiglu_mt(t, ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
     kiln_barrier(t);
     /* ffn_out-1: matmul_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
@@ -216,13 +216,13 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x100); /* [n x 64] */
-    if (t->ith == 0) kiln_add(l_out_1, ffn_out_1, ffn_inp_1, n * 64);
+    kiln_add_mt(t, l_out_1, ffn_out_1, ffn_inp_1, n * 64);
     kiln_barrier(t);
 
     /* ---- output ---- */
     /* result_norm: rms_norm_f32 */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* result_output: logits_q8_0 */
     void *result_output_act = A(0x100); /* [68 bytes] */
@@ -247,13 +247,13 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
     float *inp_embd = (float *)A(0x0); /* [n x 64] */
-    if (t->ith == 0) kiln_embed(KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
+    kiln_embed_mt(t, KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
     kiln_barrier(t);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
     float *attn_norm_0 = (float *)A(0x1000); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-0: matmul_q8_0 */
     float *q_0 = (float *)A(0x2000); /* [n x 4 x 16] */
@@ -272,14 +272,14 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x1000); /* [n x 4 x 16] */
-    if (t->ith == 0) kiln_rope(q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_rope_mt(t, q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-0: rope_pairwise_f32 */
     float *k_rope_0 = (float *)A(0x2000); /* [n x 2 x 16] */
-    if (t->ith == 0) kiln_rope(k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_copy-0: kv_batch_copy_f32 */
-    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
@@ -292,11 +292,11 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x6000); /* [n x 64] */
-    if (t->ith == 0) kiln_add(ffn_inp_0, attn_out_0, inp_embd, n * 64);
+    kiln_add_mt(t, ffn_inp_0, attn_out_0, inp_embd, n * 64);
     kiln_barrier(t);
     /* ffn_norm-0: rms_norm_f32 */
     float *ffn_norm_0 = (float *)A(0x4000); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* ffn_gate-0: matmul_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
@@ -310,7 +310,7 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x4000); /* [n x 128] */
-    if (t->ith == 0) kiln_swiglu(ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
+    kiln_swiglu_mt(t, ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
     kiln_barrier(t);
     /* ffn_out-0: matmul_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
@@ -319,13 +319,13 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x1000); /* [n x 64] */
-    if (t->ith == 0) kiln_add(l_out_0, ffn_out_0, ffn_inp_0, n * 64);
+    kiln_add_mt(t, l_out_0, ffn_out_0, ffn_inp_0, n * 64);
     kiln_barrier(t);
 
     /* ---- layer 1 ---- */
     /* attn_norm-1: rms_norm_f32 */
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-1: matmul_q8_0 */
     float *q_1 = (float *)A(0x2000); /* [n x 4 x 16] */
@@ -344,14 +344,14 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
-    if (t->ith == 0) kiln_rope(q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
+    kiln_rope_mt(t, q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-1: rope_pairwise_f32 */
     float *k_rope_1 = (float *)A(0x2000); /* [n x 2 x 16] */
-    if (t->ith == 0) kiln_rope(k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
+    kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_copy-1: kv_batch_copy_f32 */
-    if (t->ith == 0) kiln_kv_store(KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
@@ -364,11 +364,11 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x6000); /* [n x 64] */
-    if (t->ith == 0) kiln_add(ffn_inp_1, attn_out_1, l_out_0, n * 64);
+    kiln_add_mt(t, ffn_inp_1, attn_out_1, l_out_0, n * 64);
     kiln_barrier(t);
     /* ffn_norm-1: rms_norm_f32 */
     float *ffn_norm_1 = (float *)A(0x4000); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* ffn_gate-1: matmul_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
@@ -382,7 +382,7 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x4000); /* [n x 128] */
-    if (t->ith == 0) kiln_swiglu(ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
+    kiln_swiglu_mt(t, ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
     kiln_barrier(t);
     /* ffn_out-1: matmul_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
@@ -391,13 +391,13 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x1000); /* [n x 64] */
-    if (t->ith == 0) kiln_add(l_out_1, ffn_out_1, ffn_inp_1, n * 64);
+    kiln_add_mt(t, l_out_1, ffn_out_1, ffn_inp_1, n * 64);
     kiln_barrier(t);
 
     /* ---- output ---- */
     /* result_norm: rms_norm_f32 */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
-    if (t->ith == 0) kiln_rms_norm(result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
+    kiln_rms_norm_mt(t, result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* result_output: logits_q8_0 */
     void *result_output_act = A(0x1000); /* [1088 bytes] */
