@@ -143,26 +143,33 @@ INLINE void tile(const int type, const int R, const int C, int nb, const uint8_t
 /* ---- K-quants ------------------------------------------------------------------------------ */
 
 typedef struct {
-    float d, dc;      /* the scale of the integer sum, and of the bsums term */
-    __m256i coef;     /* 16 x int16: the bsums term is sum(coef[i] * bsums[i]) */
-    int16_t sc[16];   /* scale of each group of 16 weights */
+    float d, dc;          /* the scale of the integer sum, and of the bsums term */
+    __m256i coef;         /* 16 x int16: the bsums term is sum(coef[i] * bsums[i]) */
+    uint8_t sc[8];        /* Q4_K: scale of each sub-block of 32 */
+    const int8_t *sc16;   /* Q6_K: scale of each sub-block of 16 */
 } khead;
 
 INLINE khead load_khead(const int type, const uint8_t *row, int b) {
     khead h;
     if (type == KILN_Q4_K) {
+        /* 12 bytes of 6-bit scales and mins -> 8 scale bytes and 8 min bytes, as ggml unpacks them */
         const block_q4_K *x = (const block_q4_K *)row + b;
-        int sc[8], m[8];
-        kiln_k4_scales(x->scales, sc, m);
-        int16_t mm[16];
-        for (int j = 0; j < 16; j++) h.sc[j] = (int16_t)sc[j / 2], mm[j] = (int16_t)m[j / 2];
-        h.coef = _mm256_loadu_si256((const __m256i *)mm);
+        uint32_t u[4];
+        memcpy(u, x->scales, K_SCALE_SIZE);
+        u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        const uint32_t mins_lo = u[1] & 0x3F3F3F3Fu;
+        u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        u[0] &= 0x3F3F3F3Fu;
+        u[2] = mins_lo;
+        memcpy(h.sc, u, 8);
+        const __m128i mins = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)&u[2]),
+                                              _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+        h.coef = _mm256_cvtepu8_epi16(mins); /* each min serves two sums of 16 */
         h.d = kiln_fp16_to_fp32(x->d), h.dc = kiln_fp16_to_fp32(x->dmin);
-    } else { /* KILN_Q6_K: q is stored + 32 */
+    } else { /* KILN_Q6_K: q is stored + 32, so the bsums term is 32 * scale */
         const block_q6_K *x = (const block_q6_K *)row + b;
-        int16_t off[16];
-        for (int j = 0; j < 16; j++) h.sc[j] = x->scales[j], off[j] = (int16_t)(32 * x->scales[j]);
-        h.coef = _mm256_loadu_si256((const __m256i *)off);
+        h.sc16 = x->scales;
+        h.coef = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales)), 5);
         h.d = h.dc = kiln_fp16_to_fp32(x->d);
     }
     return h;
@@ -186,8 +193,9 @@ INLINE __m256i load_kgroup(const int type, const uint8_t *row, int b, int k) {
 }
 
 /* the int16 scales of group k's two halves of 16 */
-INLINE __m256i kscales(const khead *h, int k) {
-    return _mm256_set_m128i(_mm_set1_epi16(h->sc[2 * k + 1]), _mm_set1_epi16(h->sc[2 * k]));
+INLINE __m256i kscales(const int type, const khead *h, int k) {
+    if (type == KILN_Q4_K) return _mm256_set1_epi16(h->sc[k]);
+    return _mm256_set_m128i(_mm_set1_epi16(h->sc16[2 * k + 1]), _mm_set1_epi16(h->sc16[2 * k]));
 }
 
 INLINE void tile_k(const int type, const int R, const int C, int nb, const uint8_t *w, size_t w_row,
@@ -207,7 +215,7 @@ INLINE void tile_k(const int type, const int R, const int C, int nb, const uint8
             for (int c = 0; c < C; c++) isum[r][c] = _mm256_setzero_si256();
         for (int k = 0; k < QK_K / 32; k++) {
             __m256i q[TILE_R], sc[TILE_R];
-            for (int r = 0; r < R; r++) q[r] = load_kgroup(type, w + r * w_row, b, k), sc[r] = kscales(&h[r], k);
+            for (int r = 0; r < R; r++) q[r] = load_kgroup(type, w + r * w_row, b, k), sc[r] = kscales(type, &h[r], k);
             for (int c = 0; c < C; c++) {
                 const block_q8_K *yb = (const block_q8_K *)(a + c * a_row) + b;
                 const __m256i yk = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * k));
