@@ -36,7 +36,7 @@ def test_layout_json_keys_and_determinism(capsys, smollm2):
     assert d["totals"]["kv_bytes"] == 47_185_920
     for b in d["buffers"]:
         assert set(b) >= {"name", "region", "offset", "size", "shape", "dtype", "first_op", "last_op"}
-        assert b["region"] in ("weights", "activations", "kv")
+        assert b["region"] in ("weights", "packed", "activations", "kv")
         assert isinstance(b["first_op"], int) and 0 <= b["first_op"] <= b["last_op"] < d["n_ops"]
     assert {k for k in d["kv"][0]} >= {"layer", "kind", "capacity", "k_offset", "v_offset", "bytes"}
 

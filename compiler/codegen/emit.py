@@ -2,11 +2,13 @@
 arguments each op passes. Nothing here knows about a particular model."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from math import prod
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..errors import KilnError
 from ..ir import Node, Op, Value, ValueKind
+from ..passes.kernel_select import X8_KERNELS
 from ..templates import RopeLayout
 
 
@@ -28,6 +30,12 @@ def c_type(v: Value) -> str:
     return f"KILN_{v.dtype.name}"
 
 
+@dataclass(frozen=True)
+class EmitContext:
+    """What statements need from the plan beyond their node."""
+    packed: Mapping[str, int] = field(default_factory=dict)  # GGUF tensor -> offset of its x8 copy
+
+
 def weight(v: Value) -> str:
     return f"W({v.tensor.offset:#x})"
 
@@ -43,6 +51,7 @@ def _c_symbols() -> dict[str, str]:
 
     table = {f"{kind}_{t.label}": fn for t in RUNTIME_DTYPES
              for kind, fn in (("embed", "kiln_embed"), ("matmul", "kiln_matmul"), ("logits", "kiln_matmul"))}
+    table |= {k: "kiln_matmul_x8" for k in X8_KERNELS}
     table |= {f"{kind}_{t.label}": fn for t in KV_DTYPES.values()
               for kind, fn in (("kv_store", "kiln_kv_store"), ("kv_batch_copy", "kiln_kv_store"),
                                ("attention_decode", "kiln_attention"), ("attention_prefill", "kiln_attention"))}
@@ -60,45 +69,46 @@ def _c_symbols() -> dict[str, str]:
 C_SYMBOLS = _c_symbols()
 
 
-def _embed(n: Node) -> list[str]:
+def _embed(n: Node, ctx: EmitContext) -> list[str]:
     ids, table = n.inputs
     return [c_type(table), c_name(n.outputs[0]), weight(table), c_name(ids), "n", str(table.shape[1]),
             c_float(n.attrs.scale)]
 
 
-def _rms_norm(n: Node) -> list[str]:
+def _rms_norm(n: Node, ctx: EmitContext) -> list[str]:
     x, w = n.inputs
     rows = f"n * {row(x) // x.shape[-1]}" if len(x.shape) > 2 else "n"
     return [c_name(n.outputs[0]), c_name(x), f"(const float *){weight(w)}", c_float(n.attrs.weight_offset),
             c_float(n.attrs.eps), str(x.shape[-1]), rows]
 
 
-def _matmul(n: Node, rows: str = "n", x_offset: str = "") -> list[str]:
+def _matmul(n: Node, ctx: EmitContext, rows: str = "n", x_offset: str = "") -> list[str]:
     x, w, *bias = n.inputs
     b = f"(const float *){weight(bias[0])}" if bias else "NULL"
-    return [c_type(w), weight(w), b, str(w.shape[0]), str(w.shape[1]), c_name(x) + x_offset, rows,
+    weights = [f"P({ctx.packed[w.tensor.name]:#x})", weight(w)] if n.kernel in X8_KERNELS else [weight(w)]
+    return [c_type(w), *weights, b, str(w.shape[0]), str(w.shape[1]), c_name(x) + x_offset, rows,
             c_name(n.outputs[0]), c_name(n.scratch)]
 
 
-def _logits(n: Node) -> list[str]:
+def _logits(n: Node, ctx: EmitContext) -> list[str]:
     # the last n_logits rows of the normed hidden state, straight into the caller's buffer
-    return _matmul(n, rows="n_logits", x_offset=f" + (size_t)(n - n_logits) * {n.inputs[1].shape[1]}")
+    return _matmul(n, ctx, rows="n_logits", x_offset=f" + (size_t)(n - n_logits) * {n.inputs[1].shape[1]}")
 
 
-def _rope(n: Node) -> list[str]:
+def _rope(n: Node, ctx: EmitContext) -> list[str]:
     x, pos = n.inputs
     a = n.attrs
     return [c_name(n.outputs[0]), c_name(x), c_name(pos), "n", str(x.shape[1]), str(x.shape[2]), c_float(a.base),
             "1" if a.layout is RopeLayout.NEOX else "0"]
 
 
-def _kv_store(n: Node) -> list[str]:
+def _kv_store(n: Node, ctx: EmitContext) -> list[str]:
     k, v, pos, kv = n.inputs
     return [c_type(kv), f"KV_K({kv.layer})", f"KV_V({kv.layer})", c_name(k), c_name(v), c_name(pos), "n",
             f"KV_CAP[{kv.layer}]", str(k.shape[1]), str(k.shape[2])]
 
 
-def _attention(n: Node) -> list[str]:
+def _attention(n: Node, ctx: EmitContext) -> list[str]:
     q, pos, kv = n.inputs
     a = n.attrs
     return [c_type(kv), c_name(n.outputs[0]), c_name(q), c_name(pos), "n", f"KV_K({kv.layer})", f"KV_V({kv.layer})",
@@ -106,12 +116,12 @@ def _attention(n: Node) -> list[str]:
             c_float(a.scale)]
 
 
-def _binary(n: Node) -> list[str]:
+def _binary(n: Node, ctx: EmitContext) -> list[str]:
     a, b = n.inputs
     return [c_name(n.outputs[0]), c_name(a), c_name(b), f"n * {row(a)}"]
 
 
-ARGS: dict[Op, Callable[[Node], list[str]]] = {
+ARGS: dict[Op, Callable[[Node, EmitContext], list[str]]] = {
     Op.EMBED: _embed,
     Op.RMS_NORM: _rms_norm,
     Op.MATMUL: _matmul,
@@ -130,11 +140,11 @@ assert set(ARGS) == set(Op)
 # call with the same arguments, each doing its share; a barrier follows every op.
 
 
-def statement(n: Node) -> str:
+def statement(n: Node, ctx: EmitContext = EmitContext()) -> str:
     symbol = C_SYMBOLS.get(n.kernel)
     if symbol is None:
         raise CodegenError(f"kernel '{n.kernel}' (node {n.label}) has no C implementation yet")
-    return f"{symbol}_mt(t, {', '.join(ARGS[n.op](n))});"
+    return f"{symbol}_mt(t, {', '.join(ARGS[n.op](n, ctx))});"
 
 
 def is_arena_value(v: Value) -> bool:

@@ -11,7 +11,7 @@ from .. import __version__
 from ..dtypes import DType
 from ..ir import Node, ValueKind
 from ..pipeline import Planned
-from .emit import c_name, statement
+from .emit import EmitContext, c_name, statement
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
@@ -30,27 +30,28 @@ def _shape_comment(shape: tuple[int, ...]) -> str:
     return "[" + " x ".join(["n", *map(str, shape[1:])]) + "]" if len(shape) > 1 else f"[{shape[0]} bytes]"
 
 
-def _node_lines(n: Node, offsets: dict[str, int]) -> list[str]:
+def _node_lines(n: Node, offsets: dict[str, int], ctx: EmitContext) -> list[str]:
     lines = [f"    /* {n.label}: {n.kernel} */"]
     written = [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + ([n.scratch] if n.scratch else [])
     for v in written:
         ctype = _C_TYPE[v.dtype]
         cast = "" if ctype == "void" else f"({ctype} *)"
         lines.append(f"    {ctype} *{c_name(v)} = {cast}A({offsets[v.name]:#x}); /* {_shape_comment(v.shape)} */")
-    lines.append(f"    {statement(n)}")
+    lines.append(f"    {statement(n, ctx)}")
     lines.append("    kiln_barrier(t);")
     return lines
 
 
 def _step(p: Planned) -> dict:
     offsets = {b.name: b.offset for b in p.layout.region("activations")}
+    ctx = EmitContext(packed={pw.tensor: pw.offset for pw in p.layout.packed})
     body, layer = [], None
     for n in p.graph.nodes:
         if n.layer != layer:
             layer = n.layer
             title = f"layer {layer}" if layer is not None else "output"
             body.append(f"\n    /* ---- {title} ---- */")
-        body += _node_lines(n, offsets)
+        body += _node_lines(n, offsets, ctx)
     return {
         "mode": p.graph.mode.value,
         "n_tokens": p.graph.n_tokens,
@@ -85,5 +86,8 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
         "steps": [_step(decode), _step(prefill)],
+        "packed_bytes": decode.layout.packed_bytes,
+        "packed": [{"type": f"KILN_{pw.dtype.upper()}", "n_out": pw.n_out, "n_in": pw.n_in, "src": f"{pw.src:#x}",
+                    "dst": f"{pw.offset:#x}", "tensor": pw.tensor} for pw in decode.layout.packed],
     }
     return Generated(_ENV.get_template("model.c.j2").render(ctx), _ENV.get_template("model.h.j2").render(ctx))

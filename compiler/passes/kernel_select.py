@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from ..dtypes import KV_DTYPES, WEIGHT_DTYPES, DType
+from ..dtypes import KV_DTYPES, WEIGHT_DTYPES, X8_DTYPES, DType
 from ..errors import GraphError
 from ..ir import Graph, Mode, Node, Op, ValueKind
 
@@ -21,6 +21,7 @@ KERNELS: dict[KernelKey, str] = {
     **{(Op.EMBED, "", t): f"embed_{t.label}" for t in WEIGHT_DTYPES},
     **{(Op.MATMUL, "", t): f"matmul_{t.label}" for t in WEIGHT_DTYPES},
     **{(Op.LOGITS, "", t): f"logits_{t.label}" for t in WEIGHT_DTYPES},
+    **{(op, "x8", t): f"{op.value}_x8_{t.label}" for op in (Op.MATMUL, Op.LOGITS) for t in X8_DTYPES},
     (Op.RMS_NORM, "", DType.F32): "rms_norm_f32",
     (Op.ROPE, "pairwise", DType.F32): "rope_pairwise_f32",
     (Op.ROPE, "neox", DType.F32): "rope_neox_f32",
@@ -34,12 +35,23 @@ KERNELS: dict[KernelKey, str] = {
 }
 
 
+def _matmul_variant(n: Node, mode: Mode) -> str:
+    """Decode matmuls whose weights can be interleaved by eight rows read a packed copy (x8)."""
+    w = n.inputs[1]
+    return "x8" if mode is Mode.DECODE and w.dtype in X8_DTYPES and w.shape[0] % 8 == 0 else ""
+
+
 # Ops whose kernel depends on more than the operand dtype, and what it depends on.
 VARIANT: dict[Op, Callable[[Node, Mode], str]] = {
+    Op.MATMUL: _matmul_variant,
+    Op.LOGITS: _matmul_variant,
     Op.ROPE: lambda n, mode: n.attrs.layout.value,
     Op.GLU: lambda n, mode: n.attrs.activation.value,
     Op.ATTENTION: lambda n, mode: mode.value,
 }
+
+
+X8_KERNELS = frozenset(k for (op, variant, _), k in KERNELS.items() if variant == "x8")
 
 
 def kernel_key(node: Node, mode: Mode) -> KernelKey:

@@ -16,12 +16,13 @@ from .allocator import allocate, arena_bytes
 from .events import events, peak_live_bytes
 from .kv_plan import KVPlan, align
 from .liveness import lifetimes
+from .packed import PackedWeight, packed_bytes, plan_packed
 
 
 @dataclass(frozen=True)
 class Buffer:
     name: str
-    region: str  # "weights" | "activations" | "kv"
+    region: str  # "weights" | "packed" | "activations" | "kv"
     offset: int
     size: int
     shape: tuple[int, ...]
@@ -60,6 +61,11 @@ class Layout:
     activation_bytes: int
     activation_bytes_without_reuse: int
     activation_peak_live_bytes: int
+    packed: tuple[PackedWeight, ...] = ()
+
+    @property
+    def packed_bytes(self) -> int:
+        return packed_bytes(self.packed)
 
     def region(self, name: str) -> list[Buffer]:
         return [b for b in self.buffers if b.region == name]
@@ -74,6 +80,7 @@ def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions,
     lts = lifetimes(g)
     evs = events(lts)
     placements = allocate(evs)
+    packed = plan_packed(g)
     activations = [
         Buffer(p.lifetime.value.name, "activations", p.offset, p.size, p.lifetime.value.shape,
                p.lifetime.value.dtype.label, p.lifetime.first, p.lifetime.last)
@@ -82,12 +89,13 @@ def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions,
     return Layout(
         config=config,
         n_ops=len(g.nodes),
-        buffers=tuple(_weight_buffers(g) + activations + _kv_buffers(g, kv)),
+        buffers=tuple(_weight_buffers(g) + _packed_buffers(packed) + activations + _kv_buffers(g, kv)),
         kv=kv,
         weights_bytes=spec.weights_bytes,
         activation_bytes=arena_bytes(placements),
         activation_bytes_without_reuse=sum(p.size for p in placements),
         activation_peak_live_bytes=peak_live_bytes(evs, lambda lt: align(lt.value.nbytes)),
+        packed=packed,
     )
 
 
@@ -100,6 +108,11 @@ def _weight_buffers(g: Graph) -> list[Buffer]:
                 note = "" if t.name == v.name else f"view of {t.name}"
                 out.append(Buffer(v.name, "weights", t.offset, t.nbytes, t.shape, t.dtype.label, i, i, note))
     return sorted(out, key=lambda b: (b.offset, b.name))
+
+
+def _packed_buffers(packed: tuple[PackedWeight, ...]) -> list[Buffer]:
+    return [Buffer(f"{p.tensor}.x8", "packed", p.offset, p.size, (p.n_out, p.n_in), p.dtype, p.first_op, p.first_op,
+                   f"rows interleaved by 8, packed at load from GGUF offset {p.src:#x}") for p in packed]
 
 
 def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:

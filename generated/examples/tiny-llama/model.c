@@ -25,6 +25,31 @@
 #define GGUF_HEADER_BYTES 5472
 #define GGUF_HEADER_CRC32 3596502979u /* the library refuses any other file */
 
+/* ==== packed weights: decode matmul weights interleaved by 8 rows (pack_x8.c), copied at open ==== */
+#define PACKED_BYTES 78336ULL /* allocated only where the build has the x8 kernel */
+typedef struct {
+    int type, n_out, n_in;
+    size_t src, dst; /* offset in the GGUF file, in the packed region */
+} pack_entry;
+#define N_PACK 14
+static const pack_entry PACK[N_PACK + 1] = {
+    { KILN_Q8_0, 64, 64, 0x5c40, 0x0 }, /* blk.0.attn_q.weight */
+    { KILN_Q8_0, 32, 64, 0x6d40, 0x1100 }, /* blk.0.attn_k.weight */
+    { KILN_Q8_0, 32, 64, 0x75c0, 0x1980 }, /* blk.0.attn_v.weight */
+    { KILN_Q8_0, 64, 64, 0x7e40, 0x2200 }, /* blk.0.attn_output.weight */
+    { KILN_Q8_0, 128, 64, 0x9040, 0x3300 }, /* blk.0.ffn_gate.weight */
+    { KILN_Q8_0, 128, 64, 0xb240, 0x5500 }, /* blk.0.ffn_up.weight */
+    { KILN_Q8_0, 64, 128, 0xd440, 0x7700 }, /* blk.0.ffn_down.weight */
+    { KILN_Q8_0, 64, 64, 0xf740, 0x9900 }, /* blk.1.attn_q.weight */
+    { KILN_Q8_0, 32, 64, 0x10840, 0xaa00 }, /* blk.1.attn_k.weight */
+    { KILN_Q8_0, 32, 64, 0x110c0, 0xb280 }, /* blk.1.attn_v.weight */
+    { KILN_Q8_0, 64, 64, 0x11940, 0xbb00 }, /* blk.1.attn_output.weight */
+    { KILN_Q8_0, 128, 64, 0x12b40, 0xcc00 }, /* blk.1.ffn_gate.weight */
+    { KILN_Q8_0, 128, 64, 0x14d40, 0xee00 }, /* blk.1.ffn_up.weight */
+    { KILN_Q8_0, 64, 128, 0x16f40, 0x11000 }, /* blk.1.ffn_down.weight */
+    {0},
+};
+
 /* ==== KV cache: per slot [layer][K|V][kv_head][row][head_dim] f32; position p at row p % KV_CAP[layer] */
 #define KV_BYTES 32768 /* 1 slot(s) of 32768 */
 static const size_t KV_K_OFF[N_LAYER] = { 0x0, 0x4000 };
@@ -37,6 +62,7 @@ static const int KV_WINDOW[N_LAYER] = { 0, 0 }; /* 0: a global layer */
 
 struct kiln_model {
     const uint8_t *weights; /* [GGUF_BYTES] */
+    uint8_t *packed;        /* [PACKED_BYTES], or NULL when the build has no x8 kernel */
     uint8_t *kv;            /* [KV_BYTES] */
     uint8_t *arena;         /* [ARENA_BYTES] */
     int n_past;             /* positions held by sequence 0 */
@@ -51,6 +77,7 @@ typedef struct {
 } step_args;
 
 #define W(off) ((const void *)(m->weights + (off)))
+#define P(off) ((const void *)(m->packed ? m->packed + (off) : NULL))
 #define A(off) ((void *)(m->arena + (off)))
 #define KV_K(l) ((void *)(m->kv + KV_K_OFF[l]))
 #define KV_V(l) ((void *)(m->kv + KV_V_OFF[l]))
@@ -80,20 +107,20 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *attn_norm_0 = (float *)A(0x100); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* q-0: matmul_q8_0 */
+    /* q-0: matmul_x8_q8_0 */
     float *q_0 = (float *)A(0x200); /* [n x 4 x 16] */
     void *q_0_act = A(0x300); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x0), W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
     kiln_barrier(t);
-    /* k-0: matmul_q8_0 */
+    /* k-0: matmul_x8_q8_0 */
     float *k_0 = (float *)A(0x300); /* [n x 2 x 16] */
     void *k_0_act = A(0x380); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1100), W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
     kiln_barrier(t);
-    /* v-0: matmul_q8_0 */
+    /* v-0: matmul_x8_q8_0 */
     float *v_0 = (float *)A(0x380); /* [n x 2 x 16] */
     void *v_0_act = A(0x400); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1980), W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
     kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x100); /* [n x 4 x 16] */
@@ -110,10 +137,10 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *attn_0 = (float *)A(0x200); /* [n x 64] */
     kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
     kiln_barrier(t);
-    /* attn_out-0: matmul_q8_0 */
+    /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x100); /* [n x 64] */
     void *attn_out_0_act = A(0x300); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x2200), W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
     kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x600); /* [n x 64] */
@@ -123,24 +150,24 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *ffn_norm_0 = (float *)A(0x400); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* ffn_gate-0: matmul_q8_0 */
+    /* ffn_gate-0: matmul_x8_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_0_act = A(0x200); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x3300), W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
     kiln_barrier(t);
-    /* ffn_up-0: matmul_q8_0 */
+    /* ffn_up-0: matmul_x8_q8_0 */
     float *ffn_up_0 = (float *)A(0x200); /* [n x 128] */
     void *ffn_up_0_act = A(0x500); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x5500), W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
     kiln_barrier(t);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x400); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
     kiln_barrier(t);
-    /* ffn_out-0: matmul_q8_0 */
+    /* ffn_out-0: matmul_x8_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_0_act = A(0x100); /* [136 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x7700), W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
     kiln_barrier(t);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x100); /* [n x 64] */
@@ -152,20 +179,20 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* q-1: matmul_q8_0 */
+    /* q-1: matmul_x8_q8_0 */
     float *q_1 = (float *)A(0x200); /* [n x 4 x 16] */
     void *q_1_act = A(0x300); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x9900), W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
     kiln_barrier(t);
-    /* k-1: matmul_q8_0 */
+    /* k-1: matmul_x8_q8_0 */
     float *k_1 = (float *)A(0x300); /* [n x 2 x 16] */
     void *k_1_act = A(0x380); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xaa00), W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
     kiln_barrier(t);
-    /* v-1: matmul_q8_0 */
+    /* v-1: matmul_x8_q8_0 */
     float *v_1 = (float *)A(0x380); /* [n x 2 x 16] */
     void *v_1_act = A(0x400); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xb280), W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
     kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
@@ -182,10 +209,10 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *attn_1 = (float *)A(0x200); /* [n x 64] */
     kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
     kiln_barrier(t);
-    /* attn_out-1: matmul_q8_0 */
+    /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x300); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xbb00), W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
     kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x600); /* [n x 64] */
@@ -195,24 +222,24 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *ffn_norm_1 = (float *)A(0x400); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* ffn_gate-1: matmul_q8_0 */
+    /* ffn_gate-1: matmul_x8_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_1_act = A(0x200); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xcc00), W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
     kiln_barrier(t);
-    /* ffn_up-1: matmul_q8_0 */
+    /* ffn_up-1: matmul_x8_q8_0 */
     float *ffn_up_1 = (float *)A(0x200); /* [n x 128] */
     void *ffn_up_1_act = A(0x500); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xee00), W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
     kiln_barrier(t);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x400); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
     kiln_barrier(t);
-    /* ffn_out-1: matmul_q8_0 */
+    /* ffn_out-1: matmul_x8_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_1_act = A(0x100); /* [136 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x11000), W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
     kiln_barrier(t);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x100); /* [n x 64] */
@@ -406,6 +433,12 @@ static void prefill_step(void *arg, const kiln_thread *t) {
 }
 
 /* ==== the API ================================================================================= */
+static void pack_weights(void *arg, const kiln_thread *t) {
+    kiln_model *m = arg;
+    for (int i = 0; i < N_PACK; i++)
+        kiln_pack_x8_mt(t, PACK[i].type, m->weights + PACK[i].src, m->packed + PACK[i].dst, PACK[i].n_out, PACK[i].n_in);
+}
+
 static uint32_t crc32(const uint8_t *p, size_t n) {
     uint32_t c = 0xFFFFFFFFu;
     for (size_t i = 0; i < n; i++) {
@@ -435,13 +468,16 @@ int kiln_open(kiln_model **out, const char *gguf_path, int n_threads) {
     kiln_model *m = calloc(1, sizeof *m);
     uint8_t *kv = aligned_alloc(64, KV_BYTES), *arena = aligned_alloc(64, ARENA_BYTES);
     kiln_pool *pool = kiln_pool_create(n_threads);
-    if (!m || !kv || !arena || !pool) {
-        free(m), free(kv), free(arena), kiln_pool_destroy(pool);
+    const int pack = N_PACK > 0 && kiln_x8_supported(PACK[0].type, PACK[0].n_out, PACK[0].n_in);
+    uint8_t *packed = pack ? aligned_alloc(64, PACKED_BYTES) : NULL;
+    if (!m || !kv || !arena || !pool || (pack && !packed)) {
+        free(m), free(kv), free(arena), free(packed), kiln_pool_destroy(pool);
         munmap(w, (size_t)GGUF_BYTES);
         return KILN_E_NOMEM;
     }
     memset(kv, 0, KV_BYTES);
-    m->weights = w, m->kv = kv, m->arena = arena, m->pool = pool;
+    m->weights = w, m->kv = kv, m->arena = arena, m->pool = pool, m->packed = packed;
+    if (packed) kiln_pool_run(pool, pack_weights, m);
     *out = m;
     return KILN_OK;
 }
@@ -452,6 +488,7 @@ void kiln_close(kiln_model *m) {
     munmap((void *)m->weights, (size_t)GGUF_BYTES);
     free(m->kv);
     free(m->arena);
+    free(m->packed);
     free(m);
 }
 

@@ -1,0 +1,44 @@
+"""The packed-weights region: decode matmuls whose kernel reads weights interleaved by eight
+rows (x8, runtime_c/pack_x8.c) get a copy, made once at load, at an offset fixed here.
+
+An x8 copy has exactly the bytes of the GGUF rows it replaces; a weight used by several x8
+matmuls (none today) is packed once. Offsets are 64-byte aligned, in order of first use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Graph, ValueKind
+from ..passes.kernel_select import X8_KERNELS
+from .kv_plan import align
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    tensor: str  # the GGUF tensor it is a copy of
+    dtype: str
+    n_out: int
+    n_in: int
+    src: int  # offset of the tensor in the GGUF file
+    offset: int  # offset in the packed region
+    size: int
+    first_op: int
+
+
+def plan_packed(g: Graph) -> tuple[PackedWeight, ...]:
+    out: dict[str, PackedWeight] = {}
+    end = 0
+    for i, n in enumerate(g.nodes):
+        if n.kernel not in X8_KERNELS:
+            continue
+        w = next(v for v in n.inputs if v.kind is ValueKind.WEIGHT)
+        t = w.tensor
+        if t.name in out:
+            continue
+        out[t.name] = PackedWeight(t.name, w.dtype.label, w.shape[0], w.shape[1], t.offset, end, t.nbytes, i)
+        end = align(end + t.nbytes)
+    return tuple(out.values())
+
+
+def packed_bytes(packed: tuple[PackedWeight, ...]) -> int:
+    return align(packed[-1].offset + packed[-1].size) if packed else 0

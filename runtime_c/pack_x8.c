@@ -1,0 +1,235 @@
+/* pack_x8.c: decode matmuls over weights repacked at load so that eight rows share each vector.
+ *
+ * A matmul against one activation row (decode) spends most of its instructions on per-block
+ * bookkeeping when it reads the GGUF layout: converting scales, broadcasting them, reducing
+ * each block's lanes. Interleaving eight rows removes all of it: in the x8 layout one 32-byte
+ * vector holds 4 weights of each of 8 rows, so vpdpbusd against 4 activation bytes broadcast
+ * to every lane yields 8 row sums at once, and the 8 rows' scales are one 16-byte load.
+ *
+ * Layout of a matrix of n_out rows (n_out % 8 == 0): groups of 8 rows, each a run of x8
+ * blocks, one per 32-weight block of the row. An x8 block holds, in order:
+ *   d[8]          f16, the rows' scales
+ *   m[8]          f16, the rows' minimums (Q4_1, Q5_1)
+ *   qh[8]         u32, 5-bit types: bit 4r+j of qh[c] is the fifth bit of weight 4c+j of row r
+ *   qs            4-bit types: 4 vectors of 32 bytes; byte 4r+j of vector v has weight 8v+j of
+ *                 row r in its low nibble and weight 8v+4+j in its high nibble
+ *                 Q8_0: 8 vectors of 32 bytes; byte 4r+j of vector c is weight 4c+j of row r,
+ *                 stored as q ^ 0x80 (unsigned, offset 128)
+ * which is exactly as many bytes as the eight GGUF blocks it replaces.
+ *
+ * Integer sums are those of the scalar references in quant.c (tests compare against them);
+ * only the float accumulation order differs.
+ */
+#include <string.h>
+
+#include "fp16.h"
+#include "kernels.h"
+#include "kernels_mt.h"
+#include "quant_impl.h"
+
+typedef struct {
+    int has_min, has_qh, bits; /* bits per stored weight: 4 or 8 */
+    size_t block_bytes;       /* of one GGUF block */
+} x8_format;
+
+static int x8_format_of(int type, x8_format *f) {
+    switch (type) {
+    case KILN_Q4_0: *f = (x8_format){0, 0, 4, sizeof(block_q4_0)}; return 1;
+    case KILN_Q4_1: *f = (x8_format){1, 0, 4, sizeof(block_q4_1)}; return 1;
+    case KILN_Q5_0: *f = (x8_format){0, 1, 4, sizeof(block_q5_0)}; return 1;
+    case KILN_Q5_1: *f = (x8_format){1, 1, 4, sizeof(block_q5_1)}; return 1;
+    case KILN_Q8_0: *f = (x8_format){0, 0, 8, sizeof(block_q8_0)}; return 1;
+    default: return 0;
+    }
+}
+
+int kiln_x8_supported(int type, int n_out, int n_in) {
+#ifdef KILN_HAVE_VNNI
+    x8_format f;
+    return x8_format_of(type, &f) && n_out % 8 == 0 && n_in % 32 == 0 && n_in / 32 <= 1024;
+#else
+    (void)type, (void)n_out, (void)n_in;
+    return 0; /* no x8 kernel in this build: matmuls read the GGUF layout */
+#endif
+}
+
+/* The integer weight j (0..31) of a GGUF block, unsigned as the x8 layout stores it, with its
+ * head (d, and m for the _1 types). */
+static int block_weight(int type, const uint8_t *blk, int j) {
+    const int nib = j < 16 ? 0 : 4, at = j % 16;
+    switch (type) {
+    case KILN_Q4_0: return (((const block_q4_0 *)blk)->qs[at] >> nib) & 0x0F;
+    case KILN_Q4_1: return (((const block_q4_1 *)blk)->qs[at] >> nib) & 0x0F;
+    case KILN_Q5_0: {
+        const block_q5_0 *x = (const block_q5_0 *)blk;
+        uint32_t qh;
+        memcpy(&qh, x->qh, sizeof qh);
+        return ((x->qs[at] >> nib) & 0x0F) | (int)((qh >> j) & 1) << 4;
+    }
+    case KILN_Q5_1: {
+        const block_q5_1 *x = (const block_q5_1 *)blk;
+        uint32_t qh;
+        memcpy(&qh, x->qh, sizeof qh);
+        return ((x->qs[at] >> nib) & 0x0F) | (int)((qh >> j) & 1) << 4;
+    }
+    default: return (uint8_t)(((const block_q8_0 *)blk)->qs[j] ^ 0x80);
+    }
+}
+
+/* Repack rows [g0 * 8, g1 * 8) of a GGUF matrix into the x8 layout. */
+static void pack_groups(int type, const uint8_t *src, uint8_t *dst, int g0, int g1, int n_in) {
+    x8_format f = {0};
+    if (!x8_format_of(type, &f)) return;
+    const int nb = n_in / 32;
+    const size_t row_bytes = (size_t)nb * f.block_bytes, x8_bytes = 8 * f.block_bytes;
+    for (int g = g0; g < g1; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *out = dst + ((size_t)g * nb + b) * x8_bytes;
+            memset(out, 0, x8_bytes);
+            kiln_half *d = (kiln_half *)out, *m = d + 8;
+            uint8_t *p = out + (f.has_min ? 32 : 16);
+            uint32_t *qh = (uint32_t *)p;
+            uint8_t *qs = p + (f.has_qh ? 32 : 0);
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *blk = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * f.block_bytes;
+                memcpy(&d[r], blk, sizeof(kiln_half)); /* every block type begins with d, the _1 types then m */
+                if (f.has_min) memcpy(&m[r], blk + sizeof(kiln_half), sizeof(kiln_half));
+                for (int j = 0; j < 32; j++) {
+                    const int q = block_weight(type, blk, j);
+                    if (f.bits == 8) {
+                        qs[32 * (j / 4) + 4 * r + j % 4] = (uint8_t)q;
+                        continue;
+                    }
+                    const int v = j / 8, hi = (j / 4) % 2, byte = 32 * v + 4 * r + j % 4;
+                    qs[byte] |= (uint8_t)((q & 0x0F) << (hi ? 4 : 0));
+                    if (f.has_qh && (q & 0x10)) qh[j / 4] |= 1u << (4 * r + j % 4);
+                }
+            }
+        }
+}
+
+void kiln_pack_x8_mt(const kiln_thread *t, int type, const void *src, void *dst, int n_out, int n_in) {
+    int g0, g1;
+    kiln_share(t, n_out / 8, 1, &g0, &g1);
+    if (g1 > g0) pack_groups(type, src, dst, g0, g1, n_in);
+}
+
+#ifdef KILN_HAVE_VNNI
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 rows' sums of one x8 block against activation block y (32 int8): lane r = row r */
+INLINE __m256i x8_block_sums(const int type, const uint8_t *qs, const uint32_t *qh, const int8_t *y, __m256i seed) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), five = _mm256_set1_epi8(0x10);
+    int32_t y4[8];
+    memcpy(y4, y, sizeof y4);
+    if (type == KILN_Q8_0) {
+        __m256i s0 = seed, s1 = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c += 2) {
+            s0 = _mm256_dpbusd_epi32(s0, _mm256_loadu_si256((const __m256i *)(qs + 32 * c)), _mm256_set1_epi32(y4[c]));
+            s1 = _mm256_dpbusd_epi32(s1, _mm256_loadu_si256((const __m256i *)(qs + 32 * c + 32)),
+                                     _mm256_set1_epi32(y4[c + 1]));
+        }
+        return _mm256_add_epi32(s0, s1);
+    }
+    __m256i lo_sum = seed, hi_sum = _mm256_setzero_si256();
+    for (int v = 0; v < 4; v++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
+        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (type == KILN_Q5_0 || type == KILN_Q5_1) {
+            lo = _mm256_or_si256(lo, _mm256_maskz_mov_epi8(qh[2 * v], five));
+            hi = _mm256_or_si256(hi, _mm256_maskz_mov_epi8(qh[2 * v + 1], five));
+        }
+        lo_sum = _mm256_dpbusd_epi32(lo_sum, lo, _mm256_set1_epi32(y4[2 * v]));
+        hi_sum = _mm256_dpbusd_epi32(hi_sum, hi, _mm256_set1_epi32(y4[2 * v + 1]));
+    }
+    return _mm256_add_epi32(lo_sum, hi_sum);
+}
+
+#define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
+
+/* y[8g + r] for groups [g0, g1): the activation row is one row of q8_0 or q8_1 blocks, whose
+ * scales (and offset sums) are unpacked once per call */
+INLINE void x8_gemv(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, float *y) {
+    x8_format f = {0};
+    x8_format_of(type, &f);
+    const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
+    const int offset = type == KILN_Q4_0 ? 8 : type == KILN_Q5_0 ? 16 : type == KILN_Q8_0 ? 128 : 0;
+    float yd[X8_MAX_BLOCKS], ys[X8_MAX_BLOCKS];
+    int32_t seed[X8_MAX_BLOCKS]; /* the weights are stored + offset: each block starts from -offset * sum(y) */
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *ab = act + (size_t)b * a_bytes;
+        kiln_half h[2];
+        memcpy(h, ab, q_at);
+        yd[b] = kiln_fp16_to_fp32(h[0]), ys[b] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) sum += (int8_t)ab[q_at + j];
+        seed[b] = -offset * sum;
+    }
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
+        __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++, blk += x8_bytes) {
+            const uint8_t *p = blk + (f.has_min ? 32 : 16);
+            const __m256i sums = x8_block_sums(type, p + (f.has_qh ? 32 : 0), (const uint32_t *)p,
+                                               (const int8_t *)(act + (size_t)b * a_bytes + q_at),
+                                               _mm256_set1_epi32(seed[b]));
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(yd[b])), acc);
+            if (f.has_min) {
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+                mins = _mm256_fmadd_ps(m, _mm256_set1_ps(ys[b]), mins);
+            }
+        }
+        _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(acc, mins));
+    }
+}
+
+#define X8_FOR(name, type) \
+    static void x8_gemv_##name(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, float *y) { \
+        x8_gemv(type, w, g0, g1, nb, act, y);                                                          \
+    }
+X8_FOR(q4_0, KILN_Q4_0)
+X8_FOR(q4_1, KILN_Q4_1)
+X8_FOR(q5_0, KILN_Q5_0)
+X8_FOR(q5_1, KILN_Q5_1)
+X8_FOR(q8_0, KILN_Q8_0)
+
+typedef void (*x8_fn)(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, float *y);
+static const x8_fn X8[KILN_TYPE_COUNT] = {
+    [KILN_Q4_0] = x8_gemv_q4_0, [KILN_Q4_1] = x8_gemv_q4_1, [KILN_Q5_0] = x8_gemv_q5_0,
+    [KILN_Q5_1] = x8_gemv_q5_1, [KILN_Q8_0] = x8_gemv_q8_0,
+};
+#endif
+
+void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
+                       int n_in, const float *x, int n_rows, float *y, void *scratch) {
+#ifdef KILN_HAVE_VNNI
+    if (n_rows == 1 && kiln_x8_supported(type, n_out, n_in)) {
+        if (t->ith == 0) kiln_quantize_act(type, x, scratch, n_in);
+        kiln_barrier(t);
+        int g0, g1;
+        kiln_share(t, n_out / 8, 1, &g0, &g1);
+        if (g1 == g0) return;
+        X8[type](packed, g0, g1, n_in / 32, scratch, y);
+        if (bias)
+            for (int o = 8 * g0; o < 8 * g1; o++) y[o] += bias[o];
+        return;
+    }
+#endif
+    (void)packed;
+    kiln_matmul_mt(t, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
+}
+
+void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
+                    const float *x, int n_rows, float *y, void *scratch) {
+    const kiln_thread alone = {0, 1, NULL};
+    kiln_matmul_x8_mt(&alone, type, packed, w, bias, n_out, n_in, x, n_rows, y, scratch);
+}
+
+void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in) {
+    const kiln_thread alone = {0, 1, NULL};
+    kiln_pack_x8_mt(&alone, type, src, dst, n_out, n_in);
+}
