@@ -132,9 +132,7 @@ def cmd_kv_quality(a: argparse.Namespace) -> None:
 
 def cmd_bench(a: argparse.Namespace) -> None:
     from .bench import decode_bytes_per_token, default_tests, read_bandwidth_gb_s, render, run_bench, write_json
-    from .model import load
-
-    from .model import default_threads
+    from .model import default_threads, load
 
     threads = a.threads or default_threads()
     if threads < 1 or a.reps < 1:
@@ -142,7 +140,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     tests = default_tests(a.pp, a.tg, a.depth)
     results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=_log)
     m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
-    bpt, bw = decode_bytes_per_token(m), read_bandwidth_gb_s()
+    bpt, bw = decode_bytes_per_token(m), read_bandwidth_gb_s(threads)
     sys.stdout.write(render(results, str(a.model), threads, bpt, bw))
     if a.json:
         write_json(a.json, results, model=str(a.model), threads=threads, kv_dtype=a.kv_dtype,

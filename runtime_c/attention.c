@@ -46,36 +46,46 @@ static inline const float *cache_row(int type, const uint8_t *head, size_t row_b
 #define ATTN_CHUNK 64 /* cache rows scored at once: softmax runs over a chunk, rescaling between chunks */
 #define ATTN_MAX_Q 16 /* queries that share one pass over a kv head's rows */
 
-/* Queries q[i] (i < nq, all at position p, all reading kv head `head`) against cache rows
- * first..p: scores for a chunk of rows, the running max/denominator rescaled when the max
- * grows (online softmax by chunks), then the chunk's V rows accumulated into every query. */
-static void attend(int type, float *const out[], const float *const q[], int nq, int first, int p,
+/* Queries q[i] (i < nq, all reading one kv head), query i seeing cache positions first[i] ..
+ * last[i], against the rows of the union of those ranges: scores for a chunk of rows (-inf
+ * outside a query's range), the running max/denominator rescaled when the max grows (online
+ * softmax by chunks), then the chunk's V rows accumulated into every query. Each K and V row
+ * is read once for all nq queries. */
+static void attend(int type, float *const out[], const float *const q[], const int first[], const int last[], int nq,
                    const uint8_t *kh, const uint8_t *vh, size_t row_bytes, int capacity, int hd, float scale) {
     float acc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], s[ATTN_MAX_Q][ATTN_CHUNK], max[ATTN_MAX_Q], denom[ATTN_MAX_Q];
     float buf[KILN_MAX_HEAD_DIM];
+    int lo = first[0], hi = last[0];
     for (int i = 0; i < nq; i++) {
         max[i] = -INFINITY, denom[i] = 0.0f;
         memset(acc[i], 0, (size_t)hd * sizeof(float));
+        lo = first[i] < lo ? first[i] : lo, hi = last[i] > hi ? last[i] : hi;
     }
-    for (int j0 = first; j0 <= p; j0 += ATTN_CHUNK) {
-        const int nj = p - j0 + 1 < ATTN_CHUNK ? p - j0 + 1 : ATTN_CHUNK;
+    for (int j0 = lo; j0 <= hi; j0 += ATTN_CHUNK) {
+        const int nj = hi - j0 + 1 < ATTN_CHUNK ? hi - j0 + 1 : ATTN_CHUNK;
         for (int jj = 0; jj < nj; jj++) {
-            const float *k = cache_row(type, kh, row_bytes, (j0 + jj) % capacity, buf, hd);
-            for (int i = 0; i < nq; i++) s[i][jj] = kiln_vdot(q[i], k, hd) * scale;
+            const int j = j0 + jj;
+            const float *k = cache_row(type, kh, row_bytes, j % capacity, buf, hd);
+            for (int i = 0; i < nq; i++) s[i][jj] = j >= first[i] && j <= last[i] ? kiln_vdot(q[i], k, hd) * scale : -INFINITY;
         }
         for (int i = 0; i < nq; i++) {
             const float m = kiln_vmax(s[i], nj);
+            if (m == -INFINITY) { /* none of this chunk's rows is visible to query i */
+                memset(s[i], 0, (size_t)nj * sizeof(float));
+                continue;
+            }
             if (m > max[i]) {
                 const float c = expf(max[i] - m); /* 0 on the first chunk */
                 denom[i] *= c;
                 kiln_vscale(acc[i], c, hd);
                 max[i] = m;
             }
-            denom[i] += kiln_vexp_sum(s[i], max[i], nj);
+            denom[i] += kiln_vexp_sum(s[i], max[i], nj); /* exp(-inf) = 0 for the rows it cannot see */
         }
         for (int jj = 0; jj < nj; jj++) {
             const float *v = cache_row(type, vh, row_bytes, (j0 + jj) % capacity, buf, hd);
-            for (int i = 0; i < nq; i++) kiln_vaxpy(acc[i], s[i][jj], v, hd);
+            for (int i = 0; i < nq; i++)
+                if (s[i][jj] != 0.0f) kiln_vaxpy(acc[i], s[i][jj], v, hd);
         }
     }
     for (int i = 0; i < nq; i++)
@@ -87,20 +97,26 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
                        int n_head_kv, int head_dim, float scale) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes = kiln_row_bytes(type, head_dim);
-    /* An item is one token's query heads that read one kv head: the whole group shares each
-     * pass over the rows when there are enough items to go round, single heads otherwise (decode). */
-    const int share = n_tokens * n_head_kv >= 4 * th->nth && group <= ATTN_MAX_Q ? group : 1;
-    const int per_token = n_head / share;
-    for (int item = th->ith; item < n_tokens * per_token; item += th->nth) {
-        const int t = item / per_token, h0 = item % per_token * share, g = h0 / group;
-        const int p = pos[t], first = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
+    /* An item is a block of tokens' query heads that read one kv head. Prefill: the whole group
+     * of every token in the block shares each pass over the rows. Decode: single heads, so that
+     * the threads get equal shares. */
+    const int prefill = n_tokens * n_head_kv >= 4 * th->nth && group <= ATTN_MAX_Q;
+    const int heads = prefill ? group : 1, block = prefill ? ATTN_MAX_Q / group : 1;
+    const int per_block = n_head / heads, n_blocks = (n_tokens + block - 1) / block;
+    for (int item = th->ith; item < n_blocks * per_block; item += th->nth) {
+        const int t0 = item / per_block * block, h0 = item % per_block * heads, g = h0 / group;
+        const int nt = n_tokens - t0 < block ? n_tokens - t0 : block;
         const float *qs[ATTN_MAX_Q];
         float *os[ATTN_MAX_Q];
-        for (int i = 0; i < share; i++) {
-            qs[i] = q + ((size_t)t * n_head + h0 + i) * head_dim;
-            os[i] = out + ((size_t)t * n_head + h0 + i) * head_dim;
-        }
-        attend(type, os, qs, share, first, p, (const uint8_t *)k_cache + (size_t)g * capacity * row_bytes,
+        int first[ATTN_MAX_Q], last[ATTN_MAX_Q], nq = 0;
+        for (int t = t0; t < t0 + nt; t++)
+            for (int h = h0; h < h0 + heads; h++, nq++) {
+                const int p = pos[t];
+                first[nq] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, last[nq] = p;
+                qs[nq] = q + ((size_t)t * n_head + h) * head_dim;
+                os[nq] = out + ((size_t)t * n_head + h) * head_dim;
+            }
+        attend(type, os, qs, first, last, nq, (const uint8_t *)k_cache + (size_t)g * capacity * row_bytes,
                (const uint8_t *)v_cache + (size_t)g * capacity * row_bytes, row_bytes, capacity, head_dim, scale);
     }
 }

@@ -16,9 +16,10 @@ static inline float kiln_hsum8(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
-/* e^x for 8 floats, relative error < 2e-7 on [-87, 88]: x = k ln2 + r, |r| <= ln2/2, e^r by
- * its degree-6 Taylor polynomial, 2^k through the exponent bits */
+/* e^x for 8 floats, relative error < 2e-7 on [-87, 88], 0 below (and for -inf): x = k ln2 + r,
+ * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial, 2^k through the exponent bits */
 static inline __m256 kiln_exp8(__m256 x) {
+    const __m256 visible = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
     x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
     const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -32,7 +33,7 @@ static inline __m256 kiln_exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), visible);
 }
 
 /* a . b */
