@@ -57,8 +57,8 @@ RUNTIME_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.Q4_
                                      DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
 
 
-# Weight types the runtime can interleave by eight rows for decode (runtime_c/pack_x8.c):
-# a matmul on one of these, with a multiple of 8 output rows, reads a packed copy made at load.
+# Weight types the runtime can interleave by eight rows (runtime_c/pack_x8.c): a matmul on
+# one of these, with a multiple of 8 output rows, reads a packed copy made at load.
 X8_DTYPES: tuple[DType, ...] = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0)
 
 

@@ -28,11 +28,11 @@ float kiln_vec_dot_ref(int type, int n, const void *w, const void *act); /* the 
 /* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch >= n_rows act rows */
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
                  const float *x, int n_rows, float *y, void *scratch);
-/* Decode weights interleaved by eight rows (pack_x8.c). kiln_x8_supported says whether this
- * build has the x8 kernel for a matrix; if not, nothing needs packing and kiln_matmul_x8 reads w. */
+/* Weights interleaved by eight rows (pack_x8.c). kiln_x8_supported says whether this build has
+ * the x8 kernel for a matrix; if not, nothing needs packing and kiln_matmul_x8 reads w. */
 int kiln_x8_supported(int type, int n_out, int n_in);
 void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* same size as src */
-/* kiln_matmul on the packed copy when n_rows == 1 and the type is supported, else on w */
+/* kiln_matmul on the packed copy where the build supports it (packed != NULL), else on w */
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);
 

@@ -1,10 +1,11 @@
-/* pack_x8.c: decode matmuls over weights repacked at load so that eight rows share each vector.
+/* pack_x8.c: matmuls over weights repacked at load so that eight rows share each vector.
  *
- * A matmul against one activation row (decode) spends most of its instructions on per-block
- * bookkeeping when it reads the GGUF layout: converting scales, broadcasting them, reducing
- * each block's lanes. Interleaving eight rows removes all of it: in the x8 layout one 32-byte
+ * A matmul against few activation rows (decode above all) spends most of its instructions on
+ * per-block bookkeeping when it reads the GGUF layout: converting scales, broadcasting them,
+ * reducing each block's lanes. Interleaving eight rows removes it: in the x8 layout one 32-byte
  * vector holds 4 weights of each of 8 rows, so vpdpbusd against 4 activation bytes broadcast
- * to every lane yields 8 row sums at once, and the 8 rows' scales are one 16-byte load.
+ * to every lane yields 8 row sums at once, and the 8 rows' scales are one 16-byte load. In
+ * prefill each unpacked weight block serves 4 activation rows.
  *
  * Layout of a matrix of n_out rows (n_out % 8 == 0): groups of 8 rows, each a run of x8
  * blocks, one per 32-weight block of the row. An x8 block holds, in order:
@@ -119,77 +120,88 @@ void kiln_pack_x8_mt(const kiln_thread *t, int type, const void *src, void *dst,
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* 8 rows' sums of one x8 block against activation block y (32 int8): lane r = row r */
-INLINE __m256i x8_block_sums(const int type, const uint8_t *qs, const uint32_t *qh, const int8_t *y, __m256i seed) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), five = _mm256_set1_epi8(0x10);
-    int32_t y4[8];
-    memcpy(y4, y, sizeof y4);
+/* The 8 weight vectors of an x8 block as unsigned bytes: u[k] holds weights 4k..4k+3 of each row */
+INLINE void x8_unpack(const int type, const uint8_t *qs, const uint32_t *qh, __m256i u[8]) {
     if (type == KILN_Q8_0) {
-        __m256i s0 = seed, s1 = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c += 2) {
-            s0 = _mm256_dpbusd_epi32(s0, _mm256_loadu_si256((const __m256i *)(qs + 32 * c)), _mm256_set1_epi32(y4[c]));
-            s1 = _mm256_dpbusd_epi32(s1, _mm256_loadu_si256((const __m256i *)(qs + 32 * c + 32)),
-                                     _mm256_set1_epi32(y4[c + 1]));
-        }
-        return _mm256_add_epi32(s0, s1);
+        for (int k = 0; k < 8; k++) u[k] = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+        return;
     }
-    __m256i lo_sum = seed, hi_sum = _mm256_setzero_si256();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), five = _mm256_set1_epi8(0x10);
     for (int v = 0; v < 4; v++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
-        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        u[2 * v] = _mm256_and_si256(raw, m4), u[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
         if (type == KILN_Q5_0 || type == KILN_Q5_1) {
-            lo = _mm256_or_si256(lo, _mm256_maskz_mov_epi8(qh[2 * v], five));
-            hi = _mm256_or_si256(hi, _mm256_maskz_mov_epi8(qh[2 * v + 1], five));
+            u[2 * v] = _mm256_or_si256(u[2 * v], _mm256_maskz_mov_epi8(qh[2 * v], five));
+            u[2 * v + 1] = _mm256_or_si256(u[2 * v + 1], _mm256_maskz_mov_epi8(qh[2 * v + 1], five));
         }
-        lo_sum = _mm256_dpbusd_epi32(lo_sum, lo, _mm256_set1_epi32(y4[2 * v]));
-        hi_sum = _mm256_dpbusd_epi32(hi_sum, hi, _mm256_set1_epi32(y4[2 * v + 1]));
     }
-    return _mm256_add_epi32(lo_sum, hi_sum);
 }
 
 #define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
+#define X8_TOKENS 4        /* activation rows that share each unpacked weight block */
 
-/* y[8g + r] for groups [g0, g1): the activation row is one row of q8_0 or q8_1 blocks, whose
- * scales (and offset sums) are unpacked once per call */
-INLINE void x8_gemv(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, float *y) {
+/* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
+ * act. The activation rows' scales, and for offset types -offset * sum(y) per block, are
+ * unpacked once per call; each weight block is unpacked once for the C rows. */
+INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                    size_t a_row, float *y, size_t y_row) {
     x8_format f = {0};
     x8_format_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
     const int offset = type == KILN_Q4_0 ? 8 : type == KILN_Q5_0 ? 16 : type == KILN_Q8_0 ? 128 : 0;
-    float yd[X8_MAX_BLOCKS], ys[X8_MAX_BLOCKS];
-    int32_t seed[X8_MAX_BLOCKS]; /* the weights are stored + offset: each block starts from -offset * sum(y) */
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *ab = act + (size_t)b * a_bytes;
-        kiln_half h[2];
-        memcpy(h, ab, q_at);
-        yd[b] = kiln_fp16_to_fp32(h[0]), ys[b] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) sum += (int8_t)ab[q_at + j];
-        seed[b] = -offset * sum;
-    }
+    float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
+    int32_t seed[X8_TOKENS][X8_MAX_BLOCKS]; /* weights are stored + offset: start from -offset * sum(y) */
+    for (int c = 0; c < C; c++)
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
+            kiln_half h[2];
+            memcpy(h, ab, q_at);
+            yd[c][b] = kiln_fp16_to_fp32(h[0]), ys[c][b] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) sum += (int8_t)ab[q_at + j];
+            seed[c][b] = -offset * sum;
+        }
     for (int g = g0; g < g1; g++) {
         const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
-        __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+        __m256 acc[X8_TOKENS], mins[X8_TOKENS];
+        for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++, blk += x8_bytes) {
             const uint8_t *p = blk + (f.has_min ? 32 : 16);
-            const __m256i sums = x8_block_sums(type, p + (f.has_qh ? 32 : 0), (const uint32_t *)p,
-                                               (const int8_t *)(act + (size_t)b * a_bytes + q_at),
-                                               _mm256_set1_epi32(seed[b]));
+            __m256i u[8];
+            x8_unpack(type, p + (f.has_qh ? 32 : 0), (const uint32_t *)p, u);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(yd[b])), acc);
-            if (f.has_min) {
-                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-                mins = _mm256_fmadd_ps(m, _mm256_set1_ps(ys[b]), mins);
+            const __m256 m = f.has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))) : d;
+            for (int c = 0; c < C; c++) {
+                int32_t y4[8]; /* 4 activation bytes a lane, broadcast against 8 rows' 4 weights */
+                memcpy(y4, act + c * a_row + (size_t)b * a_bytes + q_at, sizeof y4);
+                __m256i s0 = _mm256_set1_epi32(seed[c][b]), s1 = _mm256_setzero_si256();
+                for (int k = 0; k < 8; k += 2) {
+                    s0 = _mm256_dpbusd_epi32(s0, u[k], _mm256_set1_epi32(y4[k]));
+                    s1 = _mm256_dpbusd_epi32(s1, u[k + 1], _mm256_set1_epi32(y4[k + 1]));
+                }
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)),
+                                         _mm256_mul_ps(d, _mm256_set1_ps(yd[c][b])), acc[c]);
+                if (f.has_min) mins[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(ys[c][b]), mins[c]);
             }
         }
-        _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(acc, mins));
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * y_row + 8 * g, _mm256_add_ps(acc[c], mins[c]));
     }
 }
 
-#define X8_FOR(name, type) \
-    static void x8_gemv_##name(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, float *y) { \
-        x8_gemv(type, w, g0, g1, nb, act, y);                                                          \
+/* every activation row, X8_TOKENS at a time */
+INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
+                    int n_a, float *y, size_t y_row) {
+    int c = 0;
+    for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
+        x8_rows(type, X8_TOKENS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+    for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+}
+
+#define X8_FOR(name, type)                                                                                        \
+    static void x8_gemm_##name(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a, \
+                               float *y, size_t y_row) {                                                          \
+        x8_gemm(type, w, g0, g1, nb, act, a_row, n_a, y, y_row);                                                  \
     }
 X8_FOR(q4_0, KILN_Q4_0)
 X8_FOR(q4_1, KILN_Q4_1)
@@ -197,25 +209,29 @@ X8_FOR(q5_0, KILN_Q5_0)
 X8_FOR(q5_1, KILN_Q5_1)
 X8_FOR(q8_0, KILN_Q8_0)
 
-typedef void (*x8_fn)(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, float *y);
+typedef void (*x8_fn)(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a, float *y,
+                      size_t y_row);
 static const x8_fn X8[KILN_TYPE_COUNT] = {
-    [KILN_Q4_0] = x8_gemv_q4_0, [KILN_Q4_1] = x8_gemv_q4_1, [KILN_Q5_0] = x8_gemv_q5_0,
-    [KILN_Q5_1] = x8_gemv_q5_1, [KILN_Q8_0] = x8_gemv_q8_0,
+    [KILN_Q4_0] = x8_gemm_q4_0, [KILN_Q4_1] = x8_gemm_q4_1, [KILN_Q5_0] = x8_gemm_q5_0,
+    [KILN_Q5_1] = x8_gemm_q5_1, [KILN_Q8_0] = x8_gemm_q8_0,
 };
 #endif
 
 void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
                        int n_in, const float *x, int n_rows, float *y, void *scratch) {
 #ifdef KILN_HAVE_VNNI
-    if (n_rows == 1 && kiln_x8_supported(type, n_out, n_in)) {
-        if (t->ith == 0) kiln_quantize_act(type, x, scratch, n_in);
+    if (packed && kiln_x8_supported(type, n_out, n_in)) {
+        const size_t a_row = kiln_act_row_bytes(type, n_in);
+        for (int r = t->ith; r < n_rows; r += t->nth)
+            kiln_quantize_act(type, x + (size_t)r * n_in, (uint8_t *)scratch + r * a_row, n_in);
         kiln_barrier(t);
         int g0, g1;
         kiln_share(t, n_out / 8, 1, &g0, &g1);
         if (g1 == g0) return;
-        X8[type](packed, g0, g1, n_in / 32, scratch, y);
+        X8[type](packed, g0, g1, n_in / 32, scratch, a_row, n_rows, y, (size_t)n_out);
         if (bias)
-            for (int o = 8 * g0; o < 8 * g1; o++) y[o] += bias[o];
+            for (int r = 0; r < n_rows; r++)
+                for (int o = 8 * g0; o < 8 * g1; o++) y[(size_t)r * n_out + o] += bias[o];
         return;
     }
 #endif

@@ -61,7 +61,7 @@ def test_layout_text_map_gemma3(capsys, gemma3):
 def test_ir_prints_named_nodes(capsys, smollm2):
     code, out, _ = run(capsys, "ir", "smollm2-135m", "--mode", "prefill", "--prefill-chunk", "32")
     assert code == 0 and "graph prefill:" in out and "n_tokens=32" in out
-    assert "kv_copy-29" in out and "[kv_batch_copy_f32]" in out and "[matmul_q4_1]" in out
+    assert "kv_copy-29" in out and "[kv_batch_copy_f32]" in out and "[matmul_x8_q4_1]" in out
 
 
 def test_models_lists_bundled(capsys, smollm2, gemma3):

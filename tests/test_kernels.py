@@ -354,38 +354,39 @@ X8_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 
 
 @pytest.mark.parametrize("t", X8_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_out", [8, 48])
-def test_x8_packed_matmul_matches_reference_dots(t, n_out):
-    """Weights interleaved by eight rows at load, multiplied against one activation row: the
-    integer sums are the scalar references', only float order differs. The packed copy is as
-    large as the GGUF rows it came from."""
+@pytest.mark.parametrize("n_out,rows", [(8, 1), (48, 1), (48, 6)])
+def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
+    """Weights interleaved by eight rows at load, against one activation row (decode) or a
+    chunk (4 rows share each unpacked block, then the remainder): the integer sums are the
+    scalar references', only float order differs. The packed copy is as large as the GGUF rows."""
     if not lib.kiln_x8_supported(int(t), n_out, 576):
         pytest.skip("this build has no x8 kernel (needs AVX-512 VNNI)")
-    rng = np.random.default_rng(600 + int(t) + n_out)
+    rng = np.random.default_rng(600 + int(t) + n_out + rows)
     n_in = 576
     _, w = quantized(rng, n_out, n_in, t)
     packed = np.zeros_like(w)
     lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
     assert not np.array_equal(packed, w)
-    x = rng.standard_normal(n_in).astype(np.float32)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
-    y = np.zeros(n_out, np.float32)
-    act = np.zeros(lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-    lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), 1,
+    y = np.zeros((rows, n_out), np.float32)
+    a_row = lib.kiln_act_row_bytes(int(t), n_in)
+    act = np.zeros((rows, a_row), np.uint8)
+    lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows,
                        ptr(y, "float *"), ptr(act))
-    want = np.array([lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act)) for o in range(n_out)], np.float32) + bias
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                     for r in range(rows)], np.float32) + bias
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
-def test_x8_matmul_reads_the_gguf_rows_for_a_prefill_chunk():
+def test_x8_matmul_without_a_packed_copy_reads_the_gguf_rows():
     rng = np.random.default_rng(700)
     n_out, n_in, rows = 16, 256, 3
     _, w = quantized(rng, n_out, n_in, Q.Q4_1)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     y, want = np.zeros((2, rows, n_out), np.float32)
     scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(Q.Q4_1), n_in), np.uint8)
-    garbage = np.full_like(w, 0xFF)  # a packed copy that must not be read
-    lib.kiln_matmul_x8(int(Q.Q4_1), ptr(garbage), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
+    lib.kiln_matmul_x8(int(Q.Q4_1), ffi.NULL, ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
                        ptr(y, "float *"), ptr(scratch))
     lib.kiln_matmul(int(Q.Q4_1), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(want, "float *"),
                     ptr(scratch))

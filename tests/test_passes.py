@@ -68,17 +68,16 @@ def test_kernel_select_follows_kv_dtype_and_mode(tiny):
     after = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
     kernels = {n.label: n.kernel for n in after.nodes}
     assert kernels["attn-1"] == "attention_prefill_q8_0" and kernels["kv_copy-1"] == "kv_batch_copy_q8_0"
-    assert kernels["q_rope-0"] == "rope_neox_f32" and kernels["q-0"] == "matmul_f32"
+    assert kernels["q_rope-0"] == "rope_neox_f32" and kernels["q-0"] == "matmul_f32"  # f32 is not packed
 
 
-def test_x8_kernels_only_for_decode_matmuls_on_whole_groups(tiny):
+def test_x8_kernels_for_matmuls_on_whole_groups_of_rows(tiny):
     spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q8_0.value))
     decode = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_decode(spec, tmpl), kv)).nodes}
     prefill = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv)).nodes}
-    assert decode["ffn_gate-0"] == "matmul_x8_q8_0" and prefill["ffn_gate-0"] == "matmul_q8_0"
-    x8_head = spec.hparams.n_vocab % 8 == 0
-    assert decode["result_output"] == ("logits_x8_q8_0" if x8_head else "logits_q8_0")
-    assert prefill["result_output"] == "logits_q8_0"
+    assert decode["ffn_gate-0"] == prefill["ffn_gate-0"] == "matmul_x8_q8_0"
+    head = "logits_x8_q8_0" if spec.hparams.n_vocab % 8 == 0 else "logits_q8_0"
+    assert decode["result_output"] == prefill["result_output"] == head
     spec12, tmpl12, kv12 = _setup(tiny("llama", wtype=DType.Q8_0.value, n_head=8, n_head_kv=1, head_dim=12))
     odd = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_decode(spec12, tmpl12), kv12)).nodes}
     assert odd["k-0"] == "matmul_q8_0" and odd["q-0"] == "matmul_x8_q8_0"  # 12 rows are not whole groups; 96 are

@@ -11,7 +11,7 @@ from .. import __version__
 from ..dtypes import DType
 from ..ir import Node, ValueKind
 from ..pipeline import Planned
-from .emit import EmitContext, c_name, statement
+from .emit import CodegenError, EmitContext, c_name, statement
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
@@ -42,9 +42,8 @@ def _node_lines(n: Node, offsets: dict[str, int], ctx: EmitContext) -> list[str]
     return lines
 
 
-def _step(p: Planned) -> dict:
+def _step(p: Planned, ctx: EmitContext) -> dict:
     offsets = {b.name: b.offset for b in p.layout.region("activations")}
-    ctx = EmitContext(packed={pw.tensor: pw.offset for pw in p.layout.packed})
     body, layer = [], None
     for n in p.graph.nodes:
         if n.layer != layer:
@@ -74,6 +73,10 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
     with open(spec.path, "rb") as f:
         header_crc = zlib.crc32(f.read(spec.data_offset))
     arena = max(decode.layout.activation_bytes, prefill.layout.activation_bytes)
+    # one packed region serves both steps: they multiply by the same weights
+    if {pw.tensor for pw in prefill.layout.packed} - {pw.tensor for pw in decode.layout.packed}:
+        raise CodegenError("the prefill graph packs weights the decode graph does not")
+    ctx = EmitContext(packed={pw.tensor: pw.offset for pw in decode.layout.packed})
     ctx = {
         "model": spec.path.name, "arch": spec.arch, "version": __version__,
         "ctx": opts.ctx, "kv_dtype": opts.kv_dtype.label, "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
@@ -85,7 +88,7 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
         "kv_cap": [ly.capacity for ly in kv.layers], "kv_window": [ly.window or 0 for ly in kv.layers],
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
-        "steps": [_step(decode), _step(prefill)],
+        "steps": [_step(decode, ctx), _step(prefill, ctx)],
         "packed_bytes": decode.layout.packed_bytes,
         "packed": [{"type": f"KILN_{pw.dtype.upper()}", "n_out": pw.n_out, "n_in": pw.n_in, "src": f"{pw.src:#x}",
                     "dst": f"{pw.offset:#x}", "tensor": pw.tensor} for pw in decode.layout.packed],

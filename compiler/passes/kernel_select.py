@@ -36,9 +36,9 @@ KERNELS: dict[KernelKey, str] = {
 
 
 def _matmul_variant(n: Node, mode: Mode) -> str:
-    """Decode matmuls whose weights can be interleaved by eight rows read a packed copy (x8)."""
+    """Matmuls whose weights can be interleaved by eight rows read a packed copy (x8)."""
     w = n.inputs[1]
-    return "x8" if mode is Mode.DECODE and w.dtype in X8_DTYPES and w.shape[0] % 8 == 0 else ""
+    return "x8" if w.dtype in X8_DTYPES and w.shape[0] % 8 == 0 else ""
 
 
 # Ops whose kernel depends on more than the operand dtype, and what it depends on.

@@ -1,5 +1,5 @@
-"""The packed-weights region: decode matmuls whose kernel reads weights interleaved by eight
-rows (x8, runtime_c/pack_x8.c) get a copy, made once at load, at an offset fixed here.
+"""The packed-weights region: matmuls whose kernel reads weights interleaved by eight rows
+(x8, runtime_c/pack_x8.c) get a copy, made once at load, at an offset fixed here.
 
 An x8 copy has exactly the bytes of the GGUF rows it replaces; a weight used by several x8
 matmuls (none today) is packed once. Offsets are 64-byte aligned, in order of first use.

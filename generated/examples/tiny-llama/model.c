@@ -25,7 +25,7 @@
 #define GGUF_HEADER_BYTES 5472
 #define GGUF_HEADER_CRC32 3596502979u /* the library refuses any other file */
 
-/* ==== packed weights: decode matmul weights interleaved by 8 rows (pack_x8.c), copied at open ==== */
+/* ==== packed weights: matmul weights interleaved by 8 rows (pack_x8.c), copied at open ============= */
 #define PACKED_BYTES 78336ULL /* allocated only where the build has the x8 kernel */
 typedef struct {
     int type, n_out, n_in;
@@ -282,20 +282,20 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *attn_norm_0 = (float *)A(0x1000); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* q-0: matmul_q8_0 */
+    /* q-0: matmul_x8_q8_0 */
     float *q_0 = (float *)A(0x2000); /* [n x 4 x 16] */
     void *q_0_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x0), W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
     kiln_barrier(t);
-    /* k-0: matmul_q8_0 */
+    /* k-0: matmul_x8_q8_0 */
     float *k_0 = (float *)A(0x3000); /* [n x 2 x 16] */
     void *k_0_act = A(0x3800); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1100), W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
     kiln_barrier(t);
-    /* v-0: matmul_q8_0 */
+    /* v-0: matmul_x8_q8_0 */
     float *v_0 = (float *)A(0x3800); /* [n x 2 x 16] */
     void *v_0_act = A(0x4000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1980), W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
     kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x1000); /* [n x 4 x 16] */
@@ -312,10 +312,10 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
     kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
     kiln_barrier(t);
-    /* attn_out-0: matmul_q8_0 */
+    /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
     void *attn_out_0_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x2200), W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
     kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x6000); /* [n x 64] */
@@ -325,24 +325,24 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *ffn_norm_0 = (float *)A(0x4000); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* ffn_gate-0: matmul_q8_0 */
+    /* ffn_gate-0: matmul_x8_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_0_act = A(0x2000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x3300), W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
     kiln_barrier(t);
-    /* ffn_up-0: matmul_q8_0 */
+    /* ffn_up-0: matmul_x8_q8_0 */
     float *ffn_up_0 = (float *)A(0x2000); /* [n x 128] */
     void *ffn_up_0_act = A(0x5000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x5500), W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
     kiln_barrier(t);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x4000); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
     kiln_barrier(t);
-    /* ffn_out-0: matmul_q8_0 */
+    /* ffn_out-0: matmul_x8_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_0_act = A(0x1000); /* [2176 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x7700), W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
     kiln_barrier(t);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x1000); /* [n x 64] */
@@ -354,20 +354,20 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* q-1: matmul_q8_0 */
+    /* q-1: matmul_x8_q8_0 */
     float *q_1 = (float *)A(0x2000); /* [n x 4 x 16] */
     void *q_1_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x9900), W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
     kiln_barrier(t);
-    /* k-1: matmul_q8_0 */
+    /* k-1: matmul_x8_q8_0 */
     float *k_1 = (float *)A(0x3000); /* [n x 2 x 16] */
     void *k_1_act = A(0x3800); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xaa00), W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
     kiln_barrier(t);
-    /* v-1: matmul_q8_0 */
+    /* v-1: matmul_x8_q8_0 */
     float *v_1 = (float *)A(0x3800); /* [n x 2 x 16] */
     void *v_1_act = A(0x4000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xb280), W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
     kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
@@ -384,10 +384,10 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
     kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
     kiln_barrier(t);
-    /* attn_out-1: matmul_q8_0 */
+    /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x3000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xbb00), W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
     kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x6000); /* [n x 64] */
@@ -397,24 +397,24 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *ffn_norm_1 = (float *)A(0x4000); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
-    /* ffn_gate-1: matmul_q8_0 */
+    /* ffn_gate-1: matmul_x8_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_1_act = A(0x2000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xcc00), W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
     kiln_barrier(t);
-    /* ffn_up-1: matmul_q8_0 */
+    /* ffn_up-1: matmul_x8_q8_0 */
     float *ffn_up_1 = (float *)A(0x2000); /* [n x 128] */
     void *ffn_up_1_act = A(0x5000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xee00), W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
     kiln_barrier(t);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x4000); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
     kiln_barrier(t);
-    /* ffn_out-1: matmul_q8_0 */
+    /* ffn_out-1: matmul_x8_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_1_act = A(0x1000); /* [2176 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
+    kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x11000), W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
     kiln_barrier(t);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x1000); /* [n x 64] */
