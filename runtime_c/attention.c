@@ -99,8 +99,9 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
     const size_t row_bytes = kiln_row_bytes(type, head_dim);
     /* An item is a block of tokens' query heads that read one kv head. Prefill: the whole group
      * of every token in the block shares each pass over the rows. Decode: single heads, so that
-     * the threads get equal shares. */
-    const int prefill = n_tokens * n_head_kv >= 4 * th->nth && group <= ATTN_MAX_Q;
+     * the threads get equal shares. The choice must not depend on the thread count, or logits
+     * would change with it. */
+    const int prefill = n_tokens > 1 && group <= ATTN_MAX_Q;
     const int heads = prefill ? group : 1, block = prefill ? ATTN_MAX_Q / group : 1;
     const int per_block = n_head / heads, n_blocks = (n_tokens + block - 1) / block;
     for (int item = th->ith; item < n_blocks * per_block; item += th->nth) {

@@ -127,7 +127,8 @@ def test_threads_give_the_same_logits(tiny):
     for threads in (1, 2, 2, 3):
         m = compiler.load(path, ctx=64, prefill_chunk=16, threads=threads)
         assert m.n_threads == threads
-        runs.append(np.vstack([m.prefill(ids[:30], logits="all"), *[m.decode(t)[None] for t in ids[30:]]]))
+        runs.append(np.vstack([m.prefill(ids[:30], logits="all"), m.prefill(ids[30:32], logits="all"),
+                               *[m.decode(t)[None] for t in ids[32:]]]))
     for other in runs[1:]:
         np.testing.assert_array_equal(runs[0], other)  # each output is computed by one thread, in one order
 
