@@ -47,14 +47,15 @@ static inline const float *cache_row(int type, const uint8_t *head, size_t row_b
 #define ATTN_MAX_Q 16 /* queries that share one pass over a kv head's rows */
 
 /* Queries q[i] (i < nq, all reading one kv head), query i seeing cache positions first[i] ..
- * last[i], against the rows of the union of those ranges: scores for a chunk of rows (-inf
- * outside a query's range), the running max/denominator rescaled when the max grows (online
- * softmax by chunks), then the chunk's V rows accumulated into every query. Each K and V row
- * is read once for all nq queries. */
+ * last[i], against the rows of the union of those ranges, a chunk at a time: scores of every
+ * query against the chunk's K rows (-inf outside a query's range), the running max and
+ * denominator rescaled when the max grows (online softmax by chunks), then the chunk's V rows
+ * weighted into every query. Each K and V row is read (or dequantized) once for all queries. */
 static void attend(int type, float *const out[], const float *const q[], const int first[], const int last[], int nq,
                    const uint8_t *kh, const uint8_t *vh, size_t row_bytes, int capacity, int hd, float scale) {
     float acc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], s[ATTN_MAX_Q][ATTN_CHUNK], max[ATTN_MAX_Q], denom[ATTN_MAX_Q];
-    float buf[KILN_MAX_HEAD_DIM];
+    float buf[type == KILN_F32 ? 1 : ATTN_CHUNK * hd]; /* dequantized rows of one chunk */
+    const float *rows[ATTN_CHUNK];
     int lo = first[0], hi = last[0];
     for (int i = 0; i < nq; i++) {
         max[i] = -INFINITY, denom[i] = 0.0f;
@@ -63,12 +64,11 @@ static void attend(int type, float *const out[], const float *const q[], const i
     }
     for (int j0 = lo; j0 <= hi; j0 += ATTN_CHUNK) {
         const int nj = hi - j0 + 1 < ATTN_CHUNK ? hi - j0 + 1 : ATTN_CHUNK;
-        for (int jj = 0; jj < nj; jj++) {
-            const int j = j0 + jj;
-            const float *k = cache_row(type, kh, row_bytes, j % capacity, buf, hd);
-            for (int i = 0; i < nq; i++) s[i][jj] = j >= first[i] && j <= last[i] ? kiln_vdot(q[i], k, hd) * scale : -INFINITY;
-        }
+        for (int jj = 0; jj < nj; jj++) rows[jj] = cache_row(type, kh, row_bytes, (j0 + jj) % capacity, buf + jj * hd, hd);
         for (int i = 0; i < nq; i++) {
+            kiln_vdots(s[i], q[i], rows, nj, hd, scale, i == 0); /* the first query pulls the rows in */
+            for (int jj = 0; jj < nj; jj++)
+                if (j0 + jj < first[i] || j0 + jj > last[i]) s[i][jj] = -INFINITY;
             const float m = kiln_vmax(s[i], nj);
             if (m == -INFINITY) { /* none of this chunk's rows is visible to query i */
                 memset(s[i], 0, (size_t)nj * sizeof(float));
@@ -82,11 +82,8 @@ static void attend(int type, float *const out[], const float *const q[], const i
             }
             denom[i] += kiln_vexp_sum(s[i], max[i], nj); /* exp(-inf) = 0 for the rows it cannot see */
         }
-        for (int jj = 0; jj < nj; jj++) {
-            const float *v = cache_row(type, vh, row_bytes, (j0 + jj) % capacity, buf, hd);
-            for (int i = 0; i < nq; i++)
-                if (s[i][jj] != 0.0f) kiln_vaxpy(acc[i], s[i][jj], v, hd);
-        }
+        for (int jj = 0; jj < nj; jj++) rows[jj] = cache_row(type, vh, row_bytes, (j0 + jj) % capacity, buf + jj * hd, hd);
+        for (int i = 0; i < nq; i++) kiln_vaxpys(acc[i], s[i], rows, nj, hd);
     }
     for (int i = 0; i < nq; i++)
         for (int d = 0; d < hd; d++) out[i][d] = acc[i][d] / denom[i];

@@ -73,6 +73,53 @@ static inline float kiln_vexp_sum(float *x, float m, int n) {
     return sum;
 }
 
+/* lane k = the sum of v[k]'s 8 lanes */
+static inline __m256 kiln_reduce8(const __m256 v[8]) {
+    const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+/* s[j] = scale * (q . rows[j]) for j < n, eight rows at a time sharing one lane reduction.
+ * `stream`: rows come from memory, so each is read front to back before the next (rows are
+ * usually adjacent, and the hardware prefetcher follows that order but not eight rows read
+ * side by side). Otherwise rows are in cache and each load of q serves eight rows. */
+static inline void kiln_vdots(float *s, const float *q, const float *const rows[], int n, int hd, float scale,
+                              int stream) {
+    int j = 0;
+    if (hd % 8 == 0)
+        for (; j + 8 <= n; j += 8) {
+            __m256 a[8];
+            for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+            if (stream)
+                for (int k = 0; k < 8; k++)
+                    for (int d = 0; d < hd; d += 8)
+                        a[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[j + k] + d), a[k]);
+            else
+                for (int d = 0; d < hd; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(q + d);
+                    for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + k] + d), a[k]);
+                }
+            _mm256_storeu_ps(s + j, _mm256_mul_ps(kiln_reduce8(a), _mm256_set1_ps(scale)));
+        }
+    for (; j < n; j++) s[j] = kiln_vdot(q, rows[j], hd) * scale;
+}
+
+/* acc[d] += sum_j w[j] * rows[j][d]: 64 columns at a time stay in registers across the rows */
+static inline void kiln_vaxpys(float *acc, const float *w, const float *const rows[], int n, int hd) {
+    int d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        __m256 a[8];
+        for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(acc + d + 8 * k);
+        for (int j = 0; j < n; j++) {
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(rows[j] + d + 8 * k), a[k]);
+        }
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps(acc + d + 8 * k, a[k]);
+    }
+    for (int j = 0; j < n && d < hd; j++) kiln_vaxpy(acc + d, w[j], rows[j] + d, hd - d);
+}
+
 #else
 
 static inline float kiln_vdot(const float *a, const float *b, int n) {
@@ -89,6 +136,16 @@ static inline float kiln_vexp_sum(float *x, float m, int n) {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) sum += x[i] = expf(x[i] - m);
     return sum;
+}
+
+static inline void kiln_vdots(float *s, const float *q, const float *const rows[], int n, int hd, float scale,
+                              int stream) {
+    (void)stream;
+    for (int j = 0; j < n; j++) s[j] = kiln_vdot(q, rows[j], hd) * scale;
+}
+
+static inline void kiln_vaxpys(float *acc, const float *w, const float *const rows[], int n, int hd) {
+    for (int j = 0; j < n; j++) kiln_vaxpy(acc, w[j], rows[j], hd);
 }
 
 #endif

@@ -335,7 +335,7 @@ def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd):
             hd ** -0.5)
     lib.kiln_attention(int(t), ptr(fast, "float *"), *args)
     lib.kiln_attention_ref(int(t), ptr(ref, "float *"), *args)
-    np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-5)  # outputs are O(1): float order
 
 
 def test_geglu_table_equals_direct_evaluation():
