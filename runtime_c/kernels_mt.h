@@ -6,7 +6,12 @@
 #include "kernels.h"
 #include "threads.h"
 
-/* kiln_matmul: activation rows are quantized round-robin, then output rows split in ranges */
+/* A matmul's activation rows, quantized: one row (decode) by every thread into its own `local`
+ * copy, which spares a barrier; more rows round-robin into `scratch`, then a barrier. */
+#define KILN_LOCAL_ACT_BYTES 20480 /* one row of up to 16384 activations in any format */
+const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
+                                     void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]);
+/* kiln_matmul: activations quantized as above, then output rows split in ranges */
 void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);
 /* kiln_matmul_x8 / kiln_pack_x8: groups of 8 output rows split in ranges */

@@ -221,14 +221,12 @@ void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const
                        int n_in, const float *x, int n_rows, float *y, void *scratch) {
 #ifdef KILN_HAVE_VNNI
     if (packed && kiln_x8_supported(type, n_out, n_in)) {
-        const size_t a_row = kiln_act_row_bytes(type, n_in);
-        for (int r = t->ith; r < n_rows; r += t->nth)
-            kiln_quantize_act(type, x + (size_t)r * n_in, (uint8_t *)scratch + r * a_row, n_in);
-        kiln_barrier(t);
+        _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
+        const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
         int g0, g1;
         kiln_share(t, n_out / 8, 1, &g0, &g1);
         if (g1 == g0) return;
-        X8[type](packed, g0, g1, n_in / 32, scratch, a_row, n_rows, y, (size_t)n_out);
+        X8[type](packed, g0, g1, n_in / 32, act, kiln_act_row_bytes(type, n_in), n_rows, y, (size_t)n_out);
         if (bias)
             for (int r = 0; r < n_rows; r++)
                 for (int o = 8 * g0; o < 8 * g1; o++) y[(size_t)r * n_out + o] += bias[o];

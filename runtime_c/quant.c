@@ -342,13 +342,24 @@ static void matmul_rows(int type, const uint8_t *w, size_t w_row, int o0, int o1
         for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] = dot(n_in, w + (size_t)o * w_row, act + r * a_row);
 }
 
+const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
+                                     void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]) {
+    const size_t a_row = kiln_act_row_bytes(type, n_in);
+    if (n_rows == 1 && a_row <= KILN_LOCAL_ACT_BYTES) {
+        kiln_quantize_act(type, x, local, n_in);
+        return local;
+    }
+    for (int r = t->ith; r < n_rows; r += t->nth)
+        kiln_quantize_act(type, x + (size_t)r * n_in, (uint8_t *)scratch + r * a_row, n_in);
+    kiln_barrier(t);
+    return scratch;
+}
+
 void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch) {
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
-    uint8_t *act = scratch;
-    for (int r = t->ith; r < n_rows; r += t->nth)
-        kiln_quantize_act(type, x + (size_t)r * n_in, act + r * a_row, n_in);
-    kiln_barrier(t);
+    _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
+    const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
     int o0, o1; /* a multiple of 4 output rows, so gemm tiles stay whole */
     kiln_share(t, n_out, 4, &o0, &o1);
     if (o0 == o1) return;

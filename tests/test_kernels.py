@@ -293,6 +293,14 @@ def test_simd_activation_quantizer_is_bit_exact(t):
         assert np.array_equal(fast, ref), f"row {r}"
 
 
+def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
+    """The activation rows a matmul on type t dots against, quantized one by one."""
+    act = np.zeros((len(x), lib.kiln_act_row_bytes(int(t), x.shape[1])), np.uint8)
+    for r in range(len(x)):
+        lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), x.shape[1])
+    return act
+
+
 @pytest.mark.parametrize("t", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,rows", [(1, 1), (7, 1), (12, 3), (37, 9)])
 def test_matmul_tiles_match_reference_dots(t, n_out, rows):
@@ -307,7 +315,7 @@ def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     a_row = lib.kiln_act_row_bytes(int(t), n_in)
     scratch = np.zeros(rows * a_row, np.uint8)
     lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
-    act = scratch.reshape(rows, a_row)
+    act = quantized_rows(t, x)
     want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
                      for r in range(rows)], np.float32)
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
@@ -370,10 +378,10 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
     y = np.zeros((rows, n_out), np.float32)
-    a_row = lib.kiln_act_row_bytes(int(t), n_in)
-    act = np.zeros((rows, a_row), np.uint8)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
     lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows,
-                       ptr(y, "float *"), ptr(act))
+                       ptr(y, "float *"), ptr(scratch))
+    act = quantized_rows(t, x)
     want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
                      for r in range(rows)], np.float32) + bias
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
