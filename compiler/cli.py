@@ -86,7 +86,11 @@ def cmd_compile(a: argparse.Namespace) -> None:
         (out / "layout_decode.txt").write_text(render_text(c.decode.layout))
         (out / "layout_prefill.txt").write_text(render_text(c.prefill.layout))
         shutil.copy2(lib, out / lib.name)
-        print(f"{out}: model.c, model.h, layout_decode.txt, layout_prefill.txt, {lib.name}")
+        files = ["model.c", "model.h", "layout_decode.txt", "layout_prefill.txt", lib.name]
+        if c.packed_path:  # kiln_open(..., packed_path, ...) maps it
+            shutil.copy2(c.packed_path, out / c.packed_path.name)
+            files.append(c.packed_path.name)
+        print(f"{out}: {', '.join(files)}")
     else:
         print(lib)
 

@@ -20,6 +20,7 @@ from .codegen import Generated, generate
 from .errors import KilnError, OptionError
 from .ir import Mode
 from .options import CompileOptions
+from .packing import packed_file
 from .pipeline import Planned, plan
 from .registry import cache_dir
 from .sampling import Sampler, SamplingParams
@@ -37,6 +38,7 @@ class Compiled:
     source: Generated
     source_dir: Path
     module: ModuleType
+    packed_path: Path | None  # the packed weights file the library maps; None: every weight from the GGUF
 
 
 def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize: bool = False,
@@ -53,7 +55,8 @@ def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize:
             os.replace(tmp, src_dir / name)
     module = load_extension(CSource("model", header_cdef(src_dir / "model.h"), '#include "model.h"',
                                     (src_dir / "model.c", *runtime_sources()), (src_dir,), sanitize), log)
-    return Compiled(decode, prefill, src, src_dir, module)
+    packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), log)
+    return Compiled(decode, prefill, src, src_dir, module, packed)
 
 
 def _status_messages(m: "Model") -> dict[int, str]:
@@ -70,6 +73,8 @@ def _status_messages(m: "Model") -> dict[int, str]:
         lib.KILN_E_WEIGHTS: f"{m.path}: this is not the weights file the library was compiled for "
                             f"(expected {lib.kiln_weights_size():,} bytes and the same header); recompile for it",
         lib.KILN_E_NOMEM: "out of memory allocating the KV region or the arena",
+        lib.KILN_E_PACKED: f"{m.compiled.packed_path}: not the packed weights file for {m.path} (or unreadable); "
+                           "delete it and load again to rewrite it",
     }
 
 
@@ -88,7 +93,8 @@ class Model:
         self._tokenizer = None
         self.tokens: list[int] = []  # what the cache holds, for prefix reuse
         handle = self._ffi.new("kiln_model **")
-        self._check(self._lib.kiln_open(handle, str(self.path).encode(), threads or default_threads()))
+        packed = str(compiled.packed_path).encode() if compiled.packed_path else self._ffi.NULL
+        self._check(self._lib.kiln_open(handle, str(self.path).encode(), packed, threads or default_threads()))
         self._m = self._ffi.gc(handle[0], self._lib.kiln_close)
 
     def _check(self, status: int) -> None:

@@ -23,6 +23,7 @@
 #include "fp16.h"
 #include "kernels.h"
 #include "quant_impl.h"
+#include "simd_f32.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define TILE_R 4
@@ -94,13 +95,6 @@ INLINE ablock load_a(const int type, const uint8_t *row, int b) {
     return (ablock){_mm256_loadu_si256((const __m256i *)y->qs), kiln_fp16_to_fp32(y->d), 0.0f};
 }
 
-INLINE float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
 INLINE size_t block_bytes(const int type) {
     return type == KILN_Q4_0 ? sizeof(block_q4_0) : type == KILN_Q4_1 ? sizeof(block_q4_1)
          : type == KILN_Q5_0 ? sizeof(block_q5_0) : type == KILN_Q5_1 ? sizeof(block_q5_1) : sizeof(block_q8_0);
@@ -137,7 +131,7 @@ INLINE void tile(const int type, const int R, const int C, int nb, const uint8_t
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[c * y_row + r] = hsum8(acc[r][c]) + mins[r][c];
+        for (int c = 0; c < C; c++) y[c * y_row + r] = kiln_hsum8(acc[r][c]) + mins[r][c];
 }
 
 /* ---- K-quants ------------------------------------------------------------------------------ */
@@ -234,7 +228,7 @@ INLINE void tile_k(const int type, const int R, const int C, int nb, const uint8
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[c * y_row + r] = hsum8(acc[r][c]);
+        for (int c = 0; c < C; c++) y[c * y_row + r] = kiln_hsum8(acc[r][c]);
 }
 
 /* Weight rows outer, activation rows inner: a tile's weights stay in L1 while the activation

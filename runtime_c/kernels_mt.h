@@ -14,10 +14,9 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
 /* kiln_matmul: activations quantized as above, then output rows split in ranges */
 void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);
-/* kiln_matmul_x8 / kiln_pack_x8: groups of 8 output rows split in ranges */
+/* kiln_matmul_x8: groups of 8 output rows split in ranges */
 void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
                        int n_in, const float *x, int n_rows, float *y, void *scratch);
-void kiln_pack_x8_mt(const kiln_thread *t, int type, const void *src, void *dst, int n_out, int n_in);
 /* kiln_attention: (token, head) pairs are dealt round-robin */
 void kiln_attention_mt(const kiln_thread *t, int type, float *out, const float *q, const int32_t *pos, int n_tokens,
                        const void *k_cache, const void *v_cache, int capacity, int window, int n_head,

@@ -16,7 +16,8 @@
  *                 row r in its low nibble and weight 8v+4+j in its high nibble
  *                 Q8_0: 8 vectors of 32 bytes; byte 4r+j of vector c is weight 4c+j of row r,
  *                 stored as q ^ 0x80 (unsigned, offset 128)
- * which is exactly as many bytes as the eight GGUF blocks it replaces.
+ * which is exactly as many bytes as the eight GGUF blocks it replaces. The compiler packs with
+ * kiln_pack_x8 into a file (compiler/packing.py) that the model library maps.
  *
  * Integer sums are those of the scalar references in quant.c (tests compare against them);
  * only the float accumulation order differs.
@@ -109,11 +110,6 @@ static void pack_groups(int type, const uint8_t *src, uint8_t *dst, int g0, int 
         }
 }
 
-void kiln_pack_x8_mt(const kiln_thread *t, int type, const void *src, void *dst, int n_out, int n_in) {
-    int g0, g1;
-    kiln_share(t, n_out / 8, 1, &g0, &g1);
-    if (g1 > g0) pack_groups(type, src, dst, g0, g1, n_in);
-}
 
 #ifdef KILN_HAVE_VNNI
 #include <immintrin.h>
@@ -244,6 +240,5 @@ void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bi
 }
 
 void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in) {
-    const kiln_thread alone = {0, 1, NULL};
-    kiln_pack_x8_mt(&alone, type, src, dst, n_out, n_in);
+    if (n_out % 8 == 0) pack_groups(type, src, dst, 0, n_out / 8, n_in);
 }

@@ -10,6 +10,7 @@
 
 #include "fp16.h"
 #include "quant_impl.h"
+#include "simd_f32.h"
 
 /* 8 int32 = sums of adjacent products of unsigned bytes u and signed bytes s (|products| < 2^15) */
 static inline __m256i dot_u8_s8(__m256i u, __m256i s) {
@@ -19,13 +20,6 @@ static inline __m256i dot_u8_s8(__m256i u, __m256i s) {
 /* the same for two signed byte vectors: move x's sign onto y */
 static inline __m256i dot_s8_s8(__m256i x, __m256i y) {
     return dot_u8_s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
 }
 
 static inline int hsum8_i32(__m256i v) {
@@ -63,7 +57,7 @@ float kiln_dot_q8_0_avx2(int n, const void *w, const void *act) {
         const __m256 d = _mm256_set1_ps(kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_s8_s8(xs, ys)), acc);
     }
-    return hsum8(acc);
+    return kiln_hsum8(acc);
 }
 
 float kiln_dot_q4_0_avx2(int n, const void *w, const void *act) {
@@ -76,7 +70,7 @@ float kiln_dot_q4_0_avx2(int n, const void *w, const void *act) {
         const __m256 d = _mm256_set1_ps(kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_s8_s8(xs, ys)), acc);
     }
-    return hsum8(acc);
+    return kiln_hsum8(acc);
 }
 
 float kiln_dot_q4_1_avx2(int n, const void *w, const void *act) {
@@ -90,7 +84,7 @@ float kiln_dot_q4_1_avx2(int n, const void *w, const void *act) {
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_u8_s8(unpack_nibbles(x[b].qs), ys)), acc);
         mins += kiln_fp16_to_fp32(x[b].m) * kiln_fp16_to_fp32(y[b].s);
     }
-    return hsum8(acc) + mins;
+    return kiln_hsum8(acc) + mins;
 }
 
 float kiln_dot_q5_0_avx2(int n, const void *w, const void *act) {
@@ -104,7 +98,7 @@ float kiln_dot_q5_0_avx2(int n, const void *w, const void *act) {
         const __m256 d = _mm256_set1_ps(kiln_fp16_to_fp32(x[b].d) * kiln_fp16_to_fp32(y[b].d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_s8_s8(xs, ys)), acc);
     }
-    return hsum8(acc);
+    return kiln_hsum8(acc);
 }
 
 float kiln_dot_q4_K_avx2(int n, const void *w, const void *act) {

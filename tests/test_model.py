@@ -106,6 +106,31 @@ def test_weights_file_must_match(tiny_llama, tmp_path):
         Model(m.compiled, tmp_path / "missing.gguf")
 
 
+def test_packed_weights_file_is_checked_and_optional(tiny_llama, tmp_path):
+    """The library maps the x8 file the compiler wrote; a file written for other weights is
+    refused by name; without one, the same library reads every weight from the GGUF."""
+    from dataclasses import replace
+
+    m = compiler.load(tiny_llama, ctx=16)
+    if m.compiled.packed_path is None:
+        pytest.skip("this build has no x8 kernel: nothing is packed")
+    assert m.compiled.packed_path.read_bytes()[:8] == b"KILNX8\0\1"
+    ids = _ids(6)
+    packed_logits = m.prefill(ids, logits="all")
+
+    foreign = tmp_path / "foreign.x8"
+    data = bytearray(m.compiled.packed_path.read_bytes())
+    data[16] ^= 1  # the GGUF header CRC it was written for
+    foreign.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=r"foreign\.x8: not the packed weights file for .*tiny-llama"):
+        Model(replace(m.compiled, packed_path=foreign))
+    with pytest.raises(ModelError, match="not the packed weights file"):
+        Model(replace(m.compiled, packed_path=tmp_path / "missing.x8"))
+
+    plain = Model(replace(m.compiled, packed_path=None))
+    np.testing.assert_allclose(plain.prefill(ids, logits="all"), packed_logits, rtol=1e-4, atol=1e-4)
+
+
 def test_second_load_reuses_the_build(tiny_llama):
     logs: list[str] = []
     compiler.load(tiny_llama, ctx=24)

@@ -1,7 +1,6 @@
 """Render the planned decode and prefill graphs into model.c and model.h with jinja2."""
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import jinja2
 from .. import __version__
 from ..dtypes import DType
 from ..ir import Node, ValueKind
+from ..packing import HEADER_BYTES, header_crc32
 from ..pipeline import Planned
 from .emit import CodegenError, EmitContext, c_name, statement
 
@@ -70,8 +70,7 @@ def rollback_limit(p: Planned) -> int:
 
 def generate(decode: Planned, prefill: Planned) -> Generated:
     spec, opts, kv = decode.spec, decode.options, decode.layout.kv
-    with open(spec.path, "rb") as f:
-        header_crc = zlib.crc32(f.read(spec.data_offset))
+    header_crc = header_crc32(spec)
     arena = max(decode.layout.activation_bytes, prefill.layout.activation_bytes)
     # one packed region serves both steps: they multiply by the same weights
     if {pw.tensor for pw in prefill.layout.packed} - {pw.tensor for pw in decode.layout.packed}:
@@ -90,7 +89,8 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
         "prefill_bytes": prefill.layout.activation_bytes,
         "steps": [_step(decode, ctx), _step(prefill, ctx)],
         "packed_bytes": decode.layout.packed_bytes,
-        "packed": [{"type": f"KILN_{pw.dtype.upper()}", "n_out": pw.n_out, "n_in": pw.n_in, "src": f"{pw.src:#x}",
+        "packed_header_bytes": HEADER_BYTES,
+        "packed": [{"type": f"KILN_{pw.dtype.name}", "n_out": pw.n_out, "n_in": pw.n_in, "src": f"{pw.src:#x}",
                     "dst": f"{pw.offset:#x}", "tensor": pw.tensor} for pw in decode.layout.packed],
     }
     return Generated(_ENV.get_template("model.c.j2").render(ctx), _ENV.get_template("model.h.j2").render(ctx))

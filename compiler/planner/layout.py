@@ -111,8 +111,8 @@ def _weight_buffers(g: Graph) -> list[Buffer]:
 
 
 def _packed_buffers(packed: tuple[PackedWeight, ...]) -> list[Buffer]:
-    return [Buffer(f"{p.tensor}.x8", "packed", p.offset, p.size, (p.n_out, p.n_in), p.dtype, p.first_op, p.first_op,
-                   f"rows interleaved by 8, packed at load from GGUF offset {p.src:#x}") for p in packed]
+    return [Buffer(f"{p.tensor}.x8", "packed", p.offset, p.size, (p.n_out, p.n_in), p.dtype.label, p.first_op,
+                   p.first_op, f"rows interleaved by 8, from GGUF offset {p.src:#x}") for p in packed]
 
 
 def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:

@@ -1,5 +1,6 @@
 """The packed-weights region: matmuls whose kernel reads weights interleaved by eight rows
-(x8, runtime_c/pack_x8.c) get a copy, made once at load, at an offset fixed here.
+(x8, runtime_c/pack_x8.c) read a copy at an offset fixed here, in a file the compiler
+writes (compiler/packing.py).
 
 An x8 copy has exactly the bytes of the GGUF rows it replaces; a weight used by several x8
 matmuls (none today) is packed once. Offsets are 64-byte aligned, in order of first use.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import DType
 from ..ir import Graph, ValueKind
 from ..passes.kernel_select import X8_KERNELS
 from .kv_plan import align
@@ -16,7 +18,7 @@ from .kv_plan import align
 @dataclass(frozen=True)
 class PackedWeight:
     tensor: str  # the GGUF tensor it is a copy of
-    dtype: str
+    dtype: DType
     n_out: int
     n_in: int
     src: int  # offset of the tensor in the GGUF file
@@ -35,7 +37,7 @@ def plan_packed(g: Graph) -> tuple[PackedWeight, ...]:
         t = w.tensor
         if t.name in out:
             continue
-        out[t.name] = PackedWeight(t.name, w.dtype.label, w.shape[0], w.shape[1], t.offset, end, t.nbytes, i)
+        out[t.name] = PackedWeight(t.name, w.dtype, w.shape[0], w.shape[1], t.offset, end, t.nbytes, i)
         end = align(end + t.nbytes)
     return tuple(out.values())
 

@@ -37,8 +37,8 @@ def render_text(lay: Layout) -> str:
     saved = lay.activation_bytes_without_reuse - lay.activation_bytes
     out += ["", "SUMMARY",
             f"  weights          {_mib(lay.weights_bytes)}, mmapped views of the GGUF",
-            f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, copied at load "
-            f"(where the build has the x8 kernel)",
+            f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, in a file the "
+            f"compiler writes and the library maps (where the build has the x8 kernel)",
             f"  kv               {_mib(kv.total_bytes)}: {kv.n_seq} slot(s) x {len(kv.layers)} layers, {kv.dtype.label}",
             f"  activations      {_mib(lay.activation_bytes)}",
             f"    without reuse  {_mib(lay.activation_bytes_without_reuse)}; "

@@ -20,19 +20,20 @@
 #define PREFILL_CHUNK 16
 #define ROLLBACK_LIMIT -1 /* -1: any rollback; else how far back sliding rings always remember */
 
-/* ==== the weights: the GGUF file, mmapped read-only, never copied ============================== */
+/* ==== the weights: the GGUF file, mmapped read-only ============================================ */
 #define GGUF_BYTES 102720LL
 #define GGUF_HEADER_BYTES 5472
 #define GGUF_HEADER_CRC32 3596502979u /* the library refuses any other file */
 
-/* ==== packed weights: matmul weights interleaved by 8 rows (pack_x8.c), copied at open ============= */
-#define PACKED_BYTES 78336ULL /* allocated only where the build has the x8 kernel */
-typedef struct {
+/* ==== packed weights: matmul weights interleaved by 8 rows (pack_x8.c), in a file kiln wrote ==== */
+#define PACKED_BYTES 78336ULL
+#define PACKED_HEADER_BYTES 64 /* "KILNX8\0\1", GGUF bytes, GGUF header CRC32, 0, PACKED_BYTES */
+#define N_PACK 14
+/* where each packed matrix came from; kiln_open checks that the file was written for these */
+static const struct {
     int type, n_out, n_in;
     size_t src, dst; /* offset in the GGUF file, in the packed region */
-} pack_entry;
-#define N_PACK 14
-static const pack_entry PACK[N_PACK + 1] = {
+} PACK[N_PACK + 1] = {
     { KILN_Q8_0, 64, 64, 0x5c40, 0x0 }, /* blk.0.attn_q.weight */
     { KILN_Q8_0, 32, 64, 0x6d40, 0x1100 }, /* blk.0.attn_k.weight */
     { KILN_Q8_0, 32, 64, 0x75c0, 0x1980 }, /* blk.0.attn_v.weight */
@@ -62,7 +63,8 @@ static const int KV_WINDOW[N_LAYER] = { 0, 0 }; /* 0: a global layer */
 
 struct kiln_model {
     const uint8_t *weights; /* [GGUF_BYTES] */
-    uint8_t *packed;        /* [PACKED_BYTES], or NULL when the build has no x8 kernel */
+    const uint8_t *packed;  /* [PACKED_BYTES] in the packed file's mapping, or NULL: x8 calls read W */
+    const uint8_t *packed_map;
     uint8_t *kv;            /* [KV_BYTES] */
     uint8_t *arena;         /* [ARENA_BYTES] */
     int n_past;             /* positions held by sequence 0 */
@@ -433,12 +435,6 @@ static void prefill_step(void *arg, const kiln_thread *t) {
 }
 
 /* ==== the API ================================================================================= */
-static void pack_weights(void *arg, const kiln_thread *t) {
-    kiln_model *m = arg;
-    for (int i = 0; i < N_PACK; i++)
-        kiln_pack_x8_mt(t, PACK[i].type, m->weights + PACK[i].src, m->packed + PACK[i].dst, PACK[i].n_out, PACK[i].n_in);
-}
-
 static uint32_t crc32(const uint8_t *p, size_t n) {
     uint32_t c = 0xFFFFFFFFu;
     for (size_t i = 0; i < n; i++) {
@@ -448,7 +444,30 @@ static uint32_t crc32(const uint8_t *p, size_t n) {
     return ~c;
 }
 
-int kiln_open(kiln_model **out, const char *gguf_path, int n_threads) {
+/* Map the packed file, or NULL: absent (no path), written for other weights, or not needed. */
+static int map_packed(const char *path, const uint8_t **map) {
+    *map = NULL;
+    if (!path || N_PACK == 0 || !kiln_x8_supported(PACK[0].type, PACK[0].n_out, PACK[0].n_in)) return KILN_OK;
+    const int fd = open(path, O_RDONLY);
+    if (fd < 0) return KILN_E_PACKED;
+    struct stat st;
+    const long long want = PACKED_HEADER_BYTES + (long long)PACKED_BYTES;
+    void *p = fstat(fd, &st) == 0 && st.st_size == want ? mmap(NULL, (size_t)want, PROT_READ, MAP_PRIVATE, fd, 0)
+                                                         : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) return KILN_E_PACKED;
+    struct { char magic[8]; uint64_t gguf_bytes; uint32_t crc, zero; uint64_t packed_bytes; } h;
+    memcpy(&h, p, sizeof h);
+    if (memcmp(h.magic, "KILNX8\0\1", 8) != 0 || h.gguf_bytes != (uint64_t)GGUF_BYTES ||
+        h.crc != GGUF_HEADER_CRC32 || h.packed_bytes != PACKED_BYTES) {
+        munmap(p, (size_t)want);
+        return KILN_E_PACKED;
+    }
+    *map = p;
+    return KILN_OK;
+}
+
+int kiln_open(kiln_model **out, const char *gguf_path, const char *packed_path, int n_threads) {
     if (!out || !gguf_path || n_threads < 1 || n_threads > 256) return KILN_E_ARG;
     *out = NULL;
     const int fd = open(gguf_path, O_RDONLY);
@@ -465,19 +484,24 @@ int kiln_open(kiln_model **out, const char *gguf_path, int n_threads) {
         munmap(w, (size_t)GGUF_BYTES);
         return KILN_E_WEIGHTS;
     }
+    const uint8_t *packed_map;
+    const int status = map_packed(packed_path, &packed_map);
+    if (status != KILN_OK) {
+        munmap(w, (size_t)GGUF_BYTES);
+        return status;
+    }
     kiln_model *m = calloc(1, sizeof *m);
     uint8_t *kv = aligned_alloc(64, KV_BYTES), *arena = aligned_alloc(64, ARENA_BYTES);
     kiln_pool *pool = kiln_pool_create(n_threads);
-    const int pack = N_PACK > 0 && kiln_x8_supported(PACK[0].type, PACK[0].n_out, PACK[0].n_in);
-    uint8_t *packed = pack ? aligned_alloc(64, PACKED_BYTES) : NULL;
-    if (!m || !kv || !arena || !pool || (pack && !packed)) {
-        free(m), free(kv), free(arena), free(packed), kiln_pool_destroy(pool);
+    if (!m || !kv || !arena || !pool) {
+        free(m), free(kv), free(arena), kiln_pool_destroy(pool);
         munmap(w, (size_t)GGUF_BYTES);
+        if (packed_map) munmap((void *)packed_map, PACKED_HEADER_BYTES + (size_t)PACKED_BYTES);
         return KILN_E_NOMEM;
     }
     memset(kv, 0, KV_BYTES);
-    m->weights = w, m->kv = kv, m->arena = arena, m->pool = pool, m->packed = packed;
-    if (packed) kiln_pool_run(pool, pack_weights, m);
+    m->weights = w, m->kv = kv, m->arena = arena, m->pool = pool;
+    m->packed_map = packed_map, m->packed = packed_map ? packed_map + PACKED_HEADER_BYTES : NULL;
     *out = m;
     return KILN_OK;
 }
@@ -486,9 +510,9 @@ void kiln_close(kiln_model *m) {
     if (!m) return;
     kiln_pool_destroy(m->pool);
     munmap((void *)m->weights, (size_t)GGUF_BYTES);
+    if (m->packed_map) munmap((void *)m->packed_map, PACKED_HEADER_BYTES + (size_t)PACKED_BYTES);
     free(m->kv);
     free(m->arena);
-    free(m->packed);
     free(m);
 }
 

@@ -16,10 +16,13 @@ enum kiln_status {
     KILN_E_ROLLBACK_RING = -5,   /* rollback further than a sliding-window ring remembers */
     KILN_E_OPEN = -6,            /* the weights file cannot be opened or mapped */
     KILN_E_WEIGHTS = -7,         /* the weights file is not the one this library was compiled for */
-    KILN_E_NOMEM = -8            /* the KV region or the arena cannot be allocated */
+    KILN_E_NOMEM = -8,           /* the KV region or the arena cannot be allocated */
+    KILN_E_PACKED = -9           /* the packed weights file is missing, or was written for other weights */
 };
 
-int kiln_open(kiln_model **out, const char *gguf_path, int n_threads); /* threads: this instance's pool */
+/* packed_path: the packed weights file kiln wrote for this library, or NULL to read every
+   weight from the GGUF (slower where the build has the x8 kernel); threads: this instance's pool */
+int kiln_open(kiln_model **out, const char *gguf_path, const char *packed_path, int n_threads);
 void kiln_close(kiln_model *m);
 /* append n_tokens to sequence 0; logits gets the last token's [n_vocab], or every token's
    [n_tokens][n_vocab] when logits_all is set */
