@@ -1,5 +1,7 @@
-/* gemm_vnni.c: register-tiled products of weight rows with activation rows for the 32-element
- * block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on AVX-512 VNNI at 256-bit width (32 registers).
+/* gemm_vnni.c: register-tiled products of weight rows in the GGUF layout with activation rows,
+ * on AVX-512 VNNI at 256-bit width (32 registers). Matmuls whose weights are packed read the
+ * x8 layout instead (pack_x8.c); these tiles serve the K-quants, matrices whose rows are not
+ * whole groups of 8, and builds run without a packed file.
  *
  * A tile is R weight rows x C activation rows: each weight block is widened once to 32
  * unsigned bytes u and reused for C activation rows, each activation block is loaded once
@@ -9,7 +11,7 @@
  * and seeds the accumulator. The integer block sums are therefore exactly those of the
  * scalar twins in quant.c; only the float accumulation order differs.
  *
- * Decode is the C = 1 case: four weight rows stream side by side against one activation row.
+ * One activation row (decode) is the C = 1 case: four weight rows stream side by side.
  *
  * The K-quants (Q4_K, Q6_K; 256-weight super-blocks against q8_K) tile the same way with
  * int16 arithmetic: vpmaddubsw pairs 32 weights with 32 activations, vpdpwssd multiplies
