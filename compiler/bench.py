@@ -79,8 +79,10 @@ def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str) -> _Engine:
         raise KilnError("kiln bench compares against llama.cpp: install llama-cpp-python "
                         "(`make dev` does)") from None
     types = {"f32": 0, "f16": 1, "q8_0": 8}
+    # llama.cpp keeps a quantized V cache only with its flash-attention path
     llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                n_threads_batch=threads, type_k=types[kv_dtype], type_v=types[kv_dtype], verbose=False)
+                n_threads_batch=threads, type_k=types[kv_dtype], type_v=types[kv_dtype],
+                flash_attn=kv_dtype == "q8_0", verbose=False)
     return _Engine(llm.reset, lambda ids: llm.eval(ids), lambda tok: llm.eval([tok]))
 
 

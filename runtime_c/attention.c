@@ -35,12 +35,19 @@ void kiln_kv_store_mt(const kiln_thread *t, int type, void *k_cache, void *v_cac
     if (t1 > t0) kiln_kv_store(type, k_cache, v_cache, k + at, v + at, pos + t0, t1 - t0, capacity, n_head_kv, head_dim);
 }
 
-/* A row of the cache as f32: f32 rows are read in place, others dequantized into buf. */
-static inline const float *cache_row(int type, const uint8_t *head, size_t row_bytes, int row, float *buf, int hd) {
-    const uint8_t *src = head + (size_t)row * row_bytes;
-    if (type == KILN_F32) return (const float *)src;
-    kiln_dequantize_row(type, src, buf, hd);
-    return buf;
+/* Rows first .. first+n-1 (mod capacity) of one head's cache as f32: f32 rows are read in
+ * place, others are dequantized into buf in as few calls as the ring allows (one, or two
+ * when the rows wrap), since a call per row cost more than the conversion. */
+static void cache_rows(int type, const uint8_t *head, size_t row_bytes, int first, int n, int capacity, float *buf,
+                       int hd, const float *rows[]) {
+    for (int done = 0; done < n;) {
+        const int row = (first + done) % capacity, run = n - done < capacity - row ? n - done : capacity - row;
+        const uint8_t *src = head + (size_t)row * row_bytes;
+        if (type != KILN_F32) kiln_dequantize_row(type, src, buf + (size_t)done * hd, run * hd);
+        for (int k = 0; k < run; k++)
+            rows[done + k] = type == KILN_F32 ? (const float *)(src + k * row_bytes) : buf + (size_t)(done + k) * hd;
+        done += run;
+    }
 }
 
 #define ATTN_CHUNK 64 /* cache rows scored at once: softmax runs over a chunk, rescaling between chunks */
@@ -64,7 +71,7 @@ static void attend(int type, float *const out[], const float *const q[], const i
     }
     for (int j0 = lo; j0 <= hi; j0 += ATTN_CHUNK) {
         const int nj = hi - j0 + 1 < ATTN_CHUNK ? hi - j0 + 1 : ATTN_CHUNK;
-        for (int jj = 0; jj < nj; jj++) rows[jj] = cache_row(type, kh, row_bytes, (j0 + jj) % capacity, buf + jj * hd, hd);
+        cache_rows(type, kh, row_bytes, j0, nj, capacity, buf, hd, rows);
         for (int i = 0; i < nq; i++) {
             kiln_vdots(s[i], q[i], rows, nj, hd, scale, i == 0); /* the first query pulls the rows in */
             for (int jj = 0; jj < nj; jj++)
@@ -82,7 +89,7 @@ static void attend(int type, float *const out[], const float *const q[], const i
             }
             denom[i] += kiln_vexp_sum(s[i], max[i], nj); /* exp(-inf) = 0 for the rows it cannot see */
         }
-        for (int jj = 0; jj < nj; jj++) rows[jj] = cache_row(type, vh, row_bytes, (j0 + jj) % capacity, buf + jj * hd, hd);
+        cache_rows(type, vh, row_bytes, j0, nj, capacity, buf, hd, rows);
         for (int i = 0; i < nq; i++) kiln_vaxpys(acc[i], s[i], rows, nj, hd);
     }
     for (int i = 0; i < nq; i++)

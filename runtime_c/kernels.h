@@ -23,6 +23,7 @@ size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations qu
 void kiln_quantize_act(int type, const float *x, void *dst, int n);     /* x[n] -> type's act format */
 void kiln_quantize_act_ref(int type, const float *x, void *dst, int n); /* the same, scalar reference */
 void kiln_dequantize_row(int type, const void *src, float *dst, int n); /* n elements -> f32 */
+void kiln_dequantize_row_ref(int type, const void *src, float *dst, int n); /* the same, scalar reference */
 float kiln_vec_dot(int type, int n, const void *w, const void *act);    /* w row . quantized act row */
 float kiln_vec_dot_ref(int type, int n, const void *w, const void *act); /* the same, scalar reference */
 /* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch >= n_rows act rows */

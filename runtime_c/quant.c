@@ -270,7 +270,7 @@ static const struct { int block; size_t block_bytes; quant_fn quantize; } ACT[KI
 static const struct {
     dot_fn dot;
     gemm_fn gemm;
-    quant_fn quantize_act;
+    dequant_fn dequant; /* the KV cache types: attention dequantizes a row per cache position */
 } SIMD[KILN_TYPE_COUNT] = {
 #ifdef KILN_HAVE_AVX2
     [KILN_Q8_0].dot = kiln_dot_q8_0_avx2,
@@ -279,6 +279,8 @@ static const struct {
     [KILN_Q5_0].dot = kiln_dot_q5_0_avx2,
     [KILN_Q4_K].dot = kiln_dot_q4_K_avx2,
     [KILN_Q6_K].dot = kiln_dot_q6_K_avx2,
+    [KILN_F16].dequant = kiln_dequant_f16_avx2,
+    [KILN_Q8_0].dequant = kiln_dequant_q8_0_avx2,
 #endif
 #ifdef KILN_HAVE_VNNI
     [KILN_Q8_0].gemm = kiln_gemm_q8_0_vnni,
@@ -322,7 +324,11 @@ void kiln_quantize_act(int type, const float *x, void *dst, int n) { fast_quanti
 
 void kiln_quantize_act_ref(int type, const float *x, void *dst, int n) { ACT[TYPES[type].act_type].quantize(x, dst, n); }
 
-void kiln_dequantize_row(int type, const void *src, float *dst, int n) { TYPES[type].dequant(src, dst, n); }
+void kiln_dequantize_row(int type, const void *src, float *dst, int n) {
+    (SIMD[type].dequant ? SIMD[type].dequant : TYPES[type].dequant)(src, dst, n);
+}
+
+void kiln_dequantize_row_ref(int type, const void *src, float *dst, int n) { TYPES[type].dequant(src, dst, n); }
 
 void kiln_quantize_row(int type, const float *x, void *dst, int n) { TYPES[type].from_float(x, dst, n); }
 

@@ -211,4 +211,23 @@ void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n) {
         y[b].s = kiln_fp32_to_fp16(d * (float)sum);
     }
 }
+/* ==== dequantizers of the KV cache types: the scalar ones' exact values ========================= */
+
+void kiln_dequant_f16_avx2(const void *src, float *dst, int n) {
+    const kiln_half *s = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) dst[i] = kiln_fp16_to_fp32(s[i]);
+}
+
+void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n) {
+    const block_q8_0 *x = src;
+    for (int b = 0; b < n / QK8_0; b++, dst += QK8_0) {
+        const __m256 d = _mm256_set1_ps(kiln_fp16_to_fp32(x[b].d));
+        for (int k = 0; k < QK8_0; k += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[b].qs + k)));
+            _mm256_storeu_ps(dst + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+        }
+    }
+}
 #endif

@@ -36,6 +36,8 @@ float kiln_dot_q4_K_avx2(int n, const void *w, const void *act);
 float kiln_dot_q6_K_avx2(int n, const void *w, const void *act);
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
+void kiln_dequant_f16_avx2(const void *src, float *dst, int n);
+void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
 #endif
 
 /* AVX-512 VNNI tiled gemms (gemm_vnni.c): y[c * y_row + r] = W[r] . act[c], r < n_w, c < n_a */

@@ -399,3 +399,15 @@ def test_x8_matmul_without_a_packed_copy_reads_the_gguf_rows():
     lib.kiln_matmul(int(Q.Q4_1), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(want, "float *"),
                     ptr(scratch))
     assert np.array_equal(y, want)
+
+
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
+def test_simd_dequantizer_is_exact(t):
+    """The dispatched dequantizer (AVX2 for the f16 and q8_0 KV caches) gives the scalar reference's values."""
+    rng = np.random.default_rng(800 + int(t))
+    _, raw = quantized(rng, 4, 512, t)
+    fast, ref = np.zeros((2, 4, 512), np.float32)
+    for r in range(4):
+        lib.kiln_dequantize_row(int(t), ptr(raw[r]), ptr(fast[r], "float *"), 512)
+        lib.kiln_dequantize_row_ref(int(t), ptr(raw[r]), ptr(ref[r], "float *"), 512)
+    assert np.array_equal(fast, ref)
