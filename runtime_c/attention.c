@@ -53,20 +53,27 @@ static void cache_rows(int type, const uint8_t *head, size_t row_bytes, int firs
 #define ATTN_CHUNK 64 /* cache rows scored at once: softmax runs over a chunk, rescaling between chunks */
 #define ATTN_MAX_Q 16 /* queries that share one pass over a kv head's rows */
 
+/* The running softmax of one query: weighted V sum (not yet divided), max score, denominator.
+ * In scratch, a split's partial state is laid out as [max, denom, acc[head_dim]]. */
+typedef struct {
+    float *acc;
+    float *max, *denom;
+} attn_state;
+
 /* Queries q[i] (i < nq, all reading one kv head), query i seeing cache positions first[i] ..
  * last[i], against the rows of the union of those ranges, a chunk at a time: scores of every
  * query against the chunk's K rows (-inf outside a query's range), the running max and
  * denominator rescaled when the max grows (online softmax by chunks), then the chunk's V rows
  * weighted into every query. Each K and V row is read (or dequantized) once for all queries. */
-static void attend(int type, float *const out[], const float *const q[], const int first[], const int last[], int nq,
+static void attend(int type, const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
                    const uint8_t *kh, const uint8_t *vh, size_t row_bytes, int capacity, int hd, float scale) {
-    float acc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], s[ATTN_MAX_Q][ATTN_CHUNK], max[ATTN_MAX_Q], denom[ATTN_MAX_Q];
+    float s[ATTN_MAX_Q][ATTN_CHUNK];
     float buf[type == KILN_F32 ? 1 : ATTN_CHUNK * hd]; /* dequantized rows of one chunk */
     const float *rows[ATTN_CHUNK];
     int lo = first[0], hi = last[0];
     for (int i = 0; i < nq; i++) {
-        max[i] = -INFINITY, denom[i] = 0.0f;
-        memset(acc[i], 0, (size_t)hd * sizeof(float));
+        *st[i].max = -INFINITY, *st[i].denom = 0.0f;
+        memset(st[i].acc, 0, (size_t)hd * sizeof(float));
         lo = first[i] < lo ? first[i] : lo, hi = last[i] > hi ? last[i] : hi;
     }
     for (int j0 = lo; j0 <= hi; j0 += ATTN_CHUNK) {
@@ -81,28 +88,77 @@ static void attend(int type, float *const out[], const float *const q[], const i
                 memset(s[i], 0, (size_t)nj * sizeof(float));
                 continue;
             }
-            if (m > max[i]) {
-                const float c = expf(max[i] - m); /* 0 on the first chunk */
-                denom[i] *= c;
-                kiln_vscale(acc[i], c, hd);
-                max[i] = m;
+            if (m > *st[i].max) {
+                const float c = expf(*st[i].max - m); /* 0 on the first chunk */
+                *st[i].denom *= c;
+                kiln_vscale(st[i].acc, c, hd);
+                *st[i].max = m;
             }
-            denom[i] += kiln_vexp_sum(s[i], max[i], nj); /* exp(-inf) = 0 for the rows it cannot see */
+            *st[i].denom += kiln_vexp_sum(s[i], *st[i].max, nj); /* exp(-inf) = 0 for the rows it cannot see */
         }
         cache_rows(type, vh, row_bytes, j0, nj, capacity, buf, hd, rows);
-        for (int i = 0; i < nq; i++) kiln_vaxpys(acc[i], s[i], rows, nj, hd);
+        for (int i = 0; i < nq; i++) kiln_vaxpys(st[i].acc, s[i], rows, nj, hd);
     }
-    for (int i = 0; i < nq; i++)
-        for (int d = 0; d < hd; d++) out[i][d] = acc[i][d] / denom[i];
+}
+
+/* Decode with split positions: one query token's heads, grouped by kv head, against `splits`
+ * equal ranges of the positions it sees; each (kv head, range) item leaves its queries' partial
+ * softmax in scratch, and after a barrier each head merges its ranges. The group shares each
+ * pass over its rows and the threads get equal shares, whatever the number of kv heads. The
+ * ranges depend on the position alone, never on the thread count. */
+static void attend_split(const kiln_thread *th, int type, float *out, const float *q, int p, int first,
+                         const uint8_t *k_cache, const uint8_t *v_cache, size_t row_bytes, int capacity, int n_head,
+                         int n_head_kv, int hd, float scale, int splits, float *scratch) {
+    const int group = n_head / n_head_kv, per = (p - first + splits) / splits;
+    const size_t part = (size_t)hd + 2;
+    for (int item = th->ith; item < n_head_kv * splits; item += th->nth) {
+        const int g = item / splits, sp = item % splits, a = first + sp * per, b = a + per - 1 < p ? a + per - 1 : p;
+        const float *qs[ATTN_MAX_Q];
+        attn_state st[ATTN_MAX_Q];
+        int lo[ATTN_MAX_Q], hi[ATTN_MAX_Q];
+        for (int i = 0; i < group; i++) {
+            float *slot = scratch + ((size_t)(g * group + i) * splits + sp) * part;
+            st[i] = (attn_state){slot + 2, slot, slot + 1};
+            qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = a, hi[i] = b;
+        }
+        if (a > b) { /* fewer positions than ranges: this one is empty */
+            for (int i = 0; i < group; i++) *st[i].max = -INFINITY, *st[i].denom = 0.0f;
+            continue;
+        }
+        attend(type, st, qs, lo, hi, group, k_cache + (size_t)g * capacity * row_bytes,
+               v_cache + (size_t)g * capacity * row_bytes, row_bytes, capacity, hd, scale);
+    }
+    kiln_barrier(th);
+    for (int h = th->ith; h < n_head; h += th->nth) {
+        const float *slot = scratch + (size_t)h * splits * part;
+        float m = -INFINITY, denom = 0.0f;
+        for (int sp = 0; sp < splits; sp++) m = slot[sp * part] > m ? slot[sp * part] : m;
+        float *oh = out + (size_t)h * hd;
+        memset(oh, 0, (size_t)hd * sizeof(float));
+        for (int sp = 0; sp < splits; sp++) {
+            const float *ps = slot + sp * part;
+            if (ps[0] == -INFINITY) continue;
+            const float c = expf(ps[0] - m);
+            denom += c * ps[1];
+            kiln_vaxpy(oh, c, ps + 2, hd);
+        }
+        kiln_vscale(oh, 1.0f / denom, hd);
+    }
 }
 
 void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float *q, const int32_t *pos, int n_tokens,
                        const void *k_cache, const void *v_cache, int capacity, int window, int n_head,
-                       int n_head_kv, int head_dim, float scale) {
+                       int n_head_kv, int head_dim, float scale, int splits, void *scratch) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes = kiln_row_bytes(type, head_dim);
+    if (n_tokens == 1 && splits > 1 && scratch && group <= ATTN_MAX_Q) {
+        const int p = pos[0], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+        attend_split(th, type, out, q, p, first, k_cache, v_cache, row_bytes, capacity, n_head, n_head_kv, head_dim,
+                     scale, splits, scratch);
+        return;
+    }
     /* An item is a block of tokens' query heads that read one kv head. Prefill: the whole group
-     * of every token in the block shares each pass over the rows. Decode: single heads, so that
+     * of every token in the block shares each pass over the rows. Otherwise single heads, so that
      * the threads get equal shares. The choice must not depend on the thread count, or logits
      * would change with it. */
     const int prefill = n_tokens > 1 && group <= ATTN_MAX_Q;
@@ -113,6 +169,8 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
         const int nt = n_tokens - t0 < block ? n_tokens - t0 : block;
         const float *qs[ATTN_MAX_Q];
         float *os[ATTN_MAX_Q];
+        float acc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], max[ATTN_MAX_Q], denom[ATTN_MAX_Q];
+        attn_state st[ATTN_MAX_Q];
         int first[ATTN_MAX_Q], last[ATTN_MAX_Q], nq = 0;
         for (int t = t0; t < t0 + nt; t++)
             for (int h = h0; h < h0 + heads; h++, nq++) {
@@ -120,18 +178,21 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
                 first[nq] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, last[nq] = p;
                 qs[nq] = q + ((size_t)t * n_head + h) * head_dim;
                 os[nq] = out + ((size_t)t * n_head + h) * head_dim;
+                st[nq] = (attn_state){acc[nq], &max[nq], &denom[nq]};
             }
-        attend(type, os, qs, first, last, nq, (const uint8_t *)k_cache + (size_t)g * capacity * row_bytes,
+        attend(type, st, qs, first, last, nq, (const uint8_t *)k_cache + (size_t)g * capacity * row_bytes,
                (const uint8_t *)v_cache + (size_t)g * capacity * row_bytes, row_bytes, capacity, head_dim, scale);
+        for (int i = 0; i < nq; i++)
+            for (int d = 0; d < head_dim; d++) os[i][d] = acc[i][d] / denom[i];
     }
 }
 
 void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
                     const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                    float scale) {
+                    float scale, int splits, void *scratch) {
     const kiln_thread alone = {0, 1, NULL};
     kiln_attention_mt(&alone, type, out, q, pos, n_tokens, k_cache, v_cache, capacity, window, n_head, n_head_kv,
-                      head_dim, scale);
+                      head_dim, scale, splits, scratch);
 }
 
 /* The reference: one row at a time, online softmax in scalar float. */

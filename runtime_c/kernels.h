@@ -60,10 +60,13 @@ void kiln_quantize_row(int type, const float *x, void *dst, int n);
 void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const float *v, const int32_t *pos,
                    int n_tokens, int capacity, int n_head_kv, int head_dim);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over cached positions j in (pos[t] - window, pos[t]]
-   (window 0: all of 0..pos[t]); rows are dequantized from `type` as they are read */
+   (window 0: all of 0..pos[t]); rows are dequantized from `type` as they are read. One token with
+   splits > 1 splits its positions into that many ranges, merged at the end; scratch holds their
+   partial softmax: n_head * splits * (head_dim + 2) floats. */
+#define KILN_ATTN_SCRATCH_FLOATS(n_head, splits, head_dim) ((n_head) * (splits) * ((head_dim) + 2))
 void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
                     const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                    float scale);
+                    float scale, int splits, void *scratch);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
 void kiln_attention_ref(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
                         const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,

@@ -17,10 +17,10 @@ void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *
 /* kiln_matmul_x8: groups of 8 output rows split in ranges */
 void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
                        int n_in, const float *x, int n_rows, float *y, void *scratch);
-/* kiln_attention: (token, head) pairs are dealt round-robin */
+/* kiln_attention: (token block, heads) items, or one token's (kv head, range) items, dealt round-robin */
 void kiln_attention_mt(const kiln_thread *t, int type, float *out, const float *q, const int32_t *pos, int n_tokens,
                        const void *k_cache, const void *v_cache, int capacity, int window, int n_head,
-                       int n_head_kv, int head_dim, float scale);
+                       int n_head_kv, int head_dim, float scale, int splits, void *scratch);
 
 /* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
 void kiln_embed_mt(const kiln_thread *t, int type, float *y, const void *table, const int32_t *ids, int rows,

@@ -246,7 +246,7 @@ def test_kv_store_and_attention(t, window):
     out = np.zeros((2, n_head, hd), np.float32)
     scale = 1 / 8
     lib.kiln_attention(int(t), ptr(out, "float *"), ptr(q, "float *"), ptr(q_pos, "int32_t *"), 2, ptr(kc), ptr(vc),
-                       cap, window, n_head, n_kv, hd, scale)
+                       cap, window, n_head, n_kv, hd, scale, 1, ffi.NULL)
     for i, p in enumerate(q_pos):
         first = max(0, p - window + 1) if window else 0
         js = np.arange(first, p + 1)
@@ -322,11 +322,13 @@ def test_matmul_tiles_match_reference_dots(t, n_out, rows):
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tokens,window,hd", [(1, 0, 64), (6, 0, 64), (1, 100, 256), (5, 100, 256)])
-def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd):
-    """Chunked online softmax with a polynomial exp, and query heads sharing a pass over their
-    kv head (prefill) or not (decode), against the row-at-a-time scalar reference; the cache
-    holds 300 positions, several chunks, and the window=100 ring of 128 rows has wrapped."""
+@pytest.mark.parametrize("n_tokens,window,hd,splits", [(1, 0, 64, 1), (1, 0, 64, 4), (6, 0, 64, 1),
+                                                       (1, 100, 256, 1), (1, 100, 256, 4), (5, 100, 256, 1)])
+def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd, splits):
+    """Chunked online softmax with a polynomial exp, query heads sharing a pass over their kv
+    head (prefill), single heads (decode) or a decode token's positions split into ranges merged
+    at the end, against the row-at-a-time scalar reference; the cache holds 300 positions,
+    several chunks, and the window=100 ring of 128 rows has wrapped."""
     rng = np.random.default_rng(500 + int(t) + n_tokens + hd)
     n_head, n_kv, n_pos = 8, 2, 300
     cap = 128 if window else n_pos
@@ -341,9 +343,27 @@ def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd):
     fast, ref = np.zeros((2, n_tokens, n_head, hd), np.float32)
     args = (ptr(q, "float *"), ptr(pos, "int32_t *"), n_tokens, ptr(kc), ptr(vc), cap, window, n_head, n_kv, hd,
             hd ** -0.5)
-    lib.kiln_attention(int(t), ptr(fast, "float *"), *args)
+    parts = np.full(n_head * splits * (hd + 2), np.nan, np.float32)  # every slot is written before it is read
+    lib.kiln_attention(int(t), ptr(fast, "float *"), *args, splits, ptr(parts))
     lib.kiln_attention_ref(int(t), ptr(ref, "float *"), *args)
     np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-5)  # outputs are O(1): float order
+
+
+def test_split_attention_with_fewer_positions_than_ranges():
+    """Position 1 sees two rows; split four ways, two ranges are empty and must weigh nothing."""
+    rng = np.random.default_rng(900)
+    n_head, n_kv, hd, cap = 4, 2, 64, 16
+    k = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
+    kc, vc = k.copy(), rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
+    kc, vc = (np.ascontiguousarray(c.transpose(1, 0, 2)) for c in (kc, vc))  # head-major, as stored
+    pos = np.array([1], np.int32)
+    q = rng.standard_normal((1, n_head, hd)).astype(np.float32)
+    fast, ref = np.zeros((2, 1, n_head, hd), np.float32)
+    args = (ptr(q, "float *"), ptr(pos, "int32_t *"), 1, ptr(kc), ptr(vc), cap, 0, n_head, n_kv, hd, 0.125)
+    parts = np.zeros(n_head * 4 * (hd + 2), np.float32)
+    lib.kiln_attention(int(Q.F32), ptr(fast, "float *"), *args, 4, ptr(parts))
+    lib.kiln_attention_ref(int(Q.F32), ptr(ref, "float *"), *args)
+    np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-6)
 
 
 def test_geglu_table_equals_direct_evaluation():

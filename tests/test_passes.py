@@ -130,7 +130,7 @@ def test_validate_catches_faults(tiny):
 
 
 def test_scratch_before_after(tiny):
-    from compiler.passes.scratch import add_scratch
+    from compiler.passes.scratch import ATTENTION_SPLITS, add_scratch
 
     spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
     g = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
@@ -140,3 +140,7 @@ def test_scratch_before_after(tiny):
     assert set(scratch) == {n.label for n in g.nodes if n.op in (Op.MATMUL, Op.LOGITS)}
     assert scratch["q-0"].nbytes == 8 * 2 * 36  # 8 rows of 64 activations as two q8_1 blocks
     assert scratch["result_output"].nbytes == 8 * 2 * 36  # the tied head is Q4_1 too
+    # decode: attention also gets room for the partial softmax of its position ranges
+    dec = add_scratch(select_kernels(insert_kv_ops(build_decode(spec, tmpl), kv)))
+    parts = {n.label: n.scratch for n in dec.nodes if n.op is Op.ATTENTION}
+    assert parts["attn-0"].nbytes == 4 * 4 * ATTENTION_SPLITS * (16 + 2)  # f32 x n_head x splits x (head_dim + 2)

@@ -9,6 +9,7 @@ from typing import Callable, Mapping
 from ..errors import KilnError
 from ..ir import Node, Op, Value, ValueKind
 from ..passes.kernel_select import X8_KERNELS
+from ..passes.scratch import ATTENTION_SPLITS
 from ..templates import RopeLayout
 
 
@@ -111,9 +112,10 @@ def _kv_store(n: Node, ctx: EmitContext) -> list[str]:
 def _attention(n: Node, ctx: EmitContext) -> list[str]:
     q, pos, kv = n.inputs
     a = n.attrs
+    split = [str(ATTENTION_SPLITS), c_name(n.scratch)] if n.scratch else ["1", "NULL"]
     return [c_type(kv), c_name(n.outputs[0]), c_name(q), c_name(pos), "n", f"KV_K({kv.layer})", f"KV_V({kv.layer})",
             f"KV_CAP[{kv.layer}]", f"KV_WINDOW[{kv.layer}]", str(a.n_head), str(a.n_head_kv), str(a.head_dim),
-            c_float(a.scale)]
+            c_float(a.scale), *split]
 
 
 def _binary(n: Node, ctx: EmitContext) -> list[str]:

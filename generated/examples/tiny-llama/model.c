@@ -59,7 +59,7 @@ static const int KV_CAP[N_LAYER] = { 64, 64 };
 static const int KV_WINDOW[N_LAYER] = { 0, 0 }; /* 0: a global layer */
 
 /* ==== activations: one arena, shared by the decode and prefill steps ============================ */
-#define ARENA_BYTES 28736 /* decode 1856, prefill 28736 */
+#define ARENA_BYTES 28736 /* decode 1984, prefill 28736 */
 
 struct kiln_model {
     const uint8_t *weights; /* [GGUF_BYTES] */
@@ -90,8 +90,8 @@ static void decode_step(void *arg, const kiln_thread *t) {
     const step_args *s = arg;
     kiln_model *m = s->m;
     const int n = s->n, n_logits = s->n_logits;
-    int32_t *inp_tokens = (int32_t *)A(0x100); /* [n] */
-    int32_t *inp_pos = (int32_t *)A(0x700);    /* [n] */
+    int32_t *inp_tokens = (int32_t *)A(0x0); /* [n] */
+    int32_t *inp_pos = (int32_t *)A(0x780);    /* [n] */
     if (t->ith == 0)
         for (int i = 0; i < n; i++) {
             inp_tokens[i] = s->tokens[i];
@@ -100,48 +100,49 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
-    float *inp_embd = (float *)A(0x0); /* [n x 64] */
+    float *inp_embd = (float *)A(0x480); /* [n x 64] */
     kiln_embed_mt(t, KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
     kiln_barrier(t);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
-    float *attn_norm_0 = (float *)A(0x100); /* [n x 64] */
+    float *attn_norm_0 = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-0: matmul_x8_q8_0 */
-    float *q_0 = (float *)A(0x200); /* [n x 4 x 16] */
-    void *q_0_act = A(0x300); /* [68 bytes] */
+    float *q_0 = (float *)A(0x100); /* [n x 4 x 16] */
+    void *q_0_act = A(0x200); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x0), W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
     kiln_barrier(t);
     /* k-0: matmul_x8_q8_0 */
-    float *k_0 = (float *)A(0x300); /* [n x 2 x 16] */
-    void *k_0_act = A(0x380); /* [68 bytes] */
+    float *k_0 = (float *)A(0x200); /* [n x 2 x 16] */
+    void *k_0_act = A(0x280); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1100), W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
     kiln_barrier(t);
     /* v-0: matmul_x8_q8_0 */
-    float *v_0 = (float *)A(0x380); /* [n x 2 x 16] */
-    void *v_0_act = A(0x400); /* [68 bytes] */
+    float *v_0 = (float *)A(0x280); /* [n x 2 x 16] */
+    void *v_0_act = A(0x300); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1980), W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
     kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
-    float *q_rope_0 = (float *)A(0x100); /* [n x 4 x 16] */
+    float *q_rope_0 = (float *)A(0x580); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-0: rope_pairwise_f32 */
-    float *k_rope_0 = (float *)A(0x200); /* [n x 2 x 16] */
+    float *k_rope_0 = (float *)A(0x0); /* [n x 2 x 16] */
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-0: kv_store_f32 */
     kiln_kv_store_mt(t, KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_decode_f32 */
-    float *attn_0 = (float *)A(0x200); /* [n x 64] */
-    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    float *attn_0 = (float *)A(0x680); /* [n x 64] */
+    void *attn_0_parts = A(0x0); /* [1152 bytes] */
+    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f, 4, attn_0_parts);
     kiln_barrier(t);
     /* attn_out-0: matmul_x8_q8_0 */
-    float *attn_out_0 = (float *)A(0x100); /* [n x 64] */
-    void *attn_out_0_act = A(0x300); /* [68 bytes] */
+    float *attn_out_0 = (float *)A(0x0); /* [n x 64] */
+    void *attn_out_0_act = A(0x100); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x2200), W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
     kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
@@ -172,7 +173,7 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x7700), W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
     kiln_barrier(t);
     /* l_out-0: add_f32 */
-    float *l_out_0 = (float *)A(0x100); /* [n x 64] */
+    float *l_out_0 = (float *)A(0x480); /* [n x 64] */
     kiln_add_mt(t, l_out_0, ffn_out_0, ffn_inp_0, n * 64);
     kiln_barrier(t);
 
@@ -182,38 +183,39 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-1: matmul_x8_q8_0 */
-    float *q_1 = (float *)A(0x200); /* [n x 4 x 16] */
-    void *q_1_act = A(0x300); /* [68 bytes] */
+    float *q_1 = (float *)A(0x100); /* [n x 4 x 16] */
+    void *q_1_act = A(0x200); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x9900), W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
     kiln_barrier(t);
     /* k-1: matmul_x8_q8_0 */
-    float *k_1 = (float *)A(0x300); /* [n x 2 x 16] */
-    void *k_1_act = A(0x380); /* [68 bytes] */
+    float *k_1 = (float *)A(0x200); /* [n x 2 x 16] */
+    void *k_1_act = A(0x280); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xaa00), W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
     kiln_barrier(t);
     /* v-1: matmul_x8_q8_0 */
-    float *v_1 = (float *)A(0x380); /* [n x 2 x 16] */
-    void *v_1_act = A(0x400); /* [68 bytes] */
+    float *v_1 = (float *)A(0x280); /* [n x 2 x 16] */
+    void *v_1_act = A(0x300); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xb280), W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
     kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
-    float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
+    float *q_rope_1 = (float *)A(0x580); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-1: rope_pairwise_f32 */
-    float *k_rope_1 = (float *)A(0x200); /* [n x 2 x 16] */
+    float *k_rope_1 = (float *)A(0x0); /* [n x 2 x 16] */
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-1: kv_store_f32 */
     kiln_kv_store_mt(t, KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_decode_f32 */
-    float *attn_1 = (float *)A(0x200); /* [n x 64] */
-    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    float *attn_1 = (float *)A(0x680); /* [n x 64] */
+    void *attn_1_parts = A(0x0); /* [1152 bytes] */
+    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f, 4, attn_1_parts);
     kiln_barrier(t);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
-    void *attn_out_1_act = A(0x300); /* [68 bytes] */
+    void *attn_out_1_act = A(0x100); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xbb00), W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
     kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
@@ -312,7 +314,7 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f);
+    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f, 1, NULL);
     kiln_barrier(t);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
@@ -384,7 +386,7 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_barrier(t);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f);
+    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f, 1, NULL);
     kiln_barrier(t);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
