@@ -54,52 +54,33 @@ INLINE __m256i fifth_bits(const uint8_t qh[4]) {
     return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10));
 }
 
-INLINE int offset_of(const int type) {
-    return type == KILN_Q4_0 ? 8 : type == KILN_Q5_0 ? 16 : type == KILN_Q8_0 ? 128 : 0;
+INLINE kiln_b32 b32(const int type) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    return f;
 }
 
-INLINE int has_min(const int type) { return type == KILN_Q4_1 || type == KILN_Q5_1; }
-
 INLINE wblock load_w(const int type, const uint8_t *row, int b) {
-    switch (type) {
-    case KILN_Q4_0: {
-        const block_q4_0 *x = (const block_q4_0 *)row + b;
-        return (wblock){nibbles(x->qs), kiln_fp16_to_fp32(x->d), 0.0f};
-    }
-    case KILN_Q4_1: {
-        const block_q4_1 *x = (const block_q4_1 *)row + b;
-        return (wblock){nibbles(x->qs), kiln_fp16_to_fp32(x->d), kiln_fp16_to_fp32(x->m)};
-    }
-    case KILN_Q5_0: {
-        const block_q5_0 *x = (const block_q5_0 *)row + b;
-        return (wblock){_mm256_or_si256(nibbles(x->qs), fifth_bits(x->qh)), kiln_fp16_to_fp32(x->d), 0.0f};
-    }
-    case KILN_Q5_1: {
-        const block_q5_1 *x = (const block_q5_1 *)row + b;
-        return (wblock){_mm256_or_si256(nibbles(x->qs), fifth_bits(x->qh)), kiln_fp16_to_fp32(x->d),
-                        kiln_fp16_to_fp32(x->m)};
-    }
-    default: { /* KILN_Q8_0 */
-        const block_q8_0 *x = (const block_q8_0 *)row + b;
-        const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
-        return (wblock){_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), kiln_fp16_to_fp32(x->d), 0.0f};
-    }
-    }
+    const kiln_b32 f = b32(type);
+    const uint8_t *blk = row + (size_t)b * f.block_bytes;
+    kiln_half h[2];
+    memcpy(h, blk, sizeof h); /* d, then m (or the first bytes that follow d: unused) */
+    __m256i u;
+    if (f.bits == 8)
+        u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + f.qs_at)), _mm256_set1_epi8((char)0x80));
+    else
+        u = f.qh_at ? _mm256_or_si256(nibbles(blk + f.qs_at), fifth_bits(blk + f.qh_at)) : nibbles(blk + f.qs_at);
+    return (wblock){u, kiln_fp16_to_fp32(h[0]), f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f};
 }
 
 INLINE ablock load_a(const int type, const uint8_t *row, int b) {
-    if (has_min(type)) {
+    if (b32(type).has_min) {
         const block_q8_1 *y = (const block_q8_1 *)row + b;
         return (ablock){_mm256_loadu_si256((const __m256i *)y->qs), kiln_fp16_to_fp32(y->d),
                         kiln_fp16_to_fp32(y->s)};
     }
     const block_q8_0 *y = (const block_q8_0 *)row + b;
     return (ablock){_mm256_loadu_si256((const __m256i *)y->qs), kiln_fp16_to_fp32(y->d), 0.0f};
-}
-
-INLINE size_t block_bytes(const int type) {
-    return type == KILN_Q4_0 ? sizeof(block_q4_0) : type == KILN_Q4_1 ? sizeof(block_q4_1)
-         : type == KILN_Q5_0 ? sizeof(block_q5_0) : type == KILN_Q5_1 ? sizeof(block_q5_1) : sizeof(block_q8_0);
 }
 
 /* y[c * y_row + r] = W[r] . act[c] for r < R, c < C; R and C are constants after inlining.
@@ -109,12 +90,12 @@ INLINE size_t block_bytes(const int type) {
 INLINE void tile(const int type, const int R, const int C, int nb, const uint8_t *w, size_t w_row,
                  const uint8_t *a, size_t a_row, float *y, size_t y_row) {
     const uint8_t *next = w + R * w_row;
-    const size_t step = R * block_bytes(type);
+    const size_t step = R * b32(type).block_bytes;
     __m256 acc[TILE_R][TILE_C];
     float mins[TILE_R][TILE_C];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps(), mins[r][c] = 0.0f;
-    const __m256i offset = _mm256_set1_epi8((char)offset_of(type));
+    const __m256i offset = _mm256_set1_epi8((char)b32(type).offset);
     for (int b = 0; b < nb; b++) {
         if (C == 1)
             for (size_t off = 0; off < step; off += 64) _mm_prefetch((const char *)next + b * step + off, _MM_HINT_T0);
@@ -122,13 +103,13 @@ INLINE void tile(const int type, const int R, const int C, int nb, const uint8_t
         for (int r = 0; r < R; r++) wb[r] = load_w(type, w + r * w_row, b);
         for (int c = 0; c < C; c++) {
             const ablock ab = load_a(type, a + c * a_row, b);
-            const __m256i seed = offset_of(type)
+            const __m256i seed = b32(type).offset
                 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset, ab.q))
                 : _mm256_setzero_si256();
             for (int r = 0; r < R; r++) {
                 const __m256 sum = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, wb[r].u, ab.q));
                 acc[r][c] = _mm256_fmadd_ps(sum, _mm256_set1_ps(wb[r].d * ab.d), acc[r][c]);
-                if (has_min(type)) mins[r][c] += wb[r].m * ab.s;
+                if (b32(type).has_min) mins[r][c] += wb[r].m * ab.s;
             }
         }
     }

@@ -11,6 +11,11 @@
 #define KILN_LOCAL_ACT_BYTES 20480 /* one row of up to 16384 activations in any format */
 const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
                                      void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]);
+/* y[r][o] += bias[o] for every row r < n_rows and this thread's outputs o0 <= o < o1 */
+static inline void kiln_add_bias(float *y, const float *bias, int n_rows, int n_out, int o0, int o1) {
+    for (int r = 0; bias && r < n_rows; r++)
+        for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] += bias[o];
+}
 /* kiln_matmul: activations quantized as above, then output rows split in ranges */
 void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);

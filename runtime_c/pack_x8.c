@@ -29,82 +29,54 @@
 #include "kernels_mt.h"
 #include "quant_impl.h"
 
-typedef struct {
-    int has_min, has_qh, bits; /* bits per stored weight: 4 or 8 */
-    size_t block_bytes;       /* of one GGUF block */
-} x8_format;
-
-static int x8_format_of(int type, x8_format *f) {
-    switch (type) {
-    case KILN_Q4_0: *f = (x8_format){0, 0, 4, sizeof(block_q4_0)}; return 1;
-    case KILN_Q4_1: *f = (x8_format){1, 0, 4, sizeof(block_q4_1)}; return 1;
-    case KILN_Q5_0: *f = (x8_format){0, 1, 4, sizeof(block_q5_0)}; return 1;
-    case KILN_Q5_1: *f = (x8_format){1, 1, 4, sizeof(block_q5_1)}; return 1;
-    case KILN_Q8_0: *f = (x8_format){0, 0, 8, sizeof(block_q8_0)}; return 1;
-    default: return 0;
-    }
-}
+#define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
 
 int kiln_x8_supported(int type, int n_out, int n_in) {
 #ifdef KILN_HAVE_VNNI
-    x8_format f;
-    return x8_format_of(type, &f) && n_out % 8 == 0 && n_in % 32 == 0 && n_in / 32 <= 1024;
+    kiln_b32 f;
+    return kiln_b32_of(type, &f) && n_out % 8 == 0 && n_in % 32 == 0 && n_in / 32 <= X8_MAX_BLOCKS;
 #else
     (void)type, (void)n_out, (void)n_in;
     return 0; /* no x8 kernel in this build: matmuls read the GGUF layout */
 #endif
 }
 
-/* The integer weight j (0..31) of a GGUF block, unsigned as the x8 layout stores it, with its
- * head (d, and m for the _1 types). */
-static int block_weight(int type, const uint8_t *blk, int j) {
-    const int nib = j < 16 ? 0 : 4, at = j % 16;
-    switch (type) {
-    case KILN_Q4_0: return (((const block_q4_0 *)blk)->qs[at] >> nib) & 0x0F;
-    case KILN_Q4_1: return (((const block_q4_1 *)blk)->qs[at] >> nib) & 0x0F;
-    case KILN_Q5_0: {
-        const block_q5_0 *x = (const block_q5_0 *)blk;
-        uint32_t qh;
-        memcpy(&qh, x->qh, sizeof qh);
-        return ((x->qs[at] >> nib) & 0x0F) | (int)((qh >> j) & 1) << 4;
-    }
-    case KILN_Q5_1: {
-        const block_q5_1 *x = (const block_q5_1 *)blk;
-        uint32_t qh;
-        memcpy(&qh, x->qh, sizeof qh);
-        return ((x->qs[at] >> nib) & 0x0F) | (int)((qh >> j) & 1) << 4;
-    }
-    default: return (uint8_t)(((const block_q8_0 *)blk)->qs[j] ^ 0x80);
-    }
+/* Weight j (0..31) of a GGUF block as the unsigned byte u the x8 layout stores. */
+static int block_weight(const kiln_b32 *f, const uint8_t *blk, int j) {
+    if (f->bits == 8) return blk[f->qs_at + j] ^ 0x80;
+    int u = (blk[f->qs_at + j % 16] >> (j < 16 ? 0 : 4)) & 0x0F;
+    if (f->qh_at) u |= ((blk[f->qh_at + j / 8] >> (j % 8)) & 1) << 4;
+    return u;
 }
 
-/* Repack rows [g0 * 8, g1 * 8) of a GGUF matrix into the x8 layout. */
-static void pack_groups(int type, const uint8_t *src, uint8_t *dst, int g0, int g1, int n_in) {
-    x8_format f = {0};
-    if (!x8_format_of(type, &f)) return;
+void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
+    kiln_b32 f;
+    if (!kiln_b32_of(type, &f) || n_out % 8 != 0) return;
+    const uint8_t *src = src_;
+    uint8_t *dst = dst_;
     const int nb = n_in / 32;
     const size_t row_bytes = (size_t)nb * f.block_bytes, x8_bytes = 8 * f.block_bytes;
-    for (int g = g0; g < g1; g++)
+    for (int g = 0; g < n_out / 8; g++)
         for (int b = 0; b < nb; b++) {
             uint8_t *out = dst + ((size_t)g * nb + b) * x8_bytes;
             memset(out, 0, x8_bytes);
             kiln_half *d = (kiln_half *)out, *m = d + 8;
             uint8_t *p = out + (f.has_min ? 32 : 16);
             uint32_t *qh = (uint32_t *)p;
-            uint8_t *qs = p + (f.has_qh ? 32 : 0);
+            uint8_t *qs = p + (f.qh_at ? 32 : 0);
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * f.block_bytes;
                 memcpy(&d[r], blk, sizeof(kiln_half)); /* every block type begins with d, the _1 types then m */
                 if (f.has_min) memcpy(&m[r], blk + sizeof(kiln_half), sizeof(kiln_half));
                 for (int j = 0; j < 32; j++) {
-                    const int q = block_weight(type, blk, j);
+                    const int q = block_weight(&f, blk, j);
                     if (f.bits == 8) {
                         qs[32 * (j / 4) + 4 * r + j % 4] = (uint8_t)q;
                         continue;
                     }
                     const int v = j / 8, hi = (j / 4) % 2, byte = 32 * v + 4 * r + j % 4;
                     qs[byte] |= (uint8_t)((q & 0x0F) << (hi ? 4 : 0));
-                    if (f.has_qh && (q & 0x10)) qh[j / 4] |= 1u << (4 * r + j % 4);
+                    if (f.qh_at && (q & 0x10)) qh[j / 4] |= 1u << (4 * r + j % 4);
                 }
             }
         }
@@ -133,7 +105,6 @@ INLINE void x8_unpack(const int type, const uint8_t *qs, const uint32_t *qh, __m
     }
 }
 
-#define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
 #define X8_TOKENS 4        /* activation rows that share each unpacked weight block */
 
 /* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
@@ -141,11 +112,10 @@ INLINE void x8_unpack(const int type, const uint8_t *qs, const uint32_t *qh, __m
  * unpacked once per call; each weight block is unpacked once for the C rows. */
 INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                     size_t a_row, float *y, size_t y_row) {
-    x8_format f = {0};
-    x8_format_of(type, &f);
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
-    const int offset = type == KILN_Q4_0 ? 8 : type == KILN_Q5_0 ? 16 : type == KILN_Q8_0 ? 128 : 0;
     float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
     int32_t seed[X8_TOKENS][X8_MAX_BLOCKS]; /* weights are stored + offset: start from -offset * sum(y) */
     for (int c = 0; c < C; c++)
@@ -156,7 +126,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             yd[c][b] = kiln_fp16_to_fp32(h[0]), ys[c][b] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
             int sum = 0;
             for (int j = 0; j < 32; j++) sum += (int8_t)ab[q_at + j];
-            seed[c][b] = -offset * sum;
+            seed[c][b] = -f.offset * sum;
         }
     for (int g = g0; g < g1; g++) {
         const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
@@ -165,7 +135,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
         for (int b = 0; b < nb; b++, blk += x8_bytes) {
             const uint8_t *p = blk + (f.has_min ? 32 : 16);
             __m256i u[8];
-            x8_unpack(type, p + (f.has_qh ? 32 : 0), (const uint32_t *)p, u);
+            x8_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, u);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             const __m256 m = f.has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))) : d;
             for (int c = 0; c < C; c++) {
@@ -223,9 +193,7 @@ void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const
         kiln_share(t, n_out / 8, 1, &g0, &g1);
         if (g1 == g0) return;
         X8[type](packed, g0, g1, n_in / 32, act, kiln_act_row_bytes(type, n_in), n_rows, y, (size_t)n_out);
-        if (bias)
-            for (int r = 0; r < n_rows; r++)
-                for (int o = 8 * g0; o < 8 * g1; o++) y[(size_t)r * n_out + o] += bias[o];
+        kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
         return;
     }
 #endif
@@ -239,6 +207,3 @@ void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bi
     kiln_matmul_x8_mt(&alone, type, packed, w, bias, n_out, n_in, x, n_rows, y, scratch);
 }
 
-void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in) {
-    if (n_out % 8 == 0) pack_groups(type, src, dst, 0, n_out / 8, n_in);
-}

@@ -370,9 +370,7 @@ void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *
     kiln_share(t, n_out, 4, &o0, &o1);
     if (o0 == o1) return;
     matmul_rows(type, w, w_row, o0, o1, n_in, act, a_row, n_rows, y, n_out);
-    if (bias)
-        for (int r = 0; r < n_rows; r++)
-            for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] += bias[o];
+    kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
 }
 
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,

@@ -4,7 +4,36 @@
 
 #include <stddef.h>
 
+#include "kernels.h"
 #include "quants.h"
+
+/* The 32-weight block types as the SIMD kernels read them (gemm_vnni.c, pack_x8.c): each weight
+ * as an unsigned byte u, w = d * (u - offset), or w = d * u + m for the types with a minimum.
+ * Every block begins with d (then m); Q8_0's signed q is read as u = q ^ 0x80, offset 128. */
+typedef struct {
+    size_t block_bytes;
+    int offset;    /* 8 (Q4_0), 16 (Q5_0), 128 (Q8_0), 0 (Q4_1, Q5_1) */
+    int has_min;   /* m follows d; the activations are q8_1 (with s = d * sum(q)), else q8_0 */
+    int bits;      /* bits of u stored in qs: 4 (nibbles, low then high), or 8 */
+    size_t qh_at;  /* offset of the fifth bits (Q5_0, Q5_1), 0 when there are none */
+    size_t qs_at;  /* offset of the nibbles, or of Q8_0's bytes */
+} kiln_b32;
+
+/* 0 for a type that is not one of them; constant-folds for a constant type */
+static inline __attribute__((always_inline)) int kiln_b32_of(int type, kiln_b32 *f) {
+    switch (type) {
+    case KILN_Q4_0: *f = (kiln_b32){sizeof(block_q4_0), 8, 0, 4, 0, offsetof(block_q4_0, qs)}; return 1;
+    case KILN_Q4_1: *f = (kiln_b32){sizeof(block_q4_1), 0, 1, 4, 0, offsetof(block_q4_1, qs)}; return 1;
+    case KILN_Q5_0:
+        *f = (kiln_b32){sizeof(block_q5_0), 16, 0, 4, offsetof(block_q5_0, qh), offsetof(block_q5_0, qs)};
+        return 1;
+    case KILN_Q5_1:
+        *f = (kiln_b32){sizeof(block_q5_1), 0, 1, 4, offsetof(block_q5_1, qh), offsetof(block_q5_1, qs)};
+        return 1;
+    case KILN_Q8_0: *f = (kiln_b32){sizeof(block_q8_0), 128, 0, 8, 0, offsetof(block_q8_0, qs)}; return 1;
+    default: return 0;
+    }
+}
 
 void kiln_quantize_q8_K(const float *x, void *dst, int n);
 void kiln_dequant_q4_K(const void *src, float *dst, int n);

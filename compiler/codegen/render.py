@@ -75,7 +75,7 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
     # one packed region serves both steps: they multiply by the same weights
     if {pw.tensor for pw in prefill.layout.packed} - {pw.tensor for pw in decode.layout.packed}:
         raise CodegenError("the prefill graph packs weights the decode graph does not")
-    ctx = EmitContext(packed={pw.tensor: pw.offset for pw in decode.layout.packed})
+    emit_ctx = EmitContext(packed={pw.tensor: pw.offset for pw in decode.layout.packed})
     ctx = {
         "model": spec.path.name, "arch": spec.arch, "version": __version__,
         "ctx": opts.ctx, "kv_dtype": opts.kv_dtype.label, "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
@@ -87,7 +87,7 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
         "kv_cap": [ly.capacity for ly in kv.layers], "kv_window": [ly.window or 0 for ly in kv.layers],
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
-        "steps": [_step(decode, ctx), _step(prefill, ctx)],
+        "steps": [_step(decode, emit_ctx), _step(prefill, emit_ctx)],
         "packed_bytes": decode.layout.packed_bytes,
         "packed_header_bytes": HEADER_BYTES,
         "packed": [{"type": f"KILN_{pw.dtype.name}", "n_out": pw.n_out, "n_in": pw.n_in, "src": f"{pw.src:#x}",
