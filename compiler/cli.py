@@ -24,14 +24,19 @@ def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False) -> N
     p.add_argument("--kv-dtype", default="f32", help="KV cache dtype: f32, f16 or q8_0")
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk,
                    help="tokens per prefill step")
-    p.add_argument("--n-seq", type=int, default=1, help="sequence slots in the KV region")
+    p.add_argument("--n-seq", type=int, default=1, help="sequences live at once, sharing the KV pool")
+    p.add_argument("--page-size", type=int, default=CompileOptions.page_size, help="positions per KV page")
+    p.add_argument("--kv-pages", type=int, default=None,
+                   help="pages in the full-context KV pool (default: enough for n-seq x ctx)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="rows one step takes (default: the prefill chunk)")
     if with_mode:
         p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.DECODE.value,
                        help="which step graph to show")
 
 
 def _options(a: argparse.Namespace) -> CompileOptions:
-    return CompileOptions(ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, n_seq=a.n_seq)
+    return CompileOptions(ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, n_seq=a.n_seq,
+                          page_size=a.page_size, kv_pages=a.kv_pages, batch_tokens=a.batch_tokens)
 
 
 def cmd_models(a: argparse.Namespace) -> None:
@@ -99,7 +104,9 @@ def cmd_run(a: argparse.Namespace) -> None:
     from .chat import render_chat
     from .model import load
 
-    m = load(a.model, ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, threads=a.threads, log=_log)
+    o = _options(a)
+    m = load(a.model, ctx=o.ctx, kv_dtype=o.kv_dtype, prefill_chunk=o.prefill_chunk, n_seq=o.n_seq,
+             page_size=o.page_size, kv_pages=o.kv_pages, batch_tokens=o.batch_tokens, threads=a.threads, log=_log)
     prompt = a.prompt
     if a.chat:
         prompt = render_chat(m.spec.tokenizer, [{"role": "user", "content": a.prompt}], source=str(m.spec.path))

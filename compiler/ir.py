@@ -25,6 +25,7 @@ class Op(Enum):
     KV_BATCH_COPY = "kv_cache_batch_copy"  # prefill: write a chunk's K and V, transposed head-major
     ADD = "add"  # residual connection
     GLU = "glu"  # act(gate) * up
+    SELECT_ROWS = "select_rows"  # the rows whose logits the caller asked for, in order
     LOGITS = "logits"  # LM head over the rows the caller asks for (the last, or all), into caller memory
 
 
@@ -34,7 +35,7 @@ class Mode(Enum):
 
 
 class ValueKind(Enum):
-    INPUT = "input"  # filled by the caller each step (token ids, positions)
+    INPUT = "input"  # filled each step from the batch (token ids, positions, sequences, rows wanted)
     WEIGHT = "weight"  # a read-only view of the GGUF file
     ACTIVATION = "activation"  # lives in the planned activation arena
     KV = "kv"  # persistent per-layer cache state
@@ -105,6 +106,7 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.KV_BATCH_COPY: None,
     Op.ADD: None,
     Op.GLU: GluAttrs,
+    Op.SELECT_ROWS: None,
     Op.LOGITS: None,
 }
 
@@ -135,6 +137,9 @@ class Graph:
 
     def weights(self) -> list[Value]:
         return [v for n in self.nodes for v in n.inputs if v.kind is ValueKind.WEIGHT]
+
+    def input(self, name: str) -> Value:
+        return next(v for v in self.inputs if v.name == name)
 
     def activations(self) -> list[Value]:
         return [v for n in self.nodes for v in n.outputs if v.kind is ValueKind.ACTIVATION]

@@ -1,23 +1,28 @@
 """The Python face of a compiled model: `compiler.load(...)` returns a Model.
 
 Python does no per-op work: each call is one C call that runs whole steps. Each Model owns
-its own C instance (weights mapping, KV region, arena), so any number can live in one process.
+its own C instance (weights mapping, KV pool, arena), so any number can live in one process.
+A Model holds up to n_seq sequences (`m.sequence()`); `m.step` runs rows of several in one
+step. The single-sequence calls (`m.prefill`, `m.decode`, `m.generate`, ...) act on a default
+sequence, opened on first use. A lock serialises every call into C, so several Python threads
+may share a Model.
 """
 from __future__ import annotations
 
-import codecs
 import hashlib
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence as SequenceABC
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-from .build import CSource, header_cdef, load_extension, runtime_sources
+from .build import RUNTIME_DIR, CSource, header_cdef, load_extension, runtime_sources
 from .codegen import Generated, generate
 from .errors import KilnError, OptionError
+from .generation import TextStream, stop_list
 from .ir import Mode
 from .options import CompileOptions
 from .packing import packed_file
@@ -28,7 +33,7 @@ from .tokenizer import make_tokenizer
 
 
 class ModelError(KilnError):
-    """A call on a loaded model was refused (bad token, full context, bad rollback, wrong weights)."""
+    """A call on a loaded model was refused (bad token or sequence, full context or pool, bad rollback, wrong weights)."""
 
 
 @dataclass(frozen=True)
@@ -53,33 +58,154 @@ def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize:
             tmp = src_dir / f".{name}.{os.getpid()}"
             tmp.write_text(text)
             os.replace(tmp, src_dir / name)
-    module = load_extension(CSource("model", header_cdef(src_dir / "model.h"), '#include "model.h"',
-                                    (src_dir / "model.c", *runtime_sources()), (src_dir,), sanitize), log)
+    cdef = header_cdef(RUNTIME_DIR / "status.h") + "\n" + header_cdef(src_dir / "model.h")
+    module = load_extension(CSource("model", cdef, '#include "model.h"', (src_dir / "model.c", *runtime_sources()),
+                                    (src_dir,), sanitize), log)
     packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), log)
     return Compiled(decode, prefill, src, src_dir, module, packed)
 
 
-def _status_messages(m: "Model") -> dict[int, str]:
-    lib = m._lib
+class Sequence:
+    """One sequence of a Model: its own positions in the shared KV pool. Close it (or use it
+    as a context manager) to give its pages back."""
+
+    def __init__(self, model: "Model", seq_id: int):
+        self.model, self.id = model, seq_id
+        self.tokens: list[int] = []  # what the cache holds, for prefix reuse
+        self.closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"n_past={self.n_past}"
+        return f"<kiln Sequence {self.id} {state}>"
+
+    def __enter__(self) -> "Sequence":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _live(self) -> int:
+        if self.closed:
+            raise ModelError(f"sequence {self.id} is closed; open another with m.sequence()")
+        return self.id
+
+    @property
+    def n_past(self) -> int:
+        """Positions the sequence holds."""
+        return self.model._call(self.model._lib.kiln_seq_n_past, self._live(), seq=self)
+
+    def prefill(self, ids, logits: str = "last") -> np.ndarray:
+        """Append `ids`; the last token's logits [vocab], or all of them [len(ids), vocab]."""
+        if logits not in ("last", "all"):
+            raise OptionError(f"logits must be 'last' or 'all', got {logits!r}")
+        return self.model._eval(self, ids, logits == "all")
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; its logits [vocab]."""
+        return self.model._eval(self, [token], False)
+
+    def rollback(self, n: int) -> None:
+        """Keep the first `n` positions."""
+        m = self.model
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.n_past:
+            raise ModelError(f"rollback({n!r}): sequence {self.id} holds n_past={self.n_past} positions")
+        m._call(m._lib.kiln_seq_rollback, self._live(), int(n), seq=self)
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.model._call(self.model._lib.kiln_seq_reset, self._live(), seq=self)
+        self.tokens.clear()
+
+    def fork(self) -> "Sequence":
+        """A new sequence holding the same positions: full pages are shared, a page either
+        writes into is copied first."""
+        m = self.model
+        child = Sequence(m, m._call(m._lib.kiln_seq_fork, self._live(), seq=self))
+        child.tokens = list(self.tokens)
+        return child
+
+    def close(self) -> None:
+        if not self.closed:
+            self.model._call(self.model._lib.kiln_seq_close, self.id, seq=self)
+            self.closed = True
+            self.tokens.clear()
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                 stop: list[str] | str | None = None, stream: bool = False) -> str | Iterator[str]:
+        """Continue `prompt` (text, or token ids). Returns the text, or yields it piece by piece if stream.
+        The cache is reused: the prompt's longest prefix already held is not prefilled again."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        pieces = self._generate(prompt, max_tokens, params, stop_list(stop))
+        return pieces if stream else "".join(pieces)
+
+    def _reuse_prefix(self, ids: list[int]) -> list[int]:
+        """Roll back to the longest prefix the cache shares with `ids`; return what is left to prefill."""
+        k = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            k += 1
+        k = min(k, len(ids) - 1)  # at least one token must run to produce logits
+        try:
+            self.rollback(k)
+        except ModelError:  # a sliding window's pages no longer reach back that far: start over
+            self.reset()
+            k = 0
+        return ids[k:]
+
+    def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str]) -> Iterator[str]:
+        m = self.model
+        ids = m._prompt_ids(prompt)
+        logits = self.prefill(self._reuse_prefix(ids))
+        sample, history, text = Sampler(params), list(ids), TextStream(m.tokenizer, stops)
+        for i in range(max_tokens):
+            tok = sample(logits, history)
+            if tok == m.spec.tokenizer.eos_id:
+                break
+            history.append(tok)
+            piece = text.push(tok)
+            if piece:
+                yield piece
+            if text.stopped or i + 1 == max_tokens or self.n_past >= m.n_ctx:
+                break
+            logits = self.decode(tok)
+        tail = text.finish()
+        if tail:
+            yield tail
+
+
+def _status_messages(m: "Model", seq: Sequence | None, rows: int) -> dict[int, str]:
+    lib, o = m._lib, m.options
+    who = f"sequence {seq.id}" if seq is not None else "a sequence"
+    windows = sorted({ly.window for ly in m.compiled.decode.layout.kv.layers if ly.window})
     return {
         lib.KILN_E_ARG: "invalid argument",
         lib.KILN_E_TOKEN: f"token id out of range [0, {m.n_vocab})",
-        lib.KILN_E_CTX_FULL: f"context full: the tokens do not fit in n_ctx={m.n_ctx} (n_past={m.n_past}); "
-                             "reset(), rollback(), or compile with a larger ctx",
-        lib.KILN_E_ROLLBACK: f"rollback beyond the cache: it holds n_past={m.n_past} positions",
-        lib.KILN_E_ROLLBACK_RING: "rollback further back than the sliding-window rings remember (always "
-                                  f"{lib.kiln_rollback_limit()} positions back, or to 0); reset() and prefill again",
+        lib.KILN_E_CTX_FULL: f"context full: the tokens do not fit in n_ctx={m.n_ctx} of {who}"
+                             + (f" (n_past={seq.n_past})" if seq is not None and not seq.closed else "")
+                             + "; reset(), rollback(), or compile with a larger ctx (--ctx)",
+        lib.KILN_E_ROLLBACK: f"rollback beyond the positions {who} holds",
+        lib.KILN_E_ROLLBACK_WINDOW: f"rollback further back than the sliding-window layers' pages remember (window "
+                                    f"{', '.join(map(str, windows))}): pages that left every window went back to "
+                                    "the pool; reset() and prefill again",
         lib.KILN_E_OPEN: f"{m.path}: cannot open or map the weights file",
         lib.KILN_E_WEIGHTS: f"{m.path}: this is not the weights file the library was compiled for "
                             f"(expected {lib.kiln_weights_size():,} bytes and the same header); recompile for it",
-        lib.KILN_E_NOMEM: "out of memory allocating the KV region or the arena",
+        lib.KILN_E_NOMEM: "out of memory allocating the KV pool or the arena",
         lib.KILN_E_PACKED: f"{m.compiled.packed_path}: not the packed weights file for {m.path} (or unreadable); "
                            "delete it and load again to rewrite it",
+        lib.KILN_E_KV_FULL: f"the KV pool is out of pages ({m.kv_stats()['pages_used']} of "
+                            f"{m.kv_stats()['pages_total']} pages of {o.page_size} positions in use): close or roll "
+                            "back sequences, or compile with more pages (kv_pages, --kv-pages)",
+        lib.KILN_E_NO_SEQ: f"all {o.n_seq} sequences are open: close one, or compile with more (n_seq, --n-seq)",
+        lib.KILN_E_SEQ: f"{who} is not open" + ("" if seq is None else "; open another with m.sequence()"),
+        lib.KILN_E_BATCH: f"a step takes 1 to {o.batch_tokens} rows (batch_tokens, --batch-tokens), got {rows}",
     }
 
 
 class Model:
-    """A loaded model: one C instance with its own KV cache and arena."""
+    """A loaded model: one C instance with its own KV pool, arena and threads."""
 
     def __init__(self, compiled: Compiled, weights_path: str | os.PathLike[str] | None = None,
                  threads: int | None = None):
@@ -91,39 +217,181 @@ class Model:
         self.n_vocab = int(self._lib.kiln_n_vocab())
         self.n_ctx = int(self._lib.kiln_n_ctx())
         self._tokenizer = None
-        self.tokens: list[int] = []  # what the cache holds, for prefix reuse
+        self._default: Sequence | None = None
+        self._lock = threading.RLock()
         handle = self._ffi.new("kiln_model **")
         packed = str(compiled.packed_path).encode() if compiled.packed_path else self._ffi.NULL
         self._check(self._lib.kiln_open(handle, str(self.path).encode(), packed, threads or default_threads()))
         self._m = self._ffi.gc(handle[0], self._lib.kiln_close)
 
-    def _check(self, status: int) -> None:
-        if status != 0:
-            raise ModelError(_status_messages(self).get(status, f"kiln error {status}"))
+    def _check(self, status: int, seq: Sequence | None = None, rows: int = 0) -> int:
+        """A negative status becomes a ModelError that says what to do."""
+        if status < 0:
+            raise ModelError(_status_messages(self, seq, rows).get(status, f"kiln error {status}"))
+        return status
+
+    def _call(self, fn, *args, seq: Sequence | None = None, rows: int = 0) -> int:
+        """Call into C under the model's lock."""
+        with self._lock:
+            status = fn(self._m, *args)
+        return self._check(status, seq, rows)
+
+    # -- sequences ------------------------------------------------------------------------
+    def sequence(self) -> Sequence:
+        """Open a sequence in a free slot (ModelError when all n_seq are open)."""
+        return Sequence(self, self._call(self._lib.kiln_seq_open))
 
     @property
-    def n_threads(self) -> int:
-        return int(self._lib.kiln_n_threads(self._m))
+    def default_sequence(self) -> Sequence:
+        """The sequence the single-sequence calls use, opened on first use."""
+        with self._lock:
+            if self._default is None or self._default.closed:
+                self._default = self.sequence()
+            return self._default
 
-    @property
-    def n_past(self) -> int:
-        return int(self._lib.kiln_n_past(self._m)) if hasattr(self, "_m") else 0
+    def kv_stats(self) -> dict:
+        """The pool's pages (summed over layer groups, and per group) and what the sequences hold."""
+        lib = self._lib
+        groups = []
+        layout = self.compiled.decode.layout.kv
+        with self._lock:
+            for g in layout.groups:
+                used = int(lib.kiln_pages_used(self._m, g.index))
+                groups.append({"window": g.window, "layers": len(g.layers), "pages_total": g.n_pages,
+                               "pages_used": used, "pages_free": g.n_pages - used, "page_bytes": g.page_bytes})
+            past = [int(lib.kiln_seq_n_past(self._m, s)) for s in range(self.options.n_seq)]
+        total, used = sum(g["pages_total"] for g in groups), sum(g["pages_used"] for g in groups)
+        return {"pages_total": total, "pages_used": used, "pages_free": total - used,
+                "utilization": used / total if total else 0.0, "sequences": sum(p >= 0 for p in past),
+                "tokens_cached": sum(p for p in past if p > 0), "page_size": self.options.page_size,
+                "groups": groups}
 
-    def _eval(self, ids, logits_all: bool) -> np.ndarray:
+    # -- steps ----------------------------------------------------------------------------
+    def _tokens(self, ids) -> np.ndarray:
         tokens = np.ascontiguousarray(ids, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:
             raise ModelError("expected a non-empty 1-D sequence of token ids")
         bad = np.flatnonzero((tokens < 0) | (tokens >= self.n_vocab))
         if bad.size:
             raise ModelError(f"token id {int(tokens[bad[0]])} at index {int(bad[0])} is out of range [0, {self.n_vocab})")
-        tokens = tokens.astype(np.int32)
+        return tokens.astype(np.int32)
+
+    def _eval(self, seq: Sequence, ids, logits_all: bool) -> np.ndarray:
+        tokens = self._tokens(ids)
         out = np.empty((tokens.size if logits_all else 1, self.n_vocab), dtype=np.float32)
-        self._check(self._lib.kiln_eval(self._m, self._ffi.cast("int32_t *", self._ffi.from_buffer(tokens)),
-                                        tokens.size, self._ffi.cast("float *", self._ffi.from_buffer(out)),
-                                        int(logits_all)))
-        self.tokens.extend(int(t) for t in tokens)
+        ffi = self._ffi
+        self._call(self._lib.kiln_eval, seq._live(), ffi.cast("int32_t *", ffi.from_buffer(tokens)), tokens.size,
+                   ffi.cast("float *", ffi.from_buffer(out)), int(logits_all), seq=seq)
+        seq.tokens.extend(int(t) for t in tokens)
         return out if logits_all else out[0]
 
+    def step(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]]) -> np.ndarray:
+        """One batched step: each item is (sequence, token or token ids), appended to that sequence.
+        Returns each item's last row of logits, [len(items), vocab]."""
+        if not items:
+            raise ModelError(f"a step takes 1 to {self.options.batch_tokens} rows (batch_tokens, --batch-tokens), got 0")
+        rows, seqs, want = [], [], []
+        for seq, toks in items:
+            if not isinstance(seq, Sequence) or seq.model is not self:
+                raise ModelError(f"step: {seq!r} is not a sequence of this model")
+            ids = self._tokens([toks] if np.ndim(toks) == 0 else toks)
+            rows.append(ids)
+            seqs += [seq._live()] * ids.size
+            want += [0] * (ids.size - 1) + [1]
+        tokens = np.concatenate(rows)
+        seq_arr, want_arr = np.array(seqs, np.int32), np.array(want, np.int8)
+        out = np.empty((len(items), self.n_vocab), dtype=np.float32)
+        ffi = self._ffi
+        batch = ffi.new("kiln_batch *", {"n": tokens.size, "token": ffi.cast("int32_t *", ffi.from_buffer(tokens)),
+                                         "seq": ffi.cast("int32_t *", ffi.from_buffer(seq_arr)),
+                                         "logits": ffi.cast("int8_t *", ffi.from_buffer(want_arr))})
+        first = items[0][0] if len({s.id for s, _ in items}) == 1 else None
+        self._call(self._lib.kiln_step, batch, ffi.cast("float *", ffi.from_buffer(out)), seq=first, rows=tokens.size)
+        for (seq, _), ids in zip(items, rows):
+            seq.tokens.extend(int(t) for t in ids)
+        return out
+
+    # -- the default sequence -------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return self.default_sequence.n_past if self._default is not None and not self._default.closed else 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.default_sequence.tokens
+
+    def prefill(self, ids, logits: str = "last") -> np.ndarray:
+        """Append `ids` to the default sequence; the last token's logits [vocab], or all of them [len(ids), vocab]."""
+        return self.default_sequence.prefill(ids, logits)
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token to the default sequence; its logits [vocab]."""
+        return self.default_sequence.decode(token)
+
+    def reset(self) -> None:
+        self.default_sequence.reset()
+
+    def rollback(self, n: int) -> None:
+        """Keep the first `n` positions of the default sequence."""
+        self.default_sequence.rollback(n)
+
+    def generate(self, prompt: str | list[int], **kw) -> str | Iterator[str]:
+        """Continue `prompt` on the default sequence (see Sequence.generate)."""
+        return self.default_sequence.generate(prompt, **kw)
+
+    def generate_batch(self, prompts: SequenceABC[str | list[int]], max_tokens: int = 128, temperature: float = 0.8,
+                       top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                       seed: int | None = None, stop: list[str] | str | None = None) -> list[str]:
+        """Continue every prompt, decoding all of them together: one step per token serves every
+        sequence still running. Each has its own sampler (seeded seed + i when a seed is given);
+        more prompts than free sequences run in waves."""
+        prompts = list(prompts)
+        ids = [self._prompt_ids(p) for p in prompts]
+        params = [SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty,
+                                 seed=None if seed is None else seed + i) for i in range(len(prompts))]
+        out: list[str] = [""] * len(prompts)
+        todo = list(range(len(prompts)))
+        while todo:
+            wave: list[tuple[int, Sequence]] = []
+            try:
+                while todo:
+                    wave.append((todo[0], self.sequence()))
+                    todo.pop(0)
+            except ModelError:
+                if not wave:
+                    raise
+            try:
+                self._decode_together(wave, ids, params, stop_list(stop), max_tokens, out)
+            finally:
+                for _, s in wave:
+                    s.close()
+        return out
+
+    def _decode_together(self, wave, ids, params, stops, max_tokens, out) -> None:
+        running = []
+        for i, s in wave:
+            logits = s.prefill(ids[i])
+            running.append((i, s, logits, Sampler(params[i]), list(ids[i]), TextStream(self.tokenizer, stops)))
+        eos = self.spec.tokenizer.eos_id
+        for n in range(max_tokens):
+            step = []
+            for i, s, logits, sample, history, text in running:
+                tok = sample(logits, history)
+                if tok == eos:
+                    out[i] += text.finish()
+                    continue
+                history.append(tok)
+                out[i] += text.push(tok)
+                if text.stopped or n + 1 == max_tokens or s.n_past >= self.n_ctx:
+                    out[i] += text.finish()
+                    continue
+                step.append((i, s, tok, sample, history, text))
+            if not step:
+                return
+            logits = self.step([(s, tok) for _, s, tok, *_ in step])
+            running = [(i, s, row, sample, history, text) for (i, s, _, sample, history, text), row in zip(step, logits)]
+
+    # -- text -----------------------------------------------------------------------------
     @property
     def tokenizer(self):
         """Built on first use, so that a model whose tokenizer kiln cannot build still runs on ids."""
@@ -138,88 +406,24 @@ class Model:
     def detokenize(self, ids, special: bool = False) -> str:
         return self.tokenizer.detokenize(ids, special)
 
-    def prefill(self, ids, logits: str = "last") -> np.ndarray:
-        """Append `ids` to the cache; the last token's logits [vocab], or all of them [len(ids), vocab]."""
-        if logits not in ("last", "all"):
-            raise OptionError(f"logits must be 'last' or 'all', got {logits!r}")
-        return self._eval(ids, logits == "all")
-
-    def decode(self, token: int) -> np.ndarray:
-        """Append one token; its logits [vocab]."""
-        return self._eval([int(token)], False)
-
-    def reset(self) -> None:
-        self._check(self._lib.kiln_reset(self._m))
-        self.tokens.clear()
-
-    def rollback(self, n: int) -> None:
-        """Keep the first `n` positions of the cache."""
-        if n < 0 or n > self.n_past:
-            raise ModelError(f"rollback({n}): the cache holds n_past={self.n_past} positions")
-        self._check(self._lib.kiln_rollback(self._m, int(n)))
-        del self.tokens[n:]
-
-    def _reuse_prefix(self, ids: list[int]) -> list[int]:
-        """Roll back to the longest prefix the cache shares with `ids`; return what is left to prefill."""
-        k = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            k += 1
-        k = min(k, len(ids) - 1)  # at least one token must run to produce logits
-        try:
-            self.rollback(k)
-        except ModelError:  # a sliding ring cannot go back that far: start over
-            self.reset()
-            k = 0
-        return ids[k:]
-
-    def generate(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stop: list[str] | str | None = None, stream: bool = False) -> str | Iterator[str]:
-        """Continue `prompt` (text, or token ids). Returns the text, or yields it piece by piece if stream."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
-        pieces = self._generate(prompt, max_tokens, params, [stop] if isinstance(stop, str) else list(stop or []))
-        return pieces if stream else "".join(pieces)
-
-    def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str]) -> Iterator[str]:
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise ModelError("generate: the prompt is empty")
         if len(ids) > self.n_ctx:
-            raise ModelError(f"generate: the prompt has {len(ids)} tokens but n_ctx is {self.n_ctx}")
-        logits = self.prefill(self._reuse_prefix(ids))
-        sample, history = Sampler(params), list(ids)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text, emitted = "", 0
-        eos = self.spec.tokenizer.eos_id
-        for _ in range(max_tokens):
-            tok = sample(logits, history)
-            if tok == eos:
-                break
-            history.append(tok)
-            text += decoder.decode(self.tokenizer.token_bytes(tok))
-            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                yield text[emitted:cut]
-                return
-            # hold back a tail that could still become a stop string
-            hold = max((len(s) - 1 for s in stops), default=0)
-            if len(text) - hold > emitted:
-                yield text[emitted:len(text) - hold]
-                emitted = len(text) - hold
-            if _ + 1 == max_tokens or self.n_past >= self.n_ctx:
-                break
-            logits = self.decode(tok)
-        yield text[emitted:] + decoder.decode(b"", final=True)
+            raise ModelError(f"generate: the prompt has {len(ids)} tokens but n_ctx is {self.n_ctx} (--ctx)")
+        return ids
 
 
 def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", threads: int | None = None,
-         prefill_chunk: int = CompileOptions.prefill_chunk, sanitize: bool = False, log=lambda s: None) -> Model:
+         prefill_chunk: int = CompileOptions.prefill_chunk, n_seq: int = 1, page_size: int = CompileOptions.page_size,
+         kv_pages: int | None = None, batch_tokens: int | None = None, sanitize: bool = False,
+         log=lambda s: None) -> Model:
     """Compile (or reuse the cached build of) `model` and load it. `model` is a GGUF path or a bundled name."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise OptionError(f"threads must be a positive integer, got {threads!r}")
-    opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk)
+    opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, n_seq=n_seq, page_size=page_size,
+                          kv_pages=kv_pages, batch_tokens=batch_tokens)
     return Model(compile_model(model, opts, sanitize, log), threads=threads)
 
 

@@ -8,22 +8,39 @@ from .errors import OptionError
 
 MAX_CTX = 1 << 20
 MAX_PREFILL_CHUNK = 4096
-MAX_SEQ = 64
+MAX_SEQ = 256
+MAX_PAGES = 1 << 22
+# Rows of a page are a multiple of 8 so that attention's groups of eight rows never straddle
+# two pages (runtime_c/attention.c); 64 was measured fastest (README, "Choosing the page size").
+PAGE_SIZE_MULTIPLE = 8
+DEFAULT_PAGE_SIZE = 64
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     ctx: int = 2048
     kv_dtype: DType = DType.F32
-    prefill_chunk: int = 256  # clamped to ctx: a chunk longer than the context is never needed
-    n_seq: int = 1
+    prefill_chunk: int = 256  # tokens of one sequence per step; clamped to ctx and to batch_tokens
+    n_seq: int = 1  # sequences live at once
+    page_size: int = DEFAULT_PAGE_SIZE  # positions per KV page
+    kv_pages: int | None = None  # pages of the full-context pool; None: n_seq x ctx worth
+    batch_tokens: int | None = None  # rows one step takes; None: the prefill chunk
 
     def __post_init__(self) -> None:
         _check_range("ctx", "--ctx", self.ctx, 1, MAX_CTX)
         _check_range("prefill_chunk", "--prefill-chunk", self.prefill_chunk, 1, MAX_PREFILL_CHUNK)
         _check_range("n_seq", "--n-seq", self.n_seq, 1, MAX_SEQ)
+        _check_range("page_size", "--page-size", self.page_size, PAGE_SIZE_MULTIPLE, 4096)
+        if self.page_size % PAGE_SIZE_MULTIPLE:
+            raise OptionError(f"page_size (--page-size) must be a multiple of {PAGE_SIZE_MULTIPLE}, "
+                              f"got {self.page_size}")
+        if self.kv_pages is not None:
+            _check_range("kv_pages", "--kv-pages", self.kv_pages, 1, MAX_PAGES)
+        batch = self.prefill_chunk if self.batch_tokens is None else self.batch_tokens
+        _check_range("batch_tokens", "--batch-tokens", batch, 1, MAX_PREFILL_CHUNK)
         object.__setattr__(self, "kv_dtype", parse_kv_dtype(self.kv_dtype))
-        object.__setattr__(self, "prefill_chunk", min(self.prefill_chunk, self.ctx))
+        object.__setattr__(self, "batch_tokens", batch)
+        object.__setattr__(self, "prefill_chunk", min(self.prefill_chunk, self.ctx, batch))
 
 
 def _check_range(name: str, flag: str, value: object, lo: int, hi: int) -> None:

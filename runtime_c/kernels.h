@@ -56,20 +56,35 @@ void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int r
 #define KILN_MAX_HEAD_DIM 512
 /* f32 row x[n] -> dst in a cache type (f32, f16, q8_0) */
 void kiln_quantize_row(int type, const float *x, void *dst, int n);
-/* write k,v[n_tokens][n_head_kv][head_dim] at rows pos[t] % capacity of a head-major cache of `type` */
-void kiln_kv_store(int type, void *k_cache, void *v_cache, const float *k, const float *v, const int32_t *pos,
-                   int n_tokens, int capacity, int n_head_kv, int head_dim);
-/* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over cached positions j in (pos[t] - window, pos[t]]
-   (window 0: all of 0..pos[t]); rows are dequantized from `type` as they are read. One token with
-   splits > 1 splits its positions into that many ranges, merged at the end; scratch holds their
-   partial softmax: n_head * splits * (head_dim + 2) floats. */
-#define KILN_ATTN_SCRATCH_FLOATS(n_head, splits, head_dim) ((n_head) * (splits) * ((head_dim) + 2))
-void kiln_attention(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
-                    const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                    float scale, int splits, void *scratch);
+
+/* One layer's view of the paged KV pool (kv_plan.py): position p of sequence s lives in page
+ * tables[s * max_blocks + p / page_size], at row p % page_size of each kv head, K at k_off and
+ * V at v_off within the page: [n_head_kv][page_size][row]. */
+typedef struct {
+    uint8_t *pages;        /* the layer group's pool: [n_pages][page_bytes] */
+    size_t page_bytes;
+    size_t k_off, v_off;
+    const int32_t *tables; /* [n_seq][max_blocks] */
+    int max_blocks, page_size;
+    int window;            /* 0: a query at p sees positions 0..p; else p - window + 1 .. p */
+} kiln_kv_view;
+
+/* write k,v[n_tokens][n_head_kv][head_dim] of token t at position row[t] of sequence seq[t] */
+void kiln_kv_store(int type, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
+                   const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
+/* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
+   its sequence. Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
+   softmax is computed on its own and the spans are merged in order, so a token's result does not
+   depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
+   its (kv head, span) items over the threads; scratch holds n_head * max_spans * (head_dim + 2)
+   floats of partial softmax (a longer history takes the sequential path, with the same result). */
+#define KILN_ATTN_SPAN 64
+#define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + 2))
+void kiln_attention(int type, float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
+                    int max_spans);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
-void kiln_attention_ref(int type, float *out, const float *q, const int32_t *pos, int n_tokens, const void *k_cache,
-                        const void *v_cache, int capacity, int window, int n_head, int n_head_kv, int head_dim,
-                        float scale);
+void kiln_attention_ref(int type, float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale);
 
 #endif

@@ -22,10 +22,11 @@ void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *
 /* kiln_matmul_x8: groups of 8 output rows split in ranges */
 void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
                        int n_in, const float *x, int n_rows, float *y, void *scratch);
-/* kiln_attention: (token block, heads) items, or one token's (kv head, range) items, dealt round-robin */
-void kiln_attention_mt(const kiln_thread *t, int type, float *out, const float *q, const int32_t *pos, int n_tokens,
-                       const void *k_cache, const void *v_cache, int capacity, int window, int n_head,
-                       int n_head_kv, int head_dim, float scale, int splits, void *scratch);
+/* kiln_attention: (token block, query heads of one kv head) items, or one token's (kv head, span)
+ * items, dealt round-robin */
+void kiln_attention_mt(const kiln_thread *t, int type, float *out, const float *q, const int32_t *seq,
+                       const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
+                       int head_dim, float scale, void *scratch, int max_spans);
 
 /* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
 void kiln_embed_mt(const kiln_thread *t, int type, float *y, const void *table, const int32_t *ids, int rows,
@@ -34,8 +35,10 @@ void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const floa
                       int n, int rows);
 void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
                   int head_dim, float base, int neox);
-void kiln_kv_store_mt(const kiln_thread *t, int type, void *k_cache, void *v_cache, const float *k, const float *v,
-                      const int32_t *pos, int n_tokens, int capacity, int n_head_kv, int head_dim);
+void kiln_kv_store_mt(const kiln_thread *t, int type, const kiln_kv_view *kv, const float *k, const float *v,
+                      const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
+/* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
+void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd);
 void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_geglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);

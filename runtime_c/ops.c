@@ -1,6 +1,7 @@
 /* ops.c: scalar reference kernels for the f32 elementwise and normalisation ops. */
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "fp16.h"
 #include "kernels.h"
@@ -118,3 +119,9 @@ void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t 
 ELEMENTWISE_MT(kiln_add)
 ELEMENTWISE_MT(kiln_swiglu)
 ELEMENTWISE_MT(kiln_geglu)
+
+void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd) {
+    int r0, r1;
+    kiln_share(t, n, 1, &r0, &r1);
+    for (int r = r0; r < r1; r++) memcpy(y + (size_t)r * n_embd, x + (size_t)rows[r] * n_embd, (size_t)n_embd * sizeof(float));
+}

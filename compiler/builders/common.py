@@ -25,7 +25,10 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.layer: int | None = None
         self.tokens = Value("inp_tokens", ValueKind.INPUT, (n_tokens,), DType.I32)
-        self.pos = Value("inp_pos", ValueKind.INPUT, (n_tokens,), DType.I32)
+        self.pos = Value("inp_pos", ValueKind.INPUT, (n_tokens,), DType.I32)  # rope positions
+        self.seq = Value("inp_seq", ValueKind.INPUT, (n_tokens,), DType.I32)  # each row's sequence
+        self.row = Value("inp_row", ValueKind.INPUT, (n_tokens,), DType.I32)  # its index in the sequence's cache
+        self.out = Value("inp_out", ValueKind.INPUT, (n_tokens,), DType.I32)  # rows whose logits are wanted
         self.x: Value = self.tokens  # residual stream
         self.cur: Value = self.tokens  # output of the latest stage
         self.q = self.k = self.v = self.tokens
@@ -61,6 +64,7 @@ class GraphBuilder:
     def logits(self) -> None:
         self.layer = None
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
+        x = self.emit(Op.SELECT_ROWS, "result_rows", (x, self.out), x.shape)
         tied = self.tmpl.lm_head is LMHead.TIED or "output.weight" not in self.spec.tensors
         head = self.weight("output.weight", view_of="token_embd.weight" if tied else None)
         logits = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_vocab), DType.F32)
@@ -74,7 +78,8 @@ class GraphBuilder:
 
     def graph(self) -> Graph:
         logits = self.nodes[-1].outputs[0]
-        return Graph(self.mode, self.T, (self.tokens, self.pos), (logits,), tuple(self.nodes))
+        inputs = (self.tokens, self.pos, self.seq, self.row, self.out)
+        return Graph(self.mode, self.T, inputs, (logits,), tuple(self.nodes))
 
 
 # -- block stages ---------------------------------------------------------------------------

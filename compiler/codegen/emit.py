@@ -9,7 +9,6 @@ from typing import Callable, Mapping
 from ..errors import KilnError
 from ..ir import Node, Op, Value, ValueKind
 from ..passes.kernel_select import X8_KERNELS
-from ..passes.scratch import ATTENTION_SPLITS
 from ..templates import RopeLayout
 
 
@@ -61,6 +60,7 @@ def _c_symbols() -> dict[str, str]:
         "rope_pairwise_f32": "kiln_rope",
         "rope_neox_f32": "kiln_rope",
         "add_f32": "kiln_add",
+        "select_rows_f32": "kiln_select_rows",
         "swiglu_f32": "kiln_swiglu",
         "geglu_f32": "kiln_geglu",
     }
@@ -83,17 +83,22 @@ def _rms_norm(n: Node, ctx: EmitContext) -> list[str]:
             c_float(n.attrs.eps), str(x.shape[-1]), rows]
 
 
-def _matmul(n: Node, ctx: EmitContext, rows: str = "n", x_offset: str = "") -> list[str]:
+def _matmul(n: Node, ctx: EmitContext, rows: str = "n") -> list[str]:
     x, w, *bias = n.inputs
     b = f"(const float *){weight(bias[0])}" if bias else "NULL"
     weights = [f"P({ctx.packed[w.tensor.name]:#x})", weight(w)] if n.kernel in X8_KERNELS else [weight(w)]
-    return [c_type(w), *weights, b, str(w.shape[0]), str(w.shape[1]), c_name(x) + x_offset, rows,
+    return [c_type(w), *weights, b, str(w.shape[0]), str(w.shape[1]), c_name(x), rows,
             c_name(n.outputs[0]), c_name(n.scratch)]
 
 
 def _logits(n: Node, ctx: EmitContext) -> list[str]:
-    # the last n_logits rows of the normed hidden state, straight into the caller's buffer
-    return _matmul(n, ctx, rows="n_logits", x_offset=f" + (size_t)(n - n_logits) * {n.inputs[1].shape[1]}")
+    # the selected rows of the normed hidden state, straight into the caller's buffer
+    return _matmul(n, ctx, rows="n_logits")
+
+
+def _select_rows(n: Node, ctx: EmitContext) -> list[str]:
+    x, rows = n.inputs
+    return [c_name(n.outputs[0]), c_name(x), c_name(rows), "n_logits", str(row(x))]
 
 
 def _rope(n: Node, ctx: EmitContext) -> list[str]:
@@ -103,19 +108,23 @@ def _rope(n: Node, ctx: EmitContext) -> list[str]:
             "1" if a.layout is RopeLayout.NEOX else "0"]
 
 
+def kv_view(kv: Value) -> str:
+    return f"&m->kv_view[{kv.layer}]"
+
+
 def _kv_store(n: Node, ctx: EmitContext) -> list[str]:
-    k, v, pos, kv = n.inputs
-    return [c_type(kv), f"KV_K({kv.layer})", f"KV_V({kv.layer})", c_name(k), c_name(v), c_name(pos), "n",
-            f"KV_CAP[{kv.layer}]", str(k.shape[1]), str(k.shape[2])]
+    k, v, seq, pos, kv = n.inputs
+    return [c_type(kv), kv_view(kv), c_name(k), c_name(v), c_name(seq), c_name(pos), "n", str(k.shape[1]),
+            str(k.shape[2])]
 
 
 def _attention(n: Node, ctx: EmitContext) -> list[str]:
-    q, pos, kv = n.inputs
+    q, seq, pos, kv = n.inputs
     a = n.attrs
-    split = [str(ATTENTION_SPLITS), c_name(n.scratch)] if n.scratch else ["1", "NULL"]
-    return [c_type(kv), c_name(n.outputs[0]), c_name(q), c_name(pos), "n", f"KV_K({kv.layer})", f"KV_V({kv.layer})",
-            f"KV_CAP[{kv.layer}]", f"KV_WINDOW[{kv.layer}]", str(a.n_head), str(a.n_head_kv), str(a.head_dim),
-            c_float(a.scale), *split]
+    spans = n.scratch.shape[0] // (4 * a.n_head * (a.head_dim + 2)) if n.scratch else 0
+    return [c_type(kv), c_name(n.outputs[0]), c_name(q), c_name(seq), c_name(pos), "n", kv_view(kv), str(a.n_head),
+            str(a.n_head_kv), str(a.head_dim), c_float(a.scale), c_name(n.scratch) if n.scratch else "NULL",
+            str(spans)]
 
 
 def _binary(n: Node, ctx: EmitContext) -> list[str]:
@@ -127,6 +136,7 @@ ARGS: dict[Op, Callable[[Node, EmitContext], list[str]]] = {
     Op.EMBED: _embed,
     Op.RMS_NORM: _rms_norm,
     Op.MATMUL: _matmul,
+    Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _logits,
     Op.ROPE: _rope,
     Op.KV_STORE: _kv_store,

@@ -42,6 +42,9 @@ def _node_lines(n: Node, offsets: dict[str, int], ctx: EmitContext) -> list[str]
     return lines
 
 
+STEP_INPUTS = ("inp_tokens", "inp_pos", "inp_seq", "inp_row", "inp_out")
+
+
 def _step(p: Planned, ctx: EmitContext) -> dict:
     offsets = {b.name: b.offset for b in p.layout.region("activations")}
     body, layer = [], None
@@ -55,17 +58,10 @@ def _step(p: Planned, ctx: EmitContext) -> dict:
         "mode": p.graph.mode.value,
         "n_tokens": p.graph.n_tokens,
         "n_ops": len(p.graph.nodes),
-        "tokens_offset": f"{offsets['inp_tokens']:#x}",
-        "pos_offset": f"{offsets['inp_pos']:#x}",
+        "inputs": STEP_INPUTS,
+        "offsets": {name: f"{offsets[name]:#x}" for name in STEP_INPUTS},
         "body": body,
     }
-
-
-def rollback_limit(p: Planned) -> int:
-    """How many positions back a rollback can go before a sliding ring has lost what it needs."""
-    kv = p.layout.kv
-    limits = [ly.capacity - ly.window + 1 for ly in kv.layers if ly.window and ly.capacity < kv.ctx]
-    return min(limits, default=-1)
 
 
 def generate(decode: Planned, prefill: Planned) -> Generated:
@@ -79,12 +75,13 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
     ctx = {
         "model": spec.path.name, "arch": spec.arch, "version": __version__,
         "ctx": opts.ctx, "kv_dtype": opts.kv_dtype.label, "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
+        "page_size": kv.page_size, "batch_tokens": opts.batch_tokens,
         "n_vocab": spec.hparams.n_vocab, "n_layer": spec.hparams.n_layer,
-        "rollback_limit": rollback_limit(decode),
         "file_size": spec.file_size, "header_bytes": spec.data_offset, "header_crc32": header_crc,
-        "kv_bytes": kv.total_bytes, "kv_seq_stride": kv.seq_stride,
-        "kv_k": [f"{ly.k_offset:#x}" for ly in kv.layers], "kv_v": [f"{ly.v_offset:#x}" for ly in kv.layers],
-        "kv_cap": [ly.capacity for ly in kv.layers], "kv_window": [ly.window or 0 for ly in kv.layers],
+        "groups": [{"window": g.window or 0, "n_pages": g.n_pages, "page_bytes": g.page_bytes} for g in kv.groups],
+        "kv_group": [ly.group for ly in kv.layers],
+        "kv_k": [f"{ly.offset:#x}" for ly in kv.layers],
+        "kv_v": [f"{ly.offset + ly.half_bytes:#x}" for ly in kv.layers],
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
         "steps": [_step(decode, emit_ctx), _step(prefill, emit_ctx)],

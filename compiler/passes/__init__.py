@@ -23,7 +23,7 @@ PIPELINE: tuple[tuple[str, Callable[[Graph, PassContext], Graph]], ...] = (
     ("validate_built", lambda g, c: validate(g, c.spec)),
     ("kv_insert", lambda g, c: insert_kv_ops(g, c.kv)),
     ("kernel_select", lambda g, c: select_kernels(g)),
-    ("scratch", lambda g, c: add_scratch(g)),
+    ("scratch", lambda g, c: add_scratch(g, c.kv)),
     ("validate", lambda g, c: validate(g, c.spec)),
 )
 

@@ -30,6 +30,7 @@ KERNELS: dict[KernelKey, str] = {
     **{(Op.ATTENTION, "decode", t): f"attention_decode_{t.label}" for t in _KV},
     **{(Op.ATTENTION, "prefill", t): f"attention_prefill_{t.label}" for t in _KV},
     (Op.ADD, "", DType.F32): "add_f32",
+    (Op.SELECT_ROWS, "", DType.F32): "select_rows_f32",
     (Op.GLU, "swiglu", DType.F32): "swiglu_f32",
     (Op.GLU, "geglu", DType.F32): "geglu_f32",
 }

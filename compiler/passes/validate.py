@@ -62,7 +62,7 @@ def _attention(n: Node) -> str | None:
     if q.shape[1:] != (a.n_head, a.head_dim) or out.shape != (q.shape[0], a.n_head * a.head_dim):
         return f"q {q.shape} or output {out.shape} disagree with {a.n_head} heads of {a.head_dim}"
     if rest[-1].kind is ValueKind.KV:
-        _, kv = rest
+        *_, kv = rest
         if kv.shape[1] != a.n_head_kv or kv.shape[3] != a.head_dim:
             return f"kv cache {kv.shape} disagrees with {a.n_head_kv} kv heads of {a.head_dim}"
     else:
@@ -73,9 +73,9 @@ def _attention(n: Node) -> str | None:
 
 
 def _kv_write(n: Node) -> str | None:
-    k, v, pos, kv = n.inputs
-    if not _same(k.shape, v.shape) or pos.shape != (k.shape[0],) or kv.shape[1::2] != k.shape[1:]:
-        return f"k {k.shape}, v {v.shape}, pos {pos.shape} do not fit cache {kv.shape}"
+    k, v, seq, row, kv = n.inputs
+    if not _same(k.shape, v.shape) or not _same(seq.shape, row.shape, (k.shape[0],)) or kv.shape[1::2] != k.shape[1:]:
+        return f"k {k.shape}, v {v.shape}, seq {seq.shape}, row {row.shape} do not fit cache {kv.shape}"
     if n.outputs:
         return "a cache write has no outputs"
     return None
@@ -84,6 +84,13 @@ def _kv_write(n: Node) -> str | None:
 def _elementwise(n: Node) -> str | None:
     if not _same(*(v.shape for v in n.inputs + n.outputs)):
         return f"shapes {[v.shape for v in n.inputs + n.outputs]} differ"
+    return None
+
+
+def _select_rows(n: Node) -> str | None:
+    (x, rows), (out,) = n.inputs, n.outputs
+    if out.shape != x.shape or rows.shape != (x.shape[0],):
+        return f"rows {rows.shape} of {x.shape} do not make {out.shape}"
     return None
 
 
@@ -97,6 +104,7 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.KV_BATCH_COPY: _kv_write,
     Op.ADD: _elementwise,
     Op.GLU: _elementwise,
+    Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _matmul,
 }
 assert set(SHAPE_RULES) == set(Op)

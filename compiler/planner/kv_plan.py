@@ -1,13 +1,20 @@
-"""The persistent KV region: per sequence slot, layer-major outside and head-major inside.
+"""The KV pool: pages of `page_size` positions, shared by up to n_seq sequences.
 
-    slot s, layer l, K|V, kv_head h, cache row r  ->
-        s*seq_stride + (k_offset[l] | v_offset[l]) + (h*capacity[l] + r) * row_bytes
+Layers form groups by how much history they keep: the full-context layers, and the
+sliding-window layers (Gemma 3's local layers). Each group has a pool of its own, because
+its pages live for different times: a sliding layer's page goes back to the pool once it
+has left the window. A page of a group holds page_size positions of every layer in it,
+head-major inside so that attention streams one head's rows of a page contiguously:
 
-Global layers hold the whole context (row r = position). Sliding-window layers hold a ring
-and write position p at row p % capacity. A prefill chunk of T tokens starting at p writes
-rows for p..p+T-1 before attending, and its first query (at p) still needs keys back to
-p-window+1; so window+T-1 rows are live at once and capacity = window + chunk - 1 is enough
-(decode is the case T = 1).
+    group g, page p, layer l, K=0|V=1, kv_head h, row r (= position % page_size) ->
+        pool_offset[g] + p*page_bytes[g] + layer_offset[l] + kv*half_bytes[l] + (h*page_size + r)*row_bytes
+
+A sequence maps positions to pages through one block table per group (block b holds
+positions b*page_size ..). A sliding group needs at most the pages that cover the window
+plus one step's tokens: a step of T tokens from position P attends from P - window + 1 to
+P + T - 1, window + T - 1 positions, which touch at most ceil((window + T - 2) / page_size) + 1
+pages. So its pool holds that bound for every sequence, and the full-context pool is the one
+`--kv-pages` sizes.
 """
 from __future__ import annotations
 
@@ -26,15 +33,33 @@ def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 @dataclass(frozen=True)
 class KVLayer:
     layer: int
     kind: LayerKind
     window: int | None
-    capacity: int  # cache rows per kv head
-    k_offset: int  # within a sequence slot
-    v_offset: int
-    bytes: int  # K and V of this layer, one slot
+    group: int
+    offset: int  # of this layer's K within a page of its group; V follows at offset + half_bytes
+    half_bytes: int  # K (or V) of one page: n_head_kv x page_size rows
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    index: int
+    window: int | None  # None: the group holds the whole context
+    layers: tuple[int, ...]
+    page_bytes: int
+    n_pages: int
+    seq_pages: int  # the most pages one sequence holds at once
+    pool_offset: int  # of this group's pool in the KV region
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.n_pages * self.page_bytes
 
 
 @dataclass(frozen=True)
@@ -42,29 +67,38 @@ class KVPlan:
     dtype: DType
     n_seq: int
     ctx: int
+    page_size: int
     n_head_kv: int
     head_dim: int
     row_bytes: int  # one position of one head
-    seq_stride: int  # bytes per sequence slot
+    max_blocks: int  # block-table entries per sequence and group: ceil(ctx / page_size)
+    groups: tuple[KVGroup, ...]
     layers: tuple[KVLayer, ...]
 
     @property
     def total_bytes(self) -> int:
-        return self.seq_stride * self.n_seq
+        return sum(g.pool_bytes for g in self.groups)
 
     @property
     def full_context_bytes(self) -> int:
-        """What the region would take if every layer held the whole context."""
-        return self.n_seq * len(self.layers) * 2 * align(self.n_head_kv * self.ctx * self.row_bytes)
+        """n_seq x ctx positions in every layer: what the cache would take without pages or windows."""
+        return self.n_seq * self.ctx * len(self.layers) * 2 * self.n_head_kv * self.row_bytes
 
-    def row(self, layer: int, pos: int) -> int:
-        return pos % self.layers[layer].capacity
+    @property
+    def page_tokens_bytes(self) -> int:
+        """Bytes one position takes across every layer (all groups)."""
+        return len(self.layers) * 2 * self.n_head_kv * self.row_bytes
 
-    def offset(self, seq: int, layer: int, kv: int, head: int, pos: int) -> int:
-        """Byte offset of (slot, layer, K=0|V=1, kv_head, position) in the KV region."""
+    def offset(self, page: int, layer: int, kv: int, head: int, row: int) -> int:
+        """Byte offset of (page, layer, K=0|V=1, kv_head, row in page) in the KV region."""
         ly = self.layers[layer]
-        base = ly.v_offset if kv else ly.k_offset
-        return seq * self.seq_stride + base + (head * ly.capacity + self.row(layer, pos)) * self.row_bytes
+        g = self.groups[ly.group]
+        return (g.pool_offset + page * g.page_bytes + ly.offset + kv * ly.half_bytes
+                + (head * self.page_size + row) * self.row_bytes)
+
+
+def _group_key(kind: LayerKind, hp: HParams) -> int | None:
+    return hp.sliding_window if kind is LayerKind.LOCAL else None
 
 
 def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
@@ -73,13 +107,28 @@ def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
             f"kv_dtype (--kv-dtype) {opts.kv_dtype.label} stores blocks of {opts.kv_dtype.block_elems} "
             f"but head_dim is {hp.head_dim}; use f16 or f32"
         )
-    row_bytes = opts.kv_dtype.nbytes(hp.head_dim)
-    layers, off = [], 0
-    for il in range(hp.n_layer):
-        kind = tmpl.layer_kind(il)
-        window = hp.sliding_window if kind is LayerKind.LOCAL else None
-        capacity = opts.ctx if window is None else min(opts.ctx, window + opts.prefill_chunk - 1)
-        half = align(hp.n_head_kv * capacity * row_bytes)
-        layers.append(KVLayer(il, kind, window, capacity, off, off + half, 2 * half))
-        off += 2 * half
-    return KVPlan(opts.kv_dtype, opts.n_seq, opts.ctx, hp.n_head_kv, hp.head_dim, row_bytes, off, tuple(layers))
+    ps, row_bytes = opts.page_size, opts.kv_dtype.nbytes(hp.head_dim)
+    max_blocks = ceil_div(opts.ctx, ps)
+    windows = [_group_key(tmpl.layer_kind(il), hp) for il in range(hp.n_layer)]
+    # full-context group first, then sliding groups by window: a fixed order for a fixed layout
+    keys = sorted(set(windows), key=lambda w: (w is not None, w or 0))
+    half = align(hp.n_head_kv * ps * row_bytes)
+    layers: list[KVLayer] = []
+    groups: list[KVGroup] = []
+    pool_offset = 0
+    for gi, window in enumerate(keys):
+        members = tuple(il for il in range(hp.n_layer) if windows[il] == window)
+        if window is None:
+            seq_pages = max_blocks
+            n_pages = opts.n_seq * max_blocks if opts.kv_pages is None else opts.kv_pages
+        else:
+            seq_pages = min(max_blocks, ceil_div(window + opts.batch_tokens - 2, ps) + 1)
+            n_pages = opts.n_seq * seq_pages
+        for i, il in enumerate(members):
+            layers.append(KVLayer(il, tmpl.layer_kind(il), window, gi, 2 * i * half, half))
+        page_bytes = 2 * half * len(members)
+        groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
+        pool_offset += align(n_pages * page_bytes)
+    layers.sort(key=lambda ly: ly.layer)
+    return KVPlan(opts.kv_dtype, opts.n_seq, opts.ctx, ps, hp.n_head_kv, hp.head_dim, row_bytes, max_blocks,
+                  tuple(groups), tuple(layers))

@@ -1,8 +1,8 @@
 """The memory layout of one mode: every buffer with its region, offset, size and live range.
 
 Offsets are relative to their region: weights to the GGUF file (they are mmapped views),
-kv to the KV region (one slot; slots repeat every `seq_stride` bytes), activations to the
-activation arena.
+kv to a page of the layer's group (kv_plan.py: pages repeat every page_bytes in the group's
+pool), activations to the activation arena.
 """
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ class LayoutConfig:
     kv_dtype: str
     prefill_chunk: int
     n_seq: int
+    page_size: int
+    kv_pages: int  # pages of the full-context pool (the sliding pools hold n_seq x their bound)
+    batch_tokens: int
     rope_base_local: float | None
     hparams: HParams
 
@@ -75,6 +78,7 @@ def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions,
     config = LayoutConfig(
         model=spec.path.name, arch=spec.arch, mode=g.mode.value, n_tokens=g.n_tokens, ctx=opts.ctx,
         kv_dtype=opts.kv_dtype.label, prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq,
+        page_size=kv.page_size, kv_pages=kv.groups[0].n_pages, batch_tokens=opts.batch_tokens,
         rope_base_local=tmpl.rope_base_local, hparams=spec.hparams,
     )
     lts = lifetimes(g)
@@ -120,10 +124,11 @@ def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:
     reads = {n.layer: i for i, n in enumerate(g.nodes) if n.op is Op.ATTENTION}
     out = []
     for ly in kv.layers:
-        shape = (kv.n_head_kv, ly.capacity, kv.head_dim)
-        half = ly.bytes // 2
-        note = "persistent" + (f"; ring of {ly.capacity} for window {ly.window}" if ly.window else "")
-        for part, offset in (("k", ly.k_offset), ("v", ly.v_offset)):
-            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, half, shape, kv.dtype.label,
+        g = kv.groups[ly.group]
+        shape = (kv.n_head_kv, kv.page_size, kv.head_dim)
+        note = f"in each page of group {g.index} ({g.n_pages} pages of {g.page_bytes:,} bytes" + (
+            f"; window {ly.window})" if ly.window else ")")
+        for part, offset in (("k", ly.offset), ("v", ly.offset + ly.half_bytes)):
+            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, ly.half_bytes, shape, kv.dtype.label,
                               writes.get(ly.layer, 0), reads.get(ly.layer, 0), note))
     return out

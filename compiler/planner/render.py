@@ -39,27 +39,37 @@ def render_text(lay: Layout) -> str:
             f"  weights          {_mib(lay.weights_bytes)}, mmapped views of the GGUF",
             f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, in a file the "
             f"compiler writes and the library maps (where the build has the x8 kernel)",
-            f"  kv               {_mib(kv.total_bytes)}: {kv.n_seq} slot(s) x {len(kv.layers)} layers, {kv.dtype.label}",
+            f"  kv pool          {_mib(kv.total_bytes)}: pages of {kv.page_size} positions, {kv.dtype.label}, "
+            f"shared by up to {kv.n_seq} sequence(s)",
             f"  activations      {_mib(lay.activation_bytes)}",
             f"    without reuse  {_mib(lay.activation_bytes_without_reuse)}; "
             f"reuse saves {saved:,} bytes ({_pct(saved, lay.activation_bytes_without_reuse)})",
             f"    peak live      {_mib(lay.activation_peak_live_bytes)} (lower bound for any allocator)"]
-    ring_saved = kv.full_context_bytes - kv.total_bytes
-    if ring_saved:
-        out.append(f"  kv if every layer held all {kv.ctx} positions: {_mib(kv.full_context_bytes)}; "
-                   f"sliding-window rings save {ring_saved:,} bytes ({_pct(ring_saved, kv.full_context_bytes)})")
+    saved = kv.full_context_bytes - kv.total_bytes
+    out.append(f"  kv without paging {_mib(kv.full_context_bytes)}: {kv.n_seq} x {kv.ctx} positions in every layer; "
+               f"the pool saves {saved:,} bytes ({_pct(saved, kv.full_context_bytes)})")
 
     out += ["", "ACTIVATIONS (offsets within the activation arena; live = op range in the schedule)"]
     out += _buffer_rows(lay.region("activations"))
 
-    out += ["", f"KV CACHE (offsets within one sequence slot; slot stride {kv.seq_stride:,} bytes; "
-                f"row = {kv.row_bytes} bytes = one position of one head)",
-            f"  {'layer':>5}  {'kind':<6} {'window':>6} {'capacity':>8}  {'k_offset':>12}  {'v_offset':>12}  {'bytes':>12}"]
+    out += ["", f"KV POOL (pages of {kv.page_size} positions; row = {kv.row_bytes} bytes = one position of one head; "
+                f"block tables of {kv.max_blocks} entries per sequence and group)",
+            f"  {'group':>5}  {'window':>6} {'layers':>6}  {'page bytes':>12}  {'pages':>7}  {'per seq':>7}  "
+            f"{'pool offset':>12}  {'pool bytes':>14}"]
+    for g in kv.groups:
+        out.append(f"  {g.index:>5}  {g.window or '-':>6} {len(g.layers):>6}  {g.page_bytes:>12,}  {g.n_pages:>7}  "
+                   f"{g.seq_pages:>7}  {g.pool_offset:#12x}  {g.pool_bytes:>14,}")
+    for g in kv.groups:
+        if g.window:
+            out.append(f"  group {g.index}: a sequence holds at most {g.seq_pages} pages ({g.seq_pages * kv.page_size} "
+                       f"positions) of its sliding layers: the window of {g.window} plus a step's "
+                       f"{lay.config.batch_tokens} rows; older pages return to the pool")
+    out += [f"  {'layer':>5}  {'kind':<6} {'window':>6} {'group':>5}  {'k_offset':>12}  {'v_offset':>12}  {'bytes/page':>12}"]
     for ly in kv.layers:
-        out.append(f"  {ly.layer:>5}  {ly.kind.value:<6} {ly.window or '-':>6} {ly.capacity:>8}  "
-                   f"{ly.k_offset:#12x}  {ly.v_offset:#12x}  {ly.bytes:>12,}")
-    out.append(f"  offset(slot, layer, K|V, head, pos) = slot*{kv.seq_stride} + (k|v)_offset[layer] "
-               f"+ (head*capacity[layer] + pos % capacity[layer]) * {kv.row_bytes}")
+        out.append(f"  {ly.layer:>5}  {ly.kind.value:<6} {ly.window or '-':>6} {ly.group:>5}  "
+                   f"{ly.offset:#12x}  {ly.offset + ly.half_bytes:#12x}  {2 * ly.half_bytes:>12,}")
+    out.append(f"  offset(page, layer, K|V, head, row) = pool_offset[group] + page*page_bytes[group] + "
+               f"k_offset[layer] + (V ? {kv.layers[0].half_bytes} : 0) + (head*{kv.page_size} + row) * {kv.row_bytes}")
 
     out += ["", "WEIGHTS (offsets within the GGUF file)"]
     out += _buffer_rows(lay.region("weights"))
@@ -82,7 +92,17 @@ def layout_dict(lay: Layout) -> dict:
             "activation_peak_live_bytes": lay.activation_peak_live_bytes,
             "kv_bytes": kv.total_bytes,
             "kv_bytes_full_context": kv.full_context_bytes,
-            "kv_seq_stride": kv.seq_stride,
+        },
+        "kv_pool": {
+            "page_size": kv.page_size,
+            "n_pages": sum(g.n_pages for g in kv.groups),
+            "page_bytes": sum(g.page_bytes for g in kv.groups),
+            "pool_bytes": kv.total_bytes,
+            "max_seq": kv.n_seq,
+            "bytes_without_paging": kv.full_context_bytes,
+            "groups": [{"group": g.index, "window": g.window, "layers": list(g.layers), "page_bytes": g.page_bytes,
+                        "n_pages": g.n_pages, "pages_per_seq_max": g.seq_pages, "pool_offset": g.pool_offset,
+                        "pool_bytes": g.pool_bytes} for g in kv.groups],
         },
         "buffers": [
             {"name": b.name, "region": b.region, "offset": b.offset, "size": b.size, "shape": list(b.shape),
@@ -90,8 +110,8 @@ def layout_dict(lay: Layout) -> dict:
             for b in lay.buffers
         ],
         "kv": [
-            {"layer": ly.layer, "kind": ly.kind.value, "window": ly.window, "capacity": ly.capacity,
-             "k_offset": ly.k_offset, "v_offset": ly.v_offset, "bytes": ly.bytes}
+            {"layer": ly.layer, "kind": ly.kind.value, "window": ly.window, "group": ly.group,
+             "k_offset": ly.offset, "v_offset": ly.offset + ly.half_bytes, "bytes_per_page": 2 * ly.half_bytes}
             for ly in kv.layers
         ],
     }

@@ -1,0 +1,189 @@
+/* kv_pool.c: pages, reference counts and block tables (see kv_pool.h).
+ *
+ * A page is free when its count is 0 and its id is on the group's free stack. A block-table
+ * entry holds one reference. Fork copies the table and takes a reference per page; a step
+ * that writes into a page someone else also holds copies it first, so a shared page is
+ * never written.
+ */
+#include "kv_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+
+static int32_t *table_of(const kiln_kv *kv, int group, int seq) {
+    return kv->g[group].tables + (size_t)seq * kv->max_blocks;
+}
+
+int kiln_kv_init(kiln_kv *kv, const kiln_kv_shape *s) {
+    memset(kv, 0, sizeof *kv);
+    kv->n_seq = s->n_seq, kv->n_ctx = s->n_ctx, kv->page_size = s->page_size, kv->n_groups = s->n_groups;
+    kv->max_blocks = (s->n_ctx + s->page_size - 1) / s->page_size;
+    kv->n_past = malloc(sizeof(int32_t) * (size_t)s->n_seq);
+    int ok = kv->n_past != NULL;
+    for (int gi = 0; gi < s->n_groups && ok; gi++) {
+        kiln_kv_group *g = &kv->g[gi];
+        g->window = s->window[gi], g->n_pages = s->n_pages[gi], g->page_bytes = s->page_bytes[gi];
+        /* zeroed, so that a page's unwritten rows are finite numbers (attention multiplies them by 0) */
+        g->pages = aligned_alloc(64, (g->page_bytes * (size_t)g->n_pages + 63) / 64 * 64);
+        g->refs = calloc((size_t)g->n_pages, sizeof(int32_t));
+        g->free_list = malloc(sizeof(int32_t) * (size_t)g->n_pages);
+        g->tables = malloc(sizeof(int32_t) * (size_t)s->n_seq * kv->max_blocks);
+        ok = g->pages && g->refs && g->free_list && g->tables;
+        if (!ok) break;
+        memset(g->pages, 0, g->page_bytes * (size_t)g->n_pages);
+        for (int p = 0; p < g->n_pages; p++) g->free_list[p] = g->n_pages - 1 - p; /* page 0 is taken first */
+        g->n_free = g->n_pages;
+        for (size_t i = 0; i < (size_t)s->n_seq * kv->max_blocks; i++) g->tables[i] = -1;
+    }
+    if (!ok) {
+        kiln_kv_free(kv);
+        return -1;
+    }
+    for (int s_ = 0; s_ < s->n_seq; s_++) kv->n_past[s_] = -1;
+    return 0;
+}
+
+void kiln_kv_free(kiln_kv *kv) {
+    for (int gi = 0; gi < KILN_KV_MAX_GROUPS; gi++) {
+        free(kv->g[gi].pages), free(kv->g[gi].refs), free(kv->g[gi].free_list), free(kv->g[gi].tables);
+    }
+    free(kv->n_past);
+    memset(kv, 0, sizeof *kv);
+}
+
+static int take_page(kiln_kv_group *g) {
+    const int p = g->free_list[--g->n_free];
+    g->refs[p] = 1;
+    return p;
+}
+
+static void drop_page(kiln_kv_group *g, int p) {
+    if (--g->refs[p] == 0) g->free_list[g->n_free++] = p;
+}
+
+int kiln_kv_check(const kiln_kv *kv, int seq) {
+    return seq >= 0 && seq < kv->n_seq && kv->n_past[seq] >= 0 ? KILN_OK : KILN_E_SEQ;
+}
+
+int kiln_kv_open(kiln_kv *kv) {
+    for (int s = 0; s < kv->n_seq; s++)
+        if (kv->n_past[s] < 0) {
+            kv->n_past[s] = 0;
+            return s;
+        }
+    return KILN_E_NO_SEQ;
+}
+
+/* drop the pages of blocks b >= first_block */
+static void release_from(kiln_kv *kv, int seq, int first_block) {
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+        int32_t *t = table_of(kv, gi, seq);
+        for (int b = first_block; b < kv->max_blocks; b++)
+            if (t[b] >= 0) drop_page(&kv->g[gi], t[b]), t[b] = -1;
+    }
+}
+
+void kiln_kv_close(kiln_kv *kv, int seq) {
+    release_from(kv, seq, 0);
+    kv->n_past[seq] = -1;
+}
+
+int kiln_kv_fork(kiln_kv *kv, int src) {
+    if (kiln_kv_check(kv, src) != KILN_OK) return KILN_E_SEQ;
+    const int dst = kiln_kv_open(kv);
+    if (dst < 0) return dst;
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+        const int32_t *from = table_of(kv, gi, src);
+        int32_t *to = table_of(kv, gi, dst);
+        for (int b = 0; b < kv->max_blocks; b++)
+            if ((to[b] = from[b]) >= 0) kv->g[gi].refs[from[b]]++;
+    }
+    kv->n_past[dst] = kv->n_past[src];
+    return dst;
+}
+
+/* The first position a query at `pos` reads in a group: 0, or the start of its window. */
+static int first_visible(const kiln_kv_group *g, int pos) {
+    return g->window && pos - g->window + 1 > 0 ? pos - g->window + 1 : 0;
+}
+
+int kiln_kv_rollback(kiln_kv *kv, int seq, int n_keep) {
+    if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if (n_keep < 0) return KILN_E_ARG;
+    if (n_keep > kv->n_past[seq]) return KILN_E_ROLLBACK;
+    /* the next query (at n_keep) reads back to first_visible(n_keep): those pages must still be held */
+    for (int gi = 0; gi < kv->n_groups && n_keep > 0; gi++) {
+        const int32_t *t = table_of(kv, gi, seq);
+        for (int b = first_visible(&kv->g[gi], n_keep) / kv->page_size; b <= (n_keep - 1) / kv->page_size; b++)
+            if (t[b] < 0) return KILN_E_ROLLBACK_WINDOW;
+    }
+    release_from(kv, seq, (n_keep + kv->page_size - 1) / kv->page_size);
+    kv->n_past[seq] = n_keep;
+    return KILN_OK;
+}
+
+/* Blocks [b0, b1] of a sequence that the step writes: how many need a page of their own. */
+static int pages_needed(const kiln_kv *kv, int gi, int seq, int b0, int b1) {
+    const int32_t *t = table_of(kv, gi, seq);
+    int need = 0;
+    for (int b = b0; b <= b1; b++) need += t[b] < 0 || kv->g[gi].refs[t[b]] > 1;
+    return need;
+}
+
+int kiln_kv_reserve(kiln_kv *kv, const int32_t *n_new) {
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+        int need = 0;
+        for (int s = 0; s < kv->n_seq; s++)
+            if (n_new[s] > 0)
+                need += pages_needed(kv, gi, s, kv->n_past[s] / kv->page_size,
+                                     (kv->n_past[s] + n_new[s] - 1) / kv->page_size);
+        if (need > kv->g[gi].n_free) return KILN_E_KV_FULL;
+    }
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+        kiln_kv_group *g = &kv->g[gi];
+        for (int s = 0; s < kv->n_seq; s++) {
+            if (n_new[s] <= 0) continue;
+            int32_t *t = table_of(kv, gi, s);
+            for (int b = kv->n_past[s] / kv->page_size; b <= (kv->n_past[s] + n_new[s] - 1) / kv->page_size; b++) {
+                if (t[b] >= 0 && g->refs[t[b]] == 1) continue;
+                const int p = take_page(g);
+                if (t[b] >= 0) { /* shared: copy on write */
+                    memcpy(g->pages + (size_t)p * g->page_bytes, g->pages + (size_t)t[b] * g->page_bytes, g->page_bytes);
+                    drop_page(g, t[b]);
+                }
+                t[b] = p;
+            }
+        }
+    }
+    return KILN_OK;
+}
+
+void kiln_kv_advance(kiln_kv *kv, const int32_t *n_new) {
+    for (int s = 0; s < kv->n_seq; s++) {
+        if (n_new[s] <= 0) continue;
+        kv->n_past[s] += n_new[s];
+        for (int gi = 0; gi < kv->n_groups; gi++) {
+            kiln_kv_group *g = &kv->g[gi];
+            if (!g->window) continue;
+            /* blocks wholly before what the next query (at n_past) can read */
+            int32_t *t = table_of(kv, gi, s);
+            for (int b = 0; b < first_visible(g, kv->n_past[s]) / kv->page_size; b++)
+                if (t[b] >= 0) drop_page(g, t[b]), t[b] = -1;
+        }
+    }
+}
+
+int kiln_kv_pages_used(const kiln_kv *kv, int group) {
+    return group >= 0 && group < kv->n_groups ? kv->g[group].n_pages - kv->g[group].n_free : KILN_E_ARG;
+}
+
+int kiln_kv_can_append(const kiln_kv *kv, int seq, int n) {
+    for (int gi = 0; gi < kv->n_groups; gi++) /* sliding pools are sized so that they never run out */
+        if (!kv->g[gi].window &&
+            pages_needed(kv, gi, seq, kv->n_past[seq] / kv->page_size, (kv->n_past[seq] + n - 1) / kv->page_size) >
+                kv->g[gi].n_free)
+            return 0;
+    return 1;
+}

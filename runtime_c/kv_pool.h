@@ -1,0 +1,64 @@
+/* kv_pool.h: the paged KV cache's bookkeeping: pools of pages with reference counts, and the
+ * sequences that map their positions to pages through block tables.
+ *
+ * The planner fixes every size (kv_plan.py); the generated model.c fills a kiln_kv_shape and
+ * calls these. Nothing here touches a page's contents except to copy one on write. Every
+ * function that can fail checks everything first and changes nothing when it fails.
+ */
+#ifndef KILN_KV_POOL_H
+#define KILN_KV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KILN_KV_MAX_GROUPS 4
+
+/* One layer group's pool: full context (window 0) or a sliding window. */
+typedef struct {
+    int window;          /* 0: the group holds the whole context */
+    int n_pages;
+    size_t page_bytes;
+    uint8_t *pages;      /* [n_pages][page_bytes] */
+    int32_t *refs;       /* [n_pages]: block-table entries (and outside holders) that point at the page */
+    int32_t *free_list;  /* [n_pages]: a stack of the free pages' ids */
+    int n_free;
+    int32_t *tables;     /* [n_seq][max_blocks]: block b -> page, or -1 */
+} kiln_kv_group;
+
+typedef struct {
+    int n_seq, n_ctx, page_size, max_blocks, n_groups;
+    kiln_kv_group g[KILN_KV_MAX_GROUPS];
+    int32_t *n_past;     /* [n_seq]: positions held; -1 for a free slot */
+} kiln_kv;
+
+/* The shape the planner fixed: what kiln_kv_init needs. */
+typedef struct {
+    int n_seq, n_ctx, page_size, n_groups;
+    int window[KILN_KV_MAX_GROUPS], n_pages[KILN_KV_MAX_GROUPS];
+    size_t page_bytes[KILN_KV_MAX_GROUPS];
+} kiln_kv_shape;
+
+int kiln_kv_init(kiln_kv *kv, const kiln_kv_shape *shape);  /* 0, or -1 when out of memory */
+void kiln_kv_free(kiln_kv *kv);
+
+/* the status codes below are model.h's */
+int kiln_kv_open(kiln_kv *kv);                  /* a free slot's id, or KILN_E_NO_SEQ */
+int kiln_kv_check(const kiln_kv *kv, int seq);  /* KILN_OK for an open sequence */
+void kiln_kv_close(kiln_kv *kv, int seq);       /* releases its pages; seq must be open */
+int kiln_kv_fork(kiln_kv *kv, int src);         /* a new sequence sharing src's pages, or an error */
+int kiln_kv_rollback(kiln_kv *kv, int seq, int n_keep);
+
+/* A step appends n_new[s] positions to each sequence s (0 for most). Reserve gives every
+ * block those positions fall in a page of the sequence's own: new pages where there were
+ * none, a copy where the page is shared (copy on write). It fails with KILN_E_KV_FULL,
+ * changing nothing, when a pool has too few free pages. */
+int kiln_kv_reserve(kiln_kv *kv, const int32_t *n_new);
+/* after the step: advance the cursors, and return the sliding pages no window can read again */
+void kiln_kv_advance(kiln_kv *kv, const int32_t *n_new);
+
+/* whether the full-context pools can take n more positions of seq, in steps (kiln_eval); a sliding
+ * pool holds every sequence's bound, so it never runs out */
+int kiln_kv_can_append(const kiln_kv *kv, int seq, int n);
+int kiln_kv_pages_used(const kiln_kv *kv, int group);
+
+#endif
