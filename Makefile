@@ -15,8 +15,21 @@ $(VENV)/.setup-stamp: pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# llama.cpp, the reference, is built from source without its AMX kernels: on Xeons with AMX its
+# AMX matmul crashes in llama_decode here (SIGSEGV in ggml_backend_amx_mul_mat). -march=native
+# would turn them on whatever GGML_AMX_* says, so the build names this CPU's other features
+# one by one instead (what a native build would use, less AMX). --no-cache-dir, so that a
+# wheel cached from a build with other flags is never reused.
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+ggml_flag = $(if $(filter $(1),$(CPU_FLAGS)),-DGGML_$(2)=ON,-DGGML_$(2)=OFF)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF $(call ggml_flag,avx,AVX) $(call ggml_flag,avx2,AVX2) \
+	$(call ggml_flag,fma,FMA) $(call ggml_flag,f16c,F16C) $(call ggml_flag,bmi2,BMI2) \
+	$(call ggml_flag,avx_vnni,AVX_VNNI) $(call ggml_flag,avx512f,AVX512) \
+	$(call ggml_flag,avx512_vnni,AVX512_VNNI) $(call ggml_flag,avx512vbmi,AVX512_VBMI) \
+	$(call ggml_flag,avx512_bf16,AVX512_BF16)
 dev: $(VENV)/.dev-stamp
 $(VENV)/.dev-stamp: $(VENV)/.setup-stamp
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python>=0.3.16'
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 

@@ -148,14 +148,36 @@ def cmd_bench(a: argparse.Namespace) -> None:
     threads = a.threads or default_threads()
     if threads < 1 or a.reps < 1:
         raise KilnError("--threads and --reps must be at least 1")
-    tests = default_tests(a.pp, a.tg, a.depth)
-    results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=_log)
-    m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
-    bpt, bw = decode_bytes_per_token(m), read_bandwidth_gb_s(threads)
-    sys.stdout.write(render(results, str(a.model), threads, bpt, bw))
+    batches = _batch_sizes(a.batch) if a.batch else []
+    meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype}
+    results = []
+    if not a.batch_only:
+        tests = default_tests(a.pp, a.tg, a.depth)
+        results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=_log)
+        m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
+        meta["decode_bytes_per_token"], meta["read_bandwidth_gb_s"] = decode_bytes_per_token(m), read_bandwidth_gb_s(threads)
+        sys.stdout.write(render(results, str(a.model), threads, meta["decode_bytes_per_token"],
+                                meta["read_bandwidth_gb_s"]))
+    if batches:
+        from .bench_batch import render_batch, run_batch_bench
+
+        batched = run_batch_bench(a.model, batches, a.batch_depth, a.tg, threads, a.reps, a.kv_dtype, log=_log)
+        sys.stdout.write(render_batch(batched, str(a.model), threads, a.batch_depth, a.tg, a.kv_dtype))
+        meta["batched"] = [{"batch": r.batch, "kiln_tok_s": r.kiln_tok_s, "llamacpp_tok_s": r.llamacpp_tok_s,
+                            "ratio": r.ratio} for r in batched]
+        meta["batch_depth"] = a.batch_depth
     if a.json:
-        write_json(a.json, results, model=str(a.model), threads=threads, kv_dtype=a.kv_dtype,
-                   decode_bytes_per_token=bpt, read_bandwidth_gb_s=bw)
+        write_json(a.json, results, **meta)
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise KilnError(f"--batch takes comma-separated positive sequence counts, such as 1,2,4,8; got {text!r}")
+    return sizes
 
 
 def cmd_ir(a: argparse.Namespace) -> None:
@@ -218,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=512, help="prompt tokens for the pp test")
     p.add_argument("--tg", type=int, default=128, help="generated tokens for the tg tests")
     p.add_argument("--depth", type=int, default=1024, help="tokens already in the cache for the tg@depth test")
+    p.add_argument("--batch", help="also decode B sequences at once for each B of this list (e.g. 1,2,4,8,16), "
+                                   "against llama.cpp's batched decode")
+    p.add_argument("--batch-depth", type=int, default=128, help="tokens in each sequence before the batched decode")
+    p.add_argument("--batch-only", action="store_true", help="run only the batched decode")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=cmd_bench)
 

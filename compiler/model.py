@@ -175,33 +175,40 @@ class Sequence:
             yield tail
 
 
-def _status_messages(m: "Model", seq: Sequence | None, rows: int) -> dict[int, str]:
+def _status_message(m: "Model", status: int, seq: Sequence | None, rows: int) -> str:
     lib, o = m._lib, m.options
     who = f"sequence {seq.id}" if seq is not None else "a sequence"
     windows = sorted({ly.window for ly in m.compiled.decode.layout.kv.layers if ly.window})
-    return {
-        lib.KILN_E_ARG: "invalid argument",
-        lib.KILN_E_TOKEN: f"token id out of range [0, {m.n_vocab})",
-        lib.KILN_E_CTX_FULL: f"context full: the tokens do not fit in n_ctx={m.n_ctx} of {who}"
-                             + (f" (n_past={seq.n_past})" if seq is not None and not seq.closed else "")
-                             + "; reset(), rollback(), or compile with a larger ctx (--ctx)",
-        lib.KILN_E_ROLLBACK: f"rollback beyond the positions {who} holds",
-        lib.KILN_E_ROLLBACK_WINDOW: f"rollback further back than the sliding-window layers' pages remember (window "
-                                    f"{', '.join(map(str, windows))}): pages that left every window went back to "
-                                    "the pool; reset() and prefill again",
-        lib.KILN_E_OPEN: f"{m.path}: cannot open or map the weights file",
-        lib.KILN_E_WEIGHTS: f"{m.path}: this is not the weights file the library was compiled for "
-                            f"(expected {lib.kiln_weights_size():,} bytes and the same header); recompile for it",
-        lib.KILN_E_NOMEM: "out of memory allocating the KV pool or the arena",
-        lib.KILN_E_PACKED: f"{m.compiled.packed_path}: not the packed weights file for {m.path} (or unreadable); "
-                           "delete it and load again to rewrite it",
-        lib.KILN_E_KV_FULL: f"the KV pool is out of pages ({m.kv_stats()['pages_used']} of "
-                            f"{m.kv_stats()['pages_total']} pages of {o.page_size} positions in use): close or roll "
-                            "back sequences, or compile with more pages (kv_pages, --kv-pages)",
-        lib.KILN_E_NO_SEQ: f"all {o.n_seq} sequences are open: close one, or compile with more (n_seq, --n-seq)",
-        lib.KILN_E_SEQ: f"{who} is not open" + ("" if seq is None else "; open another with m.sequence()"),
-        lib.KILN_E_BATCH: f"a step takes 1 to {o.batch_tokens} rows (batch_tokens, --batch-tokens), got {rows}",
+
+    def pool() -> str:
+        s = m.kv_stats()
+        return f"{s['pages_used']} of {s['pages_total']} pages of {o.page_size} positions in use"
+
+    messages = {
+        lib.KILN_E_ARG: lambda: "invalid argument",
+        lib.KILN_E_TOKEN: lambda: f"token id out of range [0, {m.n_vocab})",
+        lib.KILN_E_CTX_FULL: lambda: f"context full: the tokens do not fit in n_ctx={m.n_ctx} of {who}"
+        + (f" (n_past={seq.n_past})" if seq is not None and not seq.closed else "")
+        + "; reset(), rollback(), or compile with a larger ctx (--ctx)",
+        lib.KILN_E_ROLLBACK: lambda: f"rollback beyond the positions {who} holds",
+        lib.KILN_E_ROLLBACK_WINDOW: lambda: "rollback further back than the sliding-window layers' pages remember "
+        f"(window {', '.join(map(str, windows))}): pages that left every window went back to the pool; "
+        "reset() and prefill again",
+        lib.KILN_E_OPEN: lambda: f"{m.path}: cannot open or map the weights file",
+        lib.KILN_E_WEIGHTS: lambda: f"{m.path}: this is not the weights file the library was compiled for "
+        f"(expected {lib.kiln_weights_size():,} bytes and the same header); recompile for it",
+        lib.KILN_E_NOMEM: lambda: "out of memory allocating the KV pool or the arena",
+        lib.KILN_E_PACKED: lambda: f"{m.compiled.packed_path}: not the packed weights file for {m.path} "
+        "(or unreadable); delete it and load again to rewrite it",
+        lib.KILN_E_KV_FULL: lambda: f"the KV pool is out of pages ({pool()}): close or roll back sequences, "
+        "or compile with more pages (kv_pages, --kv-pages)",
+        lib.KILN_E_NO_SEQ: lambda: f"all {o.n_seq} sequences are open: close one, or compile with more "
+        "(n_seq, --n-seq)",
+        lib.KILN_E_SEQ: lambda: f"{who} is not open" + ("" if seq is None else "; open another with m.sequence()"),
+        lib.KILN_E_BATCH: lambda: f"a step takes 1 to {o.batch_tokens} rows (batch_tokens, --batch-tokens), "
+        f"got {rows}",
     }
+    return messages[status]() if status in messages else f"kiln error {status}"
 
 
 class Model:
@@ -227,7 +234,7 @@ class Model:
     def _check(self, status: int, seq: Sequence | None = None, rows: int = 0) -> int:
         """A negative status becomes a ModelError that says what to do."""
         if status < 0:
-            raise ModelError(_status_messages(self, seq, rows).get(status, f"kiln error {status}"))
+            raise ModelError(_status_message(self, status, seq, rows))
         return status
 
     def _call(self, fn, *args, seq: Sequence | None = None, rows: int = 0) -> int:
@@ -235,6 +242,10 @@ class Model:
         with self._lock:
             status = fn(self._m, *args)
         return self._check(status, seq, rows)
+
+    @property
+    def n_threads(self) -> int:
+        return int(self._lib.kiln_n_threads(self._m))
 
     # -- sequences ------------------------------------------------------------------------
     def sequence(self) -> Sequence:

@@ -27,7 +27,7 @@ class Planned:
 def build_graph(spec: ModelSpec, tmpl: Template, opts: CompileOptions, mode: Mode) -> Graph:
     if mode is Mode.DECODE:
         return build_decode(spec, tmpl)
-    return build_prefill(spec, tmpl, opts.prefill_chunk)
+    return build_prefill(spec, tmpl, opts.batch_tokens)
 
 
 def plan(model: str | os.PathLike[str], opts: CompileOptions, mode: Mode = Mode.DECODE,

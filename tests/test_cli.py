@@ -38,7 +38,10 @@ def test_layout_json_keys_and_determinism(capsys, smollm2):
         assert set(b) >= {"name", "region", "offset", "size", "shape", "dtype", "first_op", "last_op"}
         assert b["region"] in ("weights", "packed", "activations", "kv")
         assert isinstance(b["first_op"], int) and 0 <= b["first_op"] <= b["last_op"] < d["n_ops"]
-    assert {k for k in d["kv"][0]} >= {"layer", "kind", "capacity", "k_offset", "v_offset", "bytes"}
+    assert {k for k in d["kv"][0]} >= {"layer", "kind", "group", "k_offset", "v_offset", "bytes_per_page"}
+    pool = d["kv_pool"]
+    assert set(pool) >= {"page_size", "n_pages", "page_bytes", "pool_bytes", "max_seq"}
+    assert pool["pool_bytes"] == pool["n_pages"] * pool["page_bytes"] == 47_185_920  # 16 pages of 64 positions
 
 
 def test_layout_json_is_byte_identical_across_processes(smollm2):
@@ -50,11 +53,11 @@ def test_layout_json_is_byte_identical_across_processes(smollm2):
 def test_layout_text_map_gemma3(capsys, gemma3):
     code, out, _ = run(capsys, "layout", "gemma3-270m", "--ctx", "8192", "--kv-dtype", "f16")
     assert code == 0
-    for heading in ("CONFIGURATION", "SUMMARY", "ACTIVATIONS", "KV CACHE", "WEIGHTS"):
+    for heading in ("CONFIGURATION", "SUMMARY", "ACTIVATIONS", "KV POOL", "WEIGHTS"):
         assert heading in out
-    assert "kv if every layer held all 8192 positions: 150,994,944 bytes" in out
-    assert "sliding-window rings save" in out
-    assert "   11  global      -     8192" in out and "   10  local     512      767" in out
+    assert "kv without paging 150,994,944 bytes" in out and "the pool saves" in out
+    assert "a sequence holds at most 13 pages (832 positions) of its sliding layers" in out
+    assert "   11  global      -     0" in out and "   10  local     512     1" in out
     assert "reuse saves" in out
 
 

@@ -66,7 +66,7 @@ def test_prefix_reuse_keeps_the_shared_prefix(smol):
     base = smol.tokenize("The history of the printing press began")
     smol.prefill(base)
     longer = base + smol.tokenize(" in Germany", add_special=False)
-    remaining = smol._reuse_prefix(longer)
+    remaining = smol.default_sequence._reuse_prefix(longer)
     assert smol.n_past == len(base) and remaining == longer[len(base):]
     reused = smol.prefill(remaining)
     fresh = compiler.load(smol.spec.path, ctx=256).prefill(longer)

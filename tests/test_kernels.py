@@ -216,45 +216,82 @@ def test_python_and_c_agree_on_activation_formats(t):
     assert lib.kiln_type_supported(int(t))
 
 
+class PagedCache:
+    """One layer's paged cache for the kernels: K and V [n_kv][page_size][row] in each page,
+    pages handed to one sequence in a scrambled order, as a pool that has been in use would."""
+
+    def __init__(self, t: Q, n_kv: int, hd: int, n_pos: int, page_size: int, window: int = 0, seed: int = 0):
+        self.row_bytes = lib.kiln_row_bytes(int(t), hd)
+        half = n_kv * page_size * self.row_bytes
+        n_pages = -(-n_pos // page_size)
+        rng = np.random.default_rng(seed)
+        self.pages = rng.integers(0, 256, (n_pages + 2) * 2 * half, dtype=np.uint8)  # garbage in unused rows
+        if t is not Q.F32:  # other types must read finite numbers from any row
+            self.pages[:] = 0
+        self.table = np.ascontiguousarray(rng.permutation(n_pages + 2)[:n_pages].astype(np.int32))
+        self.n_kv, self.hd, self.page_size, self.half = n_kv, hd, page_size, half
+        self.view = ffi.new("kiln_kv_view *", {"pages": ptr(self.pages, "uint8_t *"), "page_bytes": 2 * half,
+                                                "k_off": 0, "v_off": half, "tables": ptr(self.table, "int32_t *"),
+                                                "max_blocks": n_pages, "page_size": page_size, "window": window})
+
+    def store(self, t: Q, k: np.ndarray, v: np.ndarray, rows: np.ndarray) -> None:
+        seq = np.zeros(len(rows), np.int32)
+        lib.kiln_kv_store(int(t), self.view, ptr(k), ptr(v), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
+                          len(rows), self.n_kv, self.hd)
+
+    def rows(self, t: Q, part: int, n_pos: int) -> np.ndarray:
+        """[n_kv][n_pos][hd] dequantized, read back through the table."""
+        out = np.zeros((self.n_kv, n_pos, self.hd))
+        for p in range(n_pos):
+            base = self.table[p // self.page_size] * 2 * self.half + part * self.half
+            for h in range(self.n_kv):
+                at = base + (h * self.page_size + p % self.page_size) * self.row_bytes
+                raw = self.pages[at:at + self.row_bytes]
+                out[h, p] = raw.view(np.float32) if t is Q.F32 else quants.dequantize(raw[None], t)[0]
+        return out
+
+    def attend(self, t: Q, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
+               max_spans: int = 0) -> np.ndarray:
+        out = np.zeros((len(rows), n_head, self.hd), np.float32)
+        seq = np.zeros(len(rows), np.int32)
+        args = (int(t), ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
+                len(rows), self.view, n_head, self.n_kv, self.hd, scale)
+        if ref:
+            lib.kiln_attention_ref(*args)
+        else:
+            scratch = np.full(max(1, n_head * max_spans * (self.hd + 2)), np.nan, np.float32)  # written before read
+            lib.kiln_attention(*args, ptr(scratch) if max_spans else ffi.NULL, max_spans)
+        return out
+
+
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("window", [0, 5])
 def test_kv_store_and_attention(t, window):
-    """11 positions into a full cache (window 0) or a ring of 8 rows that wraps (window 5); then attend
-    and compare with numpy over the dequantized cache."""
+    """11 positions into pages of 8 rows, one position at a time as decode writes them; then
+    attend from the last two and compare with numpy over the dequantized cache."""
     rng = np.random.default_rng(11)
     n_head, n_kv, hd, n_pos = 4, 2, 64, 11
-    cap = 8 if window else 16
+    cache = PagedCache(t, n_kv, hd, n_pos, page_size=8, window=window)
     k = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
-    row_bytes = lib.kiln_row_bytes(int(t), hd)
-    kc, vc = np.zeros(n_kv * cap * row_bytes, np.uint8), np.zeros(n_kv * cap * row_bytes, np.uint8)
     pos = np.arange(n_pos, dtype=np.int32)
-    for p in range(n_pos):  # one position at a time, as decode does
-        lib.kiln_kv_store(int(t), ptr(kc), ptr(vc), ptr(k[p]), ptr(v[p]), ptr(pos[p:p + 1], "int32_t *"), 1, cap,
-                          n_kv, hd)
-
-    def rows(cache):
-        raw = cache.reshape(n_kv * cap, row_bytes)
-        f = raw.view(np.float32) if t is Q.F32 else quants.dequantize(raw, t)
-        return f.reshape(n_kv, cap, hd).astype(np.float64)
-
-    K, V = rows(kc), rows(vc)
+    for p in range(n_pos):
+        cache.store(t, k[p], v[p], pos[p:p + 1])
+    K, V = cache.rows(t, 0, n_pos), cache.rows(t, 1, n_pos)
     if t is Q.F32:
-        assert np.array_equal(K[:, 10 % cap], k[10].astype(np.float64))
-    q_pos = np.array([9, 10], np.int32)  # the last two positions: the oldest rows were overwritten
+        assert np.array_equal(K[:, 10], k[10].transpose(0, 1).astype(np.float64))
+    q_pos = np.array([9, 10], np.int32)
     q = rng.standard_normal((2, n_head, hd)).astype(np.float32)
-    out = np.zeros((2, n_head, hd), np.float32)
     scale = 1 / 8
-    lib.kiln_attention(int(t), ptr(out, "float *"), ptr(q, "float *"), ptr(q_pos, "int32_t *"), 2, ptr(kc), ptr(vc),
-                       cap, window, n_head, n_kv, hd, scale, 1, ffi.NULL)
+    out = cache.attend(t, q, q_pos, n_head, scale)
     for i, p in enumerate(q_pos):
         first = max(0, p - window + 1) if window else 0
         js = np.arange(first, p + 1)
         for h in range(n_head):
             kv = h // (n_head // n_kv)
-            s = K[kv, js % cap] @ q[i, h].astype(np.float64) * scale
+            s = K[kv, js] @ q[i, h].astype(np.float64) * scale
             w = np.exp(s - s.max())
-            want = (w / w.sum()) @ V[kv, js % cap]
+            want = (w / w.sum()) @ V[kv, js]
             np.testing.assert_allclose(out[i, h], want, rtol=1e-4, atol=1e-5)
 
 
@@ -322,48 +359,43 @@ def test_matmul_tiles_match_reference_dots(t, n_out, rows):
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tokens,window,hd,splits", [(1, 0, 64, 1), (1, 0, 64, 4), (6, 0, 64, 1),
-                                                       (1, 100, 256, 1), (1, 100, 256, 4), (5, 100, 256, 1)])
-def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd, splits):
-    """Chunked online softmax with a polynomial exp, query heads sharing a pass over their kv
-    head (prefill), single heads (decode) or a decode token's positions split into ranges merged
-    at the end, against the row-at-a-time scalar reference; the cache holds 300 positions,
-    several chunks, and the window=100 ring of 128 rows has wrapped."""
+@pytest.mark.parametrize("n_tokens,window,hd,page_size,max_spans", [
+    (1, 0, 64, 16, 0), (1, 0, 64, 64, 8), (6, 0, 64, 32, 0), (1, 100, 256, 16, 0), (1, 100, 256, 128, 8),
+    (5, 100, 256, 64, 0), (1, 0, 64, 16, 2)])
+def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd, page_size, max_spans):
+    """Span-by-span softmax with a polynomial exp, query heads sharing a pass over their kv head,
+    or a lone token's spans spread as work items and merged (max_spans > 0; 2 is too few for
+    300 positions and takes the sequential path), against the row-at-a-time scalar reference
+    over 300 positions in scrambled pages."""
     rng = np.random.default_rng(500 + int(t) + n_tokens + hd)
     n_head, n_kv, n_pos = 8, 2, 300
-    cap = 128 if window else n_pos
-    row_bytes = lib.kiln_row_bytes(int(t), hd)
-    kc, vc = (rng.integers(0, 256, n_kv * cap * row_bytes, dtype=np.uint8) for _ in range(2))
+    cache = PagedCache(t, n_kv, hd, n_pos, page_size, window, seed=int(t))
     k = (rng.standard_normal((n_pos, n_kv, hd)) * 2).astype(np.float32)
     v = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
-    all_pos = np.arange(n_pos, dtype=np.int32)
-    lib.kiln_kv_store(int(t), ptr(kc), ptr(vc), ptr(k), ptr(v), ptr(all_pos, "int32_t *"), n_pos, cap, n_kv, hd)
-    pos = all_pos[n_pos - n_tokens:]
+    cache.store(t, k, v, np.arange(n_pos, dtype=np.int32))
+    pos = np.arange(n_pos - n_tokens, n_pos, dtype=np.int32)
     q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
-    fast, ref = np.zeros((2, n_tokens, n_head, hd), np.float32)
-    args = (ptr(q, "float *"), ptr(pos, "int32_t *"), n_tokens, ptr(kc), ptr(vc), cap, window, n_head, n_kv, hd,
-            hd ** -0.5)
-    parts = np.full(n_head * splits * (hd + 2), np.nan, np.float32)  # every slot is written before it is read
-    lib.kiln_attention(int(t), ptr(fast, "float *"), *args, splits, ptr(parts))
-    lib.kiln_attention_ref(int(t), ptr(ref, "float *"), *args)
+    fast = cache.attend(t, q, pos, n_head, hd ** -0.5, max_spans=max_spans)
+    ref = cache.attend(t, q, pos, n_head, hd ** -0.5, ref=True)
     np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-5)  # outputs are O(1): float order
 
 
-def test_split_attention_with_fewer_positions_than_ranges():
-    """Position 1 sees two rows; split four ways, two ranges are empty and must weigh nothing."""
-    rng = np.random.default_rng(900)
-    n_head, n_kv, hd, cap = 4, 2, 64, 16
-    k = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
-    kc, vc = k.copy(), rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
-    kc, vc = (np.ascontiguousarray(c.transpose(1, 0, 2)) for c in (kc, vc))  # head-major, as stored
-    pos = np.array([1], np.int32)
-    q = rng.standard_normal((1, n_head, hd)).astype(np.float32)
-    fast, ref = np.zeros((2, 1, n_head, hd), np.float32)
-    args = (ptr(q, "float *"), ptr(pos, "int32_t *"), 1, ptr(kc), ptr(vc), cap, 0, n_head, n_kv, hd, 0.125)
-    parts = np.zeros(n_head * 4 * (hd + 2), np.float32)
-    lib.kiln_attention(int(Q.F32), ptr(fast, "float *"), *args, 4, ptr(parts))
-    lib.kiln_attention_ref(int(Q.F32), ptr(ref, "float *"), *args)
-    np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-6)
+@pytest.mark.parametrize("t", [Q.F32, Q.Q8_0], ids=lambda t: t.name)
+def test_attention_is_the_same_bits_however_it_is_batched(t):
+    """A token's output alone, split over spans by the threads' path, and inside a block of
+    other tokens: identical bits (the batch-invariance contract of attention.c)."""
+    rng = np.random.default_rng(7)
+    n_head, n_kv, hd, n_pos = 8, 2, 64, 200
+    cache = PagedCache(t, n_kv, hd, n_pos, 16, seed=3)
+    cache.store(t, rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32),
+                rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32), np.arange(n_pos, dtype=np.int32))
+    q = rng.standard_normal((7, n_head, hd)).astype(np.float32)
+    rows = np.arange(150, 157, dtype=np.int32)
+    block = cache.attend(t, q, rows, n_head, 0.125)
+    for i, r in enumerate(rows):
+        alone = cache.attend(t, q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125)
+        split = cache.attend(t, q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, max_spans=4)
+        assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
 
 
 def test_geglu_table_equals_direct_evaluation():

@@ -64,13 +64,13 @@ def test_instances_are_independent(tiny_llama):
 def test_refusals_leave_the_model_usable(tiny_llama):
     m = compiler.load(tiny_llama, ctx=16, prefill_chunk=8)
     m.prefill(_ids(10))
-    with pytest.raises(ModelError, match=r"context full: the tokens do not fit in n_ctx=16 \(n_past=10\)"):
+    with pytest.raises(ModelError, match=r"context full: the tokens do not fit in n_ctx=16 of sequence 0 \(n_past=10\)"):
         m.prefill(_ids(7))
     with pytest.raises(ModelError, match="token id 259 at index 1 is out of range"):
         m.prefill([3, 259])
     with pytest.raises(ModelError, match="out of range"):
         m.decode(-1)
-    with pytest.raises(ModelError, match=r"rollback\(11\): the cache holds n_past=10"):
+    with pytest.raises(ModelError, match=r"rollback\(11\): sequence 0 holds n_past=10"):
         m.rollback(11)
     with pytest.raises(OptionError, match="logits must be 'last' or 'all'"):
         m.prefill([1], logits="some")
@@ -83,10 +83,12 @@ def test_the_c_side_refuses_too(tiny_llama):
     m = compiler.load(tiny_llama, ctx=16)
     lib, ffi = m._lib, m._ffi
     out = ffi.new("float[]", 259 * 20)
-    assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [1] * 17), 17, out, 1) == lib.KILN_E_CTX_FULL
-    assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [5, 999]), 2, out, 0) == lib.KILN_E_TOKEN
-    assert lib.kiln_eval(m._m, ffi.NULL, 1, out, 0) == lib.KILN_E_ARG
-    assert lib.kiln_rollback(m._m, 1) == lib.KILN_E_ROLLBACK
+    s = m.default_sequence.id
+    assert lib.kiln_eval(m._m, s, ffi.new("int32_t[]", [1] * 17), 17, out, 1) == lib.KILN_E_CTX_FULL
+    assert lib.kiln_eval(m._m, s, ffi.new("int32_t[]", [5, 999]), 2, out, 0) == lib.KILN_E_TOKEN
+    assert lib.kiln_eval(m._m, s, ffi.NULL, 1, out, 0) == lib.KILN_E_ARG
+    assert lib.kiln_eval(m._m, s + 1, ffi.new("int32_t[]", [5]), 1, out, 0) == lib.KILN_E_SEQ
+    assert lib.kiln_seq_rollback(m._m, s, 1) == lib.KILN_E_ROLLBACK
     assert m.n_past == 0
 
 

@@ -42,11 +42,11 @@ def test_kv_insert_before_after(tiny, mode):
         assert labels[w - 1] == f"k_rope-{il}" and labels[w + 1] == f"attn-{il}"
         node = after.nodes[w]
         assert node.op is write_op and node.outputs == ()
-        kv_in = node.inputs[3]
-        assert kv_in.kind is ValueKind.KV and kv_in.shape == (2, 2, kv.layers[il].capacity, 16)
+        assert [v.name for v in node.inputs[2:4]] == ["inp_seq", "inp_row"]
+        kv_in = node.inputs[4]
+        assert kv_in.kind is ValueKind.KV and kv_in.shape == (2, 2, kv.page_size, 16)  # one page of the layer
         attn = after.nodes[w + 1]
-        assert [v.name for v in attn.inputs] == [f"q_rope-{il}", "inp_pos", f"kv_cache-{il}"]
-    assert after.nodes[labels.index("kv_copy-5" if mode == "prefill" else "kv_store-5")].inputs[3].shape[2] == 64
+        assert [v.name for v in attn.inputs] == [f"q_rope-{il}", "inp_seq", "inp_row", f"kv_cache-{il}"]
     assert graph_problems(after, spec) == []
 
 
@@ -130,17 +130,16 @@ def test_validate_catches_faults(tiny):
 
 
 def test_scratch_before_after(tiny):
-    from compiler.passes.scratch import ATTENTION_SPLITS, add_scratch
+    from compiler.passes.scratch import add_scratch, attention_spans
 
     spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
     g = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
     assert all(n.scratch is None for n in g.nodes)
-    after = add_scratch(g)
+    after = add_scratch(g, kv)
     scratch = {n.label: n.scratch for n in after.nodes if n.scratch is not None}
-    assert set(scratch) == {n.label for n in g.nodes if n.op in (Op.MATMUL, Op.LOGITS)}
+    assert set(scratch) == {n.label for n in g.nodes if n.op in (Op.MATMUL, Op.LOGITS, Op.ATTENTION)}
     assert scratch["q-0"].nbytes == 8 * 2 * 36  # 8 rows of 64 activations as two q8_1 blocks
     assert scratch["result_output"].nbytes == 8 * 2 * 36  # the tied head is Q4_1 too
-    # decode: attention also gets room for the partial softmax of its position ranges
-    dec = add_scratch(select_kernels(insert_kv_ops(build_decode(spec, tmpl), kv)))
-    parts = {n.label: n.scratch for n in dec.nodes if n.op is Op.ATTENTION}
-    assert parts["attn-0"].nbytes == 4 * 4 * ATTENTION_SPLITS * (16 + 2)  # f32 x n_head x splits x (head_dim + 2)
+    # attention gets room for the span states of a lone token's history: f32 x n_head x spans x (head_dim + 2)
+    assert attention_spans(kv) == -(-kv.ctx // 64)
+    assert scratch["attn-0"].nbytes == 4 * 4 * attention_spans(kv) * (16 + 2)

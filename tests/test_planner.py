@@ -38,41 +38,40 @@ def test_smollm2_kv_bytes(smollm2, kv_dtype, expected):
 
 
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
-def test_gemma3_global_layers_full_local_layers_ring(gemma3, kv_dtype):
+def test_gemma3_sliding_layers_keep_their_saving_in_pages(gemma3, kv_dtype):
     opts = CompileOptions(ctx=8192, kv_dtype=kv_dtype)
     kv = plan(gemma3, opts).layout.kv
     row = DType[kv_dtype.upper()].nbytes(256)
-    glob = [ly for ly in kv.layers if ly.window is None]
-    local = [ly for ly in kv.layers if ly.window is not None]
-    assert [ly.layer for ly in glob] == [5, 11, 17] and len(local) == 15
-    assert sum(ly.bytes for ly in glob) == 3 * 2 * 1 * 8192 * row
-    assert all(ly.capacity == 512 + opts.prefill_chunk - 1 for ly in local)
-    assert all(ly.bytes == 2 * align(ly.capacity * row) for ly in local)
-    assert kv.total_bytes < kv.full_context_bytes == 18 * 2 * 8192 * row
+    full, sliding = kv.groups
+    assert full.window is None and full.layers == (5, 11, 17) and len(sliding.layers) == 15
+    assert full.n_pages == 8192 // 64 and full.page_bytes == 3 * 2 * 64 * row
+    # the window of 512 plus a step of 256 rows, at any alignment: ceil(766 / 64) + 1 pages
+    assert sliding.window == 512 and sliding.seq_pages == 13 and sliding.n_pages == 13
+    assert kv.full_context_bytes == 18 * 2 * 8192 * row
+    assert kv.total_bytes <= 0.3 * kv.full_context_bytes  # the issue asks for a saving of at least 70%
 
 
-def test_ring_never_exceeds_context(gemma3):
+def test_sliding_bound_never_exceeds_context(gemma3):
     kv = plan(gemma3, CompileOptions(ctx=300, prefill_chunk=64)).layout.kv
-    assert {ly.capacity for ly in kv.layers} == {300}
+    assert {g.seq_pages for g in kv.groups} == {5}  # ceil(300 / 64)
 
 
 def test_kv_offsets_are_closed_form_and_disjoint(tiny):
-    kv = plan(tiny("gemma3", n_layer=6), CompileOptions(ctx=40, prefill_chunk=4, n_seq=2)).layout.kv
+    kv = plan(tiny("gemma3", n_layer=6), CompileOptions(ctx=40, prefill_chunk=4, n_seq=2, page_size=8)).layout.kv
     seen = set()
-    for s in range(2):
-        for ly in kv.layers:
+    for ly in kv.layers:
+        for page in range(kv.groups[ly.group].n_pages):
             for part in (0, 1):
                 for h in range(kv.n_head_kv):
-                    for r in range(ly.capacity):
-                        off = kv.offset(s, ly.layer, part, h, r)
+                    for r in range(kv.page_size):
+                        off = kv.offset(page, ly.layer, part, h, r)
                         assert off % kv.row_bytes == 0 and off not in seen
                         assert 0 <= off and off + kv.row_bytes <= kv.total_bytes
                         seen.add(off)
-    local = kv.layers[0]
-    assert local.window == 8 and local.capacity == 8 + 4 - 1
-    assert kv.offset(0, 0, 0, 0, local.capacity + 3) == kv.offset(0, 0, 0, 0, 3)  # the ring wraps
-    assert kv.offset(1, 2, 1, 1, 5) - kv.offset(0, 2, 1, 1, 5) == kv.seq_stride
-    assert kv.total_bytes == 2 * kv.seq_stride
+    full, sliding = kv.groups
+    assert full.n_pages == 2 * 5 and sliding.seq_pages == -(-(8 + 4 - 2) // 8) + 1 == 3
+    assert kv.offset(1, 5, 0, 0, 0) - kv.offset(0, 5, 0, 0, 0) == full.page_bytes
+    assert kv.total_bytes == full.n_pages * full.page_bytes + sliding.n_pages * sliding.page_bytes
 
 
 def test_q8_0_kv_needs_whole_blocks(tiny):
@@ -125,10 +124,12 @@ def test_lifetimes_of_a_real_graph(smollm2):
     lts = {lt.value.name: lt for lt in lifetimes(g)}
     labels = [n.label for n in g.nodes]
     assert lts["inp_tokens"].first == 0
-    assert lts["inp_pos"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("attn-"))
+    assert lts["inp_pos"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("k_rope-"))
+    assert lts["inp_row"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("attn-"))
     assert lts["attn_norm-0"].first == labels.index("attn_norm-0")
     assert lts["attn_norm-0"].last == labels.index("v-0")
-    assert lts["result_norm"].last == len(g.nodes) - 1
+    assert lts["result_norm"].last == len(g.nodes) - 2  # the rows asked for are selected, then the LM head
+    assert lts["result_rows"].last == len(g.nodes) - 1
     assert "result_output" not in lts  # logits go to the caller's buffer
 
 
@@ -141,7 +142,7 @@ def test_real_models_no_overlap(request, model, mode):
     assert lay.activation_peak_live_bytes <= lay.activation_bytes < lay.activation_bytes_without_reuse
     assert max(b.offset + b.size for b in acts) == lay.activation_bytes
     kv = lay.region("kv")
-    assert sum(b.size for b in kv) == lay.kv.seq_stride
+    assert sum(b.size for b in kv) == sum(g.page_bytes for g in lay.kv.groups)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])

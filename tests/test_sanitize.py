@@ -14,7 +14,8 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import compiler
     from compiler.model import ModelError
-    m = compiler.load(sys.argv[1], ctx=40, prefill_chunk=8, kv_dtype=sys.argv[2], sanitize=True)
+    m = compiler.load(sys.argv[1], ctx=40, prefill_chunk=8, batch_tokens=12, kv_dtype=sys.argv[2], n_seq=3,
+                      page_size=8, kv_pages=9, sanitize=True)
     ids = list(np.random.default_rng(0).integers(0, m.n_vocab, 21))
     logits = m.prefill(ids, logits="all")
     tok = int(logits[-1].argmax())
@@ -26,12 +27,35 @@ SCRIPT = textwrap.dedent("""
             raise SystemExit("expected a refusal")
         except ModelError:
             pass
+    # a mixed batch: forks share pages, rollbacks into shared pages copy on write, closed
+    # sequences' pages are reused, and an exhausted pool is refused
+    a = m.default_sequence
+    b = a.fork()
+    sliding = len(m.compiled.decode.layout.kv.groups) > 1
+    b.rollback(0 if sliding else 13)  # into a shared page (a sliding window keeps nothing 18 back)
+    c = m.sequence()
+    c.prefill(ids[:5])
+    for i in range(2):
+        m.step([(a, 1 + i), (b, [2, 3, 4]), (c, 5)])
+    for _ in range(2):  # c grows until the pool of 9 pages runs out, before its context does
+        try:
+            m.step([(c, list(range(12)))])
+        except ModelError as e:
+            assert "out of pages" in str(e), e
+            break
+    else:
+        raise SystemExit("expected the pool to run out")
+    b.close()
+    c.rollback(2 if not sliding else c.n_past)
+    m.step([(c, list(range(11))), (a, 7)])
+    c.close()
     m.reset()
     m.prefill([1] * 40)  # fills the context exactly
     lib, ffi = m._lib, m._ffi
-    assert lib.kiln_eval(m._m, ffi.new("int32_t[]", [1]), 1, ffi.new("float[]", m.n_vocab), 0) == lib.KILN_E_CTX_FULL
+    assert lib.kiln_eval(m._m, a.id, ffi.new("int32_t[]", [1]), 1, ffi.new("float[]", m.n_vocab), 0) == lib.KILN_E_CTX_FULL
     print("clean", m.n_past)
 """)
+
 
 
 def _libasan() -> str | None:

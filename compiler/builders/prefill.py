@@ -1,6 +1,6 @@
-"""Prefill: a chunk of up to `prefill_chunk` tokens per step.
+"""The batch step: up to `batch_tokens` rows of any sequences (prefill chunks beside decode tokens).
 
-Buffers are planned for a full chunk. The LM head runs on the rows the caller asks for
+Buffers are planned for a full batch. The LM head runs on the rows the caller asks for
 (the last, or all) and writes straight into the caller's logits buffer, so the arena
 never holds [chunk, vocab].
 """
@@ -12,8 +12,8 @@ from ..templates import Template
 from .common import GraphBuilder
 
 
-def build_prefill(spec: ModelSpec, tmpl: Template, chunk: int) -> Graph:
-    b = GraphBuilder(spec, tmpl, Mode.PREFILL, n_tokens=chunk)
+def build_prefill(spec: ModelSpec, tmpl: Template, batch_tokens: int) -> Graph:
+    b = GraphBuilder(spec, tmpl, Mode.PREFILL, n_tokens=batch_tokens)
     b.embed()
     b.blocks()
     b.logits()

@@ -1,6 +1,7 @@
 /* model.c: tiny-llama.gguf (llama), compiled by kiln 0.1.0. Generated; do not edit.
  *
- * ctx 64, KV cache f32, prefill chunk 16, 1 sequence slot(s).
+ * ctx 64, KV cache f32 in pages of 64 positions, 1 sequence(s),
+ * steps of up to 16 rows, prefill chunks of 16.
  * Every offset below was fixed by kiln's memory planner; `kiln layout` prints the same map.
  */
 #include <fcntl.h>
@@ -11,14 +12,14 @@
 #include <unistd.h>
 
 #include "kernels_mt.h"
+#include "kv_pool.h"
 #include "model.h"
 
 /* ==== configuration ======================================================================== */
 #define N_VOCAB 259
 #define N_CTX 64
 #define N_LAYER 2
-#define PREFILL_CHUNK 16
-#define ROLLBACK_LIMIT -1 /* -1: any rollback; else how far back sliding rings always remember */
+#define PREFILL_CHUNK 16 /* tokens of one sequence per step in kiln_eval */
 
 /* ==== the weights: the GGUF file, mmapped read-only ============================================ */
 #define GGUF_BYTES 102720LL
@@ -51,56 +52,70 @@ static const struct {
     {0},
 };
 
-/* ==== KV cache: per slot [layer][K|V][kv_head][row][head_dim] f32; position p at row p % KV_CAP[layer] */
-#define KV_BYTES 32768 /* 1 slot(s) of 32768 */
-static const size_t KV_K_OFF[N_LAYER] = { 0x0, 0x4000 };
+/* ==== KV pool: pages of PAGE_SIZE positions, one pool per layer group (kv_plan.py) ============= */
+/* a page of group g: for each of its layers, K then V, each [kv_head][PAGE_SIZE][head_dim] f32 */
+#define N_SEQ 1
+#define PAGE_SIZE 64
+#define N_GROUPS 1
+#define BATCH_TOKENS 16 /* rows one step takes */
+static const kiln_kv_shape KV_SHAPE = {
+    N_SEQ, N_CTX, PAGE_SIZE, N_GROUPS,
+    { 0 },     /* window of each group; 0: whole context */
+    { 1 },     /* pages in each group's pool */
+    { 32768 },  /* bytes of one page */
+};
+static const int KV_GROUP[N_LAYER] = { 0, 0 };
+static const size_t KV_K_OFF[N_LAYER] = { 0x0, 0x4000 }; /* within a page of the layer's group */
 static const size_t KV_V_OFF[N_LAYER] = { 0x2000, 0x6000 };
-static const int KV_CAP[N_LAYER] = { 64, 64 };
-static const int KV_WINDOW[N_LAYER] = { 0, 0 }; /* 0: a global layer */
 
-/* ==== activations: one arena, shared by the decode and prefill steps ============================ */
-#define ARENA_BYTES 28736 /* decode 1984, prefill 28736 */
+/* ==== activations: one arena, shared by the decode and batch steps ============================== */
+#define ARENA_BYTES 28928 /* decode 2048, batch 28928 */
 
 struct kiln_model {
     const uint8_t *weights; /* [GGUF_BYTES] */
     const uint8_t *packed;  /* [PACKED_BYTES] in the packed file's mapping, or NULL: x8 calls read W */
     const uint8_t *packed_map;
-    uint8_t *kv;            /* [KV_BYTES] */
+    kiln_kv kv;             /* the pages, their counts, the sequences' block tables and cursors */
+    kiln_kv_view kv_view[N_LAYER]; /* each layer's view of its group's pool */
     uint8_t *arena;         /* [ARENA_BYTES] */
-    int n_past;             /* positions held by sequence 0 */
     kiln_pool *pool;        /* this instance's threads */
+    int32_t n_new[N_SEQ];   /* a step's rows per sequence */
 };
 
+/* one step's rows, laid out as the graph's inputs */
 typedef struct {
     kiln_model *m;
-    const int32_t *tokens;
-    int n, n_logits; /* tokens in this step; rows of logits wanted (the last n_logits) */
-    float *logits;   /* [n_logits x N_VOCAB], the caller's */
+    const int32_t *tokens, *pos, *seq, *row, *out; /* [n]; out: [n_logits] rows whose logits are wanted */
+    int n, n_logits;
+    float *logits; /* [n_logits x N_VOCAB], the caller's */
 } step_args;
 
 #define W(off) ((const void *)(m->weights + (off)))
 #define P(off) ((const void *)(m->packed ? m->packed + (off) : NULL))
 #define A(off) ((void *)(m->arena + (off)))
-#define KV_K(l) ((void *)(m->kv + KV_K_OFF[l]))
-#define KV_V(l) ((void *)(m->kv + KV_V_OFF[l]))
 
-/* ==== decode step: up to 1 token(s), 35 ops ===================================== */
+/* ==== decode step: up to 1 row(s), 36 ops ===================================== */
 /* every thread of the pool runs this; kernels split their work by t->ith / t->nth */
 static void decode_step(void *arg, const kiln_thread *t) {
     const step_args *s = arg;
     kiln_model *m = s->m;
     const int n = s->n, n_logits = s->n_logits;
     int32_t *inp_tokens = (int32_t *)A(0x0); /* [n] */
-    int32_t *inp_pos = (int32_t *)A(0x780);    /* [n] */
-    if (t->ith == 0)
-        for (int i = 0; i < n; i++) {
-            inp_tokens[i] = s->tokens[i];
-            inp_pos[i] = m->n_past + i;
-        }
+    int32_t *inp_pos = (int32_t *)A(0x740); /* [n] */
+    int32_t *inp_seq = (int32_t *)A(0x7c0); /* [n] */
+    int32_t *inp_row = (int32_t *)A(0x780); /* [n] */
+    int32_t *inp_out = (int32_t *)A(0x700); /* [n] */
+    if (t->ith == 0) {
+        memcpy(inp_tokens, s->tokens, (size_t)n * sizeof(int32_t));
+        memcpy(inp_pos, s->pos, (size_t)n * sizeof(int32_t));
+        memcpy(inp_seq, s->seq, (size_t)n * sizeof(int32_t));
+        memcpy(inp_row, s->row, (size_t)n * sizeof(int32_t));
+        memcpy(inp_out, s->out, (size_t)n_logits * sizeof(int32_t));
+    }
     kiln_barrier(t);
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
-    float *inp_embd = (float *)A(0x480); /* [n x 64] */
+    float *inp_embd = (float *)A(0x140); /* [n x 64] */
     kiln_embed_mt(t, KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
     kiln_barrier(t);
 
@@ -110,22 +125,22 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-0: matmul_x8_q8_0 */
-    float *q_0 = (float *)A(0x100); /* [n x 4 x 16] */
-    void *q_0_act = A(0x200); /* [68 bytes] */
+    float *q_0 = (float *)A(0x240); /* [n x 4 x 16] */
+    void *q_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x0), W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
     kiln_barrier(t);
     /* k-0: matmul_x8_q8_0 */
-    float *k_0 = (float *)A(0x200); /* [n x 2 x 16] */
-    void *k_0_act = A(0x280); /* [68 bytes] */
+    float *k_0 = (float *)A(0x440); /* [n x 2 x 16] */
+    void *k_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1100), W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
     kiln_barrier(t);
     /* v-0: matmul_x8_q8_0 */
-    float *v_0 = (float *)A(0x280); /* [n x 2 x 16] */
-    void *v_0_act = A(0x300); /* [68 bytes] */
+    float *v_0 = (float *)A(0x4c0); /* [n x 2 x 16] */
+    void *v_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1980), W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
     kiln_barrier(t);
     /* q_rope-0: rope_pairwise_f32 */
-    float *q_rope_0 = (float *)A(0x580); /* [n x 4 x 16] */
+    float *q_rope_0 = (float *)A(0x340); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-0: rope_pairwise_f32 */
@@ -133,16 +148,16 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-0: kv_store_f32 */
-    kiln_kv_store_mt(t, KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_decode_f32 */
-    float *attn_0 = (float *)A(0x680); /* [n x 64] */
-    void *attn_0_parts = A(0x0); /* [1152 bytes] */
-    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f, 4, attn_0_parts);
+    float *attn_0 = (float *)A(0x240); /* [n x 64] */
+    void *attn_0_spans = A(0x0); /* [288 bytes] */
+    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
     kiln_barrier(t);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x0); /* [n x 64] */
-    void *attn_out_0_act = A(0x100); /* [68 bytes] */
+    void *attn_out_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x2200), W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
     kiln_barrier(t);
     /* ffn_inp-0: add_f32 */
@@ -173,7 +188,7 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x7700), W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
     kiln_barrier(t);
     /* l_out-0: add_f32 */
-    float *l_out_0 = (float *)A(0x480); /* [n x 64] */
+    float *l_out_0 = (float *)A(0x140); /* [n x 64] */
     kiln_add_mt(t, l_out_0, ffn_out_0, ffn_inp_0, n * 64);
     kiln_barrier(t);
 
@@ -183,22 +198,22 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
     /* q-1: matmul_x8_q8_0 */
-    float *q_1 = (float *)A(0x100); /* [n x 4 x 16] */
-    void *q_1_act = A(0x200); /* [68 bytes] */
+    float *q_1 = (float *)A(0x240); /* [n x 4 x 16] */
+    void *q_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x9900), W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
     kiln_barrier(t);
     /* k-1: matmul_x8_q8_0 */
-    float *k_1 = (float *)A(0x200); /* [n x 2 x 16] */
-    void *k_1_act = A(0x280); /* [68 bytes] */
+    float *k_1 = (float *)A(0x440); /* [n x 2 x 16] */
+    void *k_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xaa00), W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
     kiln_barrier(t);
     /* v-1: matmul_x8_q8_0 */
-    float *v_1 = (float *)A(0x280); /* [n x 2 x 16] */
-    void *v_1_act = A(0x300); /* [68 bytes] */
+    float *v_1 = (float *)A(0x4c0); /* [n x 2 x 16] */
+    void *v_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xb280), W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
     kiln_barrier(t);
     /* q_rope-1: rope_pairwise_f32 */
-    float *q_rope_1 = (float *)A(0x580); /* [n x 4 x 16] */
+    float *q_rope_1 = (float *)A(0x340); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* k_rope-1: rope_pairwise_f32 */
@@ -206,16 +221,16 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-1: kv_store_f32 */
-    kiln_kv_store_mt(t, KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_decode_f32 */
-    float *attn_1 = (float *)A(0x680); /* [n x 64] */
-    void *attn_1_parts = A(0x0); /* [1152 bytes] */
-    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f, 4, attn_1_parts);
+    float *attn_1 = (float *)A(0x240); /* [n x 64] */
+    void *attn_1_spans = A(0x0); /* [288 bytes] */
+    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
     kiln_barrier(t);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
-    void *attn_out_1_act = A(0x100); /* [68 bytes] */
+    void *attn_out_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xbb00), W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
     kiln_barrier(t);
     /* ffn_inp-1: add_f32 */
@@ -255,25 +270,34 @@ static void decode_step(void *arg, const kiln_thread *t) {
     float *result_norm = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
+    /* result_rows: select_rows_f32 */
+    float *result_rows = (float *)A(0x100); /* [n x 64] */
+    kiln_select_rows_mt(t, result_rows, result_norm, inp_out, n_logits, 64);
+    kiln_barrier(t);
     /* result_output: logits_q8_0 */
-    void *result_output_act = A(0x100); /* [68 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_norm + (size_t)(n - n_logits) * 64, n_logits, result_output, result_output_act);
+    void *result_output_act = A(0x0); /* [68 bytes] */
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_rows, n_logits, result_output, result_output_act);
     kiln_barrier(t);
 }
 
-/* ==== prefill step: up to 16 token(s), 35 ops ===================================== */
+/* ==== prefill step: up to 16 row(s), 36 ops ===================================== */
 /* every thread of the pool runs this; kernels split their work by t->ith / t->nth */
 static void prefill_step(void *arg, const kiln_thread *t) {
     const step_args *s = arg;
     kiln_model *m = s->m;
     const int n = s->n, n_logits = s->n_logits;
     int32_t *inp_tokens = (int32_t *)A(0x1000); /* [n] */
-    int32_t *inp_pos = (int32_t *)A(0x7000);    /* [n] */
-    if (t->ith == 0)
-        for (int i = 0; i < n; i++) {
-            inp_tokens[i] = s->tokens[i];
-            inp_pos[i] = m->n_past + i;
-        }
+    int32_t *inp_pos = (int32_t *)A(0x7040); /* [n] */
+    int32_t *inp_seq = (int32_t *)A(0x70c0); /* [n] */
+    int32_t *inp_row = (int32_t *)A(0x7080); /* [n] */
+    int32_t *inp_out = (int32_t *)A(0x7000); /* [n] */
+    if (t->ith == 0) {
+        memcpy(inp_tokens, s->tokens, (size_t)n * sizeof(int32_t));
+        memcpy(inp_pos, s->pos, (size_t)n * sizeof(int32_t));
+        memcpy(inp_seq, s->seq, (size_t)n * sizeof(int32_t));
+        memcpy(inp_row, s->row, (size_t)n * sizeof(int32_t));
+        memcpy(inp_out, s->out, (size_t)n_logits * sizeof(int32_t));
+    }
     kiln_barrier(t);
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
@@ -310,11 +334,12 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_copy-0: kv_batch_copy_f32 */
-    kiln_kv_store_mt(t, KILN_F32, KV_K(0), KV_V(0), k_rope_0, v_0, inp_pos, n, KV_CAP[0], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_pos, n, KV_K(0), KV_V(0), KV_CAP[0], KV_WINDOW[0], 4, 2, 16, 0.25f, 1, NULL);
+    void *attn_0_spans = A(0x3000); /* [288 bytes] */
+    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
     kiln_barrier(t);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
@@ -382,11 +407,12 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_copy-1: kv_batch_copy_f32 */
-    kiln_kv_store_mt(t, KILN_F32, KV_K(1), KV_V(1), k_rope_1, v_1, inp_pos, n, KV_CAP[1], 2, 16);
+    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
-    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_pos, n, KV_K(1), KV_V(1), KV_CAP[1], KV_WINDOW[1], 4, 2, 16, 0.25f, 1, NULL);
+    void *attn_1_spans = A(0x3000); /* [288 bytes] */
+    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
     kiln_barrier(t);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
@@ -430,9 +456,13 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     float *result_norm = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
     kiln_barrier(t);
+    /* result_rows: select_rows_f32 */
+    float *result_rows = (float *)A(0x1000); /* [n x 64] */
+    kiln_select_rows_mt(t, result_rows, result_norm, inp_out, n_logits, 64);
+    kiln_barrier(t);
     /* result_output: logits_q8_0 */
-    void *result_output_act = A(0x1000); /* [1088 bytes] */
-    kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_norm + (size_t)(n - n_logits) * 64, n_logits, result_output, result_output_act);
+    void *result_output_act = A(0x0); /* [1088 bytes] */
+    kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_rows, n_logits, result_output, result_output_act);
     kiln_barrier(t);
 }
 
@@ -493,16 +523,21 @@ int kiln_open(kiln_model **out, const char *gguf_path, const char *packed_path, 
         return status;
     }
     kiln_model *m = calloc(1, sizeof *m);
-    uint8_t *kv = aligned_alloc(64, KV_BYTES), *arena = aligned_alloc(64, ARENA_BYTES);
+    uint8_t *arena = aligned_alloc(64, ARENA_BYTES);
     kiln_pool *pool = kiln_pool_create(n_threads);
-    if (!m || !kv || !arena || !pool) {
-        free(m), free(kv), free(arena), kiln_pool_destroy(pool);
+    if (!m || !arena || !pool || kiln_kv_init(&m->kv, &KV_SHAPE) != 0) {
+        if (m) kiln_kv_free(&m->kv);
+        free(m), free(arena), kiln_pool_destroy(pool);
         munmap(w, (size_t)GGUF_BYTES);
         if (packed_map) munmap((void *)packed_map, PACKED_HEADER_BYTES + (size_t)PACKED_BYTES);
         return KILN_E_NOMEM;
     }
-    memset(kv, 0, KV_BYTES);
-    m->weights = w, m->kv = kv, m->arena = arena, m->pool = pool;
+    for (int l = 0; l < N_LAYER; l++) {
+        const kiln_kv_group *g = &m->kv.g[KV_GROUP[l]];
+        m->kv_view[l] = (kiln_kv_view){g->pages, g->page_bytes, KV_K_OFF[l], KV_V_OFF[l], g->tables,
+                                       m->kv.max_blocks, PAGE_SIZE, g->window};
+    }
+    m->weights = w, m->arena = arena, m->pool = pool;
     m->packed_map = packed_map, m->packed = packed_map ? packed_map + PACKED_HEADER_BYTES : NULL;
     *out = m;
     return KILN_OK;
@@ -513,49 +548,90 @@ void kiln_close(kiln_model *m) {
     kiln_pool_destroy(m->pool);
     munmap((void *)m->weights, (size_t)GGUF_BYTES);
     if (m->packed_map) munmap((void *)m->packed_map, PACKED_HEADER_BYTES + (size_t)PACKED_BYTES);
-    free(m->kv);
+    kiln_kv_free(&m->kv);
     free(m->arena);
     free(m);
 }
 
-int kiln_eval(kiln_model *m, const int32_t *tokens, int n_tokens, float *logits, int logits_all) {
+/* Check a batch and count its rows per sequence into m->n_new; nothing changes on failure. */
+static int check_batch(kiln_model *m, const kiln_batch *b) {
+    if (!b || !b->token || !b->seq) return KILN_E_ARG;
+    if (b->n < 1 || b->n > BATCH_TOKENS) return KILN_E_BATCH;
+    memset(m->n_new, 0, sizeof m->n_new);
+    for (int i = 0; i < b->n; i++) {
+        if (kiln_kv_check(&m->kv, b->seq[i]) != KILN_OK) return KILN_E_SEQ;
+        if (b->token[i] < 0 || b->token[i] >= N_VOCAB) return KILN_E_TOKEN;
+        if (b->pos && b->pos[i] < 0) return KILN_E_ARG;
+        if (++m->n_new[b->seq[i]] > N_CTX - m->kv.n_past[b->seq[i]]) return KILN_E_CTX_FULL;
+    }
+    return KILN_OK;
+}
+
+int kiln_step(kiln_model *m, const kiln_batch *b, float *logits) {
+    if (!m || !logits) return KILN_E_ARG;
+    int status = check_batch(m, b);
+    if (status == KILN_OK) status = kiln_kv_reserve(&m->kv, m->n_new);
+    if (status != KILN_OK) return status;
+    int32_t pos[BATCH_TOKENS], row[BATCH_TOKENS], out[BATCH_TOKENS], seen[N_SEQ] = {0};
+    int n_logits = 0;
+    for (int i = 0; i < b->n; i++) {
+        row[i] = m->kv.n_past[b->seq[i]] + seen[b->seq[i]]++;
+        pos[i] = b->pos ? b->pos[i] : row[i];
+        if (b->logits ? b->logits[i] != 0 : i == b->n - 1) out[n_logits++] = i;
+    }
+    step_args args = {m, b->token, pos, b->seq, row, out, b->n, n_logits, logits};
+    kiln_pool_run(m->pool, b->n == 1 ? decode_step : prefill_step, &args);
+    kiln_kv_advance(&m->kv, m->n_new);
+    return KILN_OK;
+}
+
+int kiln_eval(kiln_model *m, int seq, const int32_t *tokens, int n_tokens, float *logits, int logits_all) {
     if (!m || !tokens || !logits || n_tokens < 1) return KILN_E_ARG;
+    if (kiln_kv_check(&m->kv, seq) != KILN_OK) return KILN_E_SEQ;
     for (int i = 0; i < n_tokens; i++)
         if (tokens[i] < 0 || tokens[i] >= N_VOCAB) return KILN_E_TOKEN;
-    if (n_tokens > N_CTX - m->n_past) return KILN_E_CTX_FULL;
+    if (n_tokens > N_CTX - m->kv.n_past[seq]) return KILN_E_CTX_FULL;
+    if (!kiln_kv_can_append(&m->kv, seq, n_tokens)) return KILN_E_KV_FULL;
+    int32_t seqs[PREFILL_CHUNK];
+    int8_t want[PREFILL_CHUNK];
+    for (int i = 0; i < PREFILL_CHUNK; i++) seqs[i] = seq, want[i] = (int8_t)logits_all;
     for (int done = 0; done < n_tokens;) {
         const int n = n_tokens - done < PREFILL_CHUNK ? n_tokens - done : PREFILL_CHUNK;
-        const int n_logits = logits_all ? n : (done + n == n_tokens);
-        step_args args = {m, tokens + done, n, n_logits, logits_all ? logits + (size_t)done * N_VOCAB : logits};
-        kiln_pool_run(m->pool, n == 1 ? decode_step : prefill_step, &args);
-        m->n_past += n;
+        want[n - 1] = 1; /* the last row's logits always; every row's when logits_all */
+        const kiln_batch b = {n, tokens + done, seqs, NULL, want};
+        const int status = kiln_step(m, &b, logits_all ? logits + (size_t)done * N_VOCAB : logits);
+        want[n - 1] = (int8_t)logits_all;
+        if (status != KILN_OK) return status; /* not reached: everything was checked above */
         done += n;
     }
     return KILN_OK;
 }
 
-int kiln_reset(kiln_model *m) {
+int kiln_seq_open(kiln_model *m) { return m ? kiln_kv_open(&m->kv) : KILN_E_ARG; }
+
+int kiln_seq_close(kiln_model *m, int seq) {
     if (!m) return KILN_E_ARG;
-    m->n_past = 0;
+    if (kiln_kv_check(&m->kv, seq) != KILN_OK) return KILN_E_SEQ;
+    kiln_kv_close(&m->kv, seq);
     return KILN_OK;
 }
 
-int kiln_rollback(kiln_model *m, int n_keep) {
-    if (!m || n_keep < 0) return KILN_E_ARG;
-    if (n_keep > m->n_past) return KILN_E_ROLLBACK;
-    for (int l = 0; l < N_LAYER && n_keep > 0; l++) {
-        /* the next query (at n_keep) needs positions n_keep - window + 1 .. n_keep - 1;
-           a ring only still holds the last KV_CAP positions written */
-        const int first_needed = KV_WINDOW[l] && n_keep - KV_WINDOW[l] + 1 > 0 ? n_keep - KV_WINDOW[l] + 1 : 0;
-        if (first_needed < m->n_past - KV_CAP[l]) return KILN_E_ROLLBACK_RING;
-    }
-    m->n_past = n_keep;
-    return KILN_OK;
+int kiln_seq_fork(kiln_model *m, int seq) { return m ? kiln_kv_fork(&m->kv, seq) : KILN_E_ARG; }
+int kiln_seq_rollback(kiln_model *m, int seq, int n_keep) { return m ? kiln_kv_rollback(&m->kv, seq, n_keep) : KILN_E_ARG; }
+int kiln_seq_reset(kiln_model *m, int seq) { return kiln_seq_rollback(m, seq, 0); }
+
+int kiln_seq_n_past(const kiln_model *m, int seq) {
+    if (!m) return KILN_E_ARG;
+    return kiln_kv_check(&m->kv, seq) == KILN_OK ? m->kv.n_past[seq] : KILN_E_SEQ;
 }
 
-int kiln_n_past(const kiln_model *m) { return m ? m->n_past : KILN_E_ARG; }
+int kiln_pages_used(const kiln_model *m, int group) { return m ? kiln_kv_pages_used(&m->kv, group) : KILN_E_ARG; }
+int kiln_pages_total(int group) { return group >= 0 && group < N_GROUPS ? KV_SHAPE.n_pages[group] : KILN_E_ARG; }
+int kiln_n_groups(void) { return N_GROUPS; }
+int kiln_n_seq(void) { return N_SEQ; }
+int kiln_page_size(void) { return PAGE_SIZE; }
+int kiln_batch_tokens(void) { return BATCH_TOKENS; }
 int kiln_n_threads(const kiln_model *m) { return m ? kiln_pool_size(m->pool) : KILN_E_ARG; }
 int kiln_n_ctx(void) { return N_CTX; }
 int kiln_n_vocab(void) { return N_VOCAB; }
 long long kiln_weights_size(void) { return GGUF_BYTES; }
-int kiln_rollback_limit(void) { return ROLLBACK_LIMIT; }
