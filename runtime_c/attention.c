@@ -58,10 +58,21 @@ void kiln_kv_store_mt(const kiln_thread *t, int type, const kiln_kv_view *kv, co
     if (t1 > t0) kiln_kv_store(type, kv, k + at, v + at, seq + t0, row + t0, t1 - t0, n_head_kv, head_dim);
 }
 
-/* rows[j - j0] for positions j0 .. j0+n-1 of one head as f32: positions outside [lo, hi] read
- * zeros; f32 rows are read in place, others dequantized into buf a page run at a time. */
+/* Rows the vector loops read where they lie: f32, and f16 where they convert on load. */
+static int in_place(int type, int hd) {
+#ifdef KILN_SIMD_F16_ROWS
+    if (type == KILN_F16 && hd % 8 == 0) return 1;
+#endif
+    (void)hd;
+    return type == KILN_F32;
+}
+
+/* rows[j - j0] for positions j0 .. j0+n-1 of one head: positions outside [lo, hi] read zeros
+ * (all-zero bytes, in f32 or f16); rows are pointed at in place, or dequantized into buf as f32
+ * a page run at a time. */
 static void cache_rows(int type, const kiln_kv_view *kv, const int32_t *table, int part, int h, size_t row_bytes,
-                       int j0, int n, int lo, int hi, float *buf, int hd, const float *rows[]) {
+                       int j0, int n, int lo, int hi, float *buf, int hd, const void *rows[]) {
+    const int direct = in_place(type, hd);
     for (int j = j0; j < j0 + n;) {
         if (j < lo || j > hi) {
             rows[j++ - j0] = ZERO_ROW;
@@ -71,10 +82,21 @@ static void cache_rows(int type, const kiln_kv_view *kv, const int32_t *table, i
         int end = hi + 1 < j0 + n ? hi + 1 : j0 + n;
         end = page_end < end ? page_end : end;
         const uint8_t *src = cache_row(kv, table, part, h, j, row_bytes);
-        if (type != KILN_F32) kiln_dequantize_row(type, src, buf + (size_t)(j - j0) * hd, (end - j) * hd);
+        if (!direct) kiln_dequantize_row(type, src, buf + (size_t)(j - j0) * hd, (end - j) * hd);
         for (int k = j; k < end; k++)
-            rows[k - j0] = type == KILN_F32 ? (const float *)(src + (size_t)(k - j) * row_bytes)
-                                            : buf + (size_t)(k - j0) * hd;
+            rows[k - j0] = direct ? (const void *)(src + (size_t)(k - j) * row_bytes) : buf + (size_t)(k - j0) * hd;
+        j = end;
+    }
+}
+
+/* Ask for positions [lo, hi] of one head's K or V ahead of their use: a page holds a head's
+ * rows side by side, so each page run is one sequential range of cache lines. */
+static void prefetch_rows(const kiln_kv_view *kv, const int32_t *table, int part, int h, size_t row_bytes, int lo,
+                          int hi) {
+    for (int j = lo; j <= hi;) {
+        const int page_end = (j / kv->page_size + 1) * kv->page_size, end = hi + 1 < page_end ? hi + 1 : page_end;
+        const char *src = (const char *)cache_row(kv, table, part, h, j, row_bytes);
+        for (size_t at = 0; at < (size_t)(end - j) * row_bytes; at += 64) __builtin_prefetch(src + at);
         j = end;
     }
 }
@@ -109,8 +131,9 @@ static void attend_span(int type, const attn_state st[], const float *const q[],
                         int nq, const kiln_kv_view *kv, const int32_t *table, int h, size_t row_bytes, int hd,
                         float scale, int s0) {
     float s[ATTN_MAX_Q][SPAN];
-    float buf[type == KILN_F32 ? 1 : SPAN * hd]; /* dequantized rows of the span */
-    const float *rows[SPAN];
+    const int direct = in_place(type, hd), half = direct && type == KILN_F16;
+    float buf[direct ? 1 : SPAN * hd]; /* dequantized rows of the span */
+    const void *rows[SPAN];
     int lo = s0 + SPAN, hi = s0 - 1, live[ATTN_MAX_Q];
     for (int i = 0; i < nq; i++) {
         clear(st[i], hd);
@@ -120,18 +143,25 @@ static void attend_span(int type, const attn_state st[], const float *const q[],
     }
     if (lo > hi) return;
     const int j0 = lo & ~7, n = ((hi | 7) + 1) - j0; /* whole groups of eight, aligned to positions */
+    prefetch_rows(kv, table, 0, h, row_bytes, lo, hi); /* every line requested at once */
+    prefetch_rows(kv, table, 1, h, row_bytes, lo, hi); /* V loads while K is scored */
     cache_rows(type, kv, table, 0, h, row_bytes, j0, n, lo, hi, buf, hd, rows);
     for (int i = 0; i < nq; i++) {
         if (!live[i]) continue;
-        kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0); /* the first query pulls the rows in */
+        /* the first query pulls the rows in; each call names its row format as a constant */
+        if (half) kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 1);
+        else kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 0);
         for (int j = 0; j < n; j++)
             if (j0 + j < first[i] || j0 + j > last[i]) s[i][j] = -INFINITY;
         *st[i].max = kiln_vmax(s[i], n);
         *st[i].denom = kiln_vexp_sum(s[i], *st[i].max, n); /* exp(-inf) = 0 for the rows it cannot see */
     }
     cache_rows(type, kv, table, 1, h, row_bytes, j0, n, lo, hi, buf, hd, rows);
-    for (int i = 0; i < nq; i++)
-        if (live[i]) kiln_vaxpys(st[i].acc, s[i], rows, n, hd);
+    for (int i = 0; i < nq; i++) {
+        if (!live[i]) continue;
+        if (half) kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 1);
+        else kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 0);
+    }
 }
 
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span

@@ -45,6 +45,7 @@ void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_hea
                float base, int neox);
 void kiln_add(float *y, const float *a, const float *b, int n);
 void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(gate) * up */
+void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* the same through expf */
 void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
 void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the same without the table */
 void kiln_softmax(float *x, int n);

@@ -6,6 +6,7 @@
 #include "fp16.h"
 #include "kernels.h"
 #include "kernels_mt.h"
+#include "simd_f32.h"
 
 void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
     for (int r = 0; r < rows; r++, x += n, y += n) {
@@ -20,17 +21,18 @@ void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_hea
                float base, int neox) {
     const float theta_scale = powf(base, -2.0f / (float)head_dim);
     const int half = head_dim / 2;
+    float cs[KILN_MAX_HEAD_DIM / 2], sn[KILN_MAX_HEAD_DIM / 2]; /* one row's rotation serves all its heads */
     for (int r = 0; r < rows; r++) {
+        float theta = (float)pos[r]; /* theta_i = pos * base^(-2i/d), by repeated products like ggml */
+        for (int i = 0; i < half; i++, theta *= theta_scale) cs[i] = cosf(theta), sn[i] = sinf(theta);
         for (int h = 0; h < n_head; h++) {
             const float *xh = x + ((size_t)r * n_head + h) * head_dim;
             float *yh = y + ((size_t)r * n_head + h) * head_dim;
-            float theta = (float)pos[r]; /* theta_i = pos * base^(-2i/d), by repeated products like ggml */
-            for (int i = 0; i < half; i++, theta *= theta_scale) {
-                const float c = cosf(theta), s = sinf(theta);
+            for (int i = 0; i < half; i++) {
                 const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
                 const float x0 = xh[i0], x1 = xh[i1];
-                yh[i0] = x0 * c - x1 * s;
-                yh[i1] = x0 * s + x1 * c;
+                yh[i0] = x0 * cs[i] - x1 * sn[i];
+                yh[i1] = x0 * sn[i] + x1 * cs[i];
             }
         }
     }
@@ -40,9 +42,30 @@ void kiln_add(float *y, const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
-void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
+void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, kiln_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)))), u);
+}
+
+/* Every element goes through the same vector arithmetic, the tail too (padded), so a value
+ * never depends on where a thread's share of the row ends. */
+void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i == n) return;
+    float g[8] = {0}, u[8] = {0}, out[8];
+    memcpy(g, gate + i, (size_t)(n - i) * sizeof(float)), memcpy(u, up + i, (size_t)(n - i) * sizeof(float));
+    _mm256_storeu_ps(out, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+    memcpy(y + i, out, (size_t)(n - i) * sizeof(float));
+}
+#else
+void kiln_swiglu(float *y, const float *gate, const float *up, int n) { kiln_swiglu_ref(y, gate, up, n); }
+#endif
 
 /* GELU is evaluated as llama.cpp's CPU backend does: at the input rounded to f16, with the
  * result rounded to f16 (its lookup-table path), and cut off outside [-10, 10]. Exact tanh-GELU

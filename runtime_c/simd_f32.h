@@ -6,7 +6,8 @@
 
 #include <math.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KILN_SIMD_F16_ROWS 1 /* kiln_vdots and kiln_vaxpys read f16 rows in place */
 #include <immintrin.h>
 
 static inline float kiln_hsum8(__m256 v) {
@@ -80,12 +81,19 @@ static inline __m256 kiln_reduce8(const __m256 v[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
-/* s[j] = scale * (q . rows[j]) for j < n, eight rows at a time sharing one lane reduction.
+/* 8 floats of a row stored as f32, or as f16 (`half`), which converts exactly */
+static inline __attribute__((always_inline)) __m256 kiln_load8(const void *p, int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
+}
+
+/* s[j] = scale * (q . rows[j]) for j < n, eight rows at a time sharing one lane reduction;
+ * rows hold f32, or f16 when `half` (then n and hd are multiples of 8).
  * `stream`: rows come from memory, so each is read front to back before the next (rows are
  * usually adjacent, and the hardware prefetcher follows that order but not eight rows read
  * side by side). Otherwise rows are in cache and each load of q serves eight rows. */
-static inline void kiln_vdots(float *s, const float *q, const float *const rows[], int n, int hd, float scale,
-                              int stream) {
+static inline __attribute__((always_inline)) void kiln_vdots(float *s, const float *q, const void *const rows[], int n,
+                                                             int hd, float scale, int stream, int half) {
+    const int es = half ? 2 : 4; /* bytes per element */
     int j = 0;
     if (hd % 8 == 0)
         for (; j + 8 <= n; j += 8) {
@@ -94,30 +102,41 @@ static inline void kiln_vdots(float *s, const float *q, const float *const rows[
             if (stream)
                 for (int k = 0; k < 8; k++)
                     for (int d = 0; d < hd; d += 8)
-                        a[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[j + k] + d), a[k]);
+                        a[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
+                                               kiln_load8((const char *)rows[j + k] + d * es, half), a[k]);
             else
                 for (int d = 0; d < hd; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(q + d);
-                    for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + k] + d), a[k]);
+                    for (int k = 0; k < 8; k++)
+                        a[k] = _mm256_fmadd_ps(qv, kiln_load8((const char *)rows[j + k] + d * es, half), a[k]);
                 }
             _mm256_storeu_ps(s + j, _mm256_mul_ps(kiln_reduce8(a), _mm256_set1_ps(scale)));
         }
-    for (; j < n; j++) s[j] = kiln_vdot(q, rows[j], hd) * scale;
+    for (; j < n; j++) s[j] = kiln_vdot(q, (const float *)rows[j], hd) * scale;
 }
 
-/* acc[d] += sum_j w[j] * rows[j][d]: 64 columns at a time stay in registers across the rows */
-static inline void kiln_vaxpys(float *acc, const float *w, const float *const rows[], int n, int hd) {
+/* acc[d] += sum_j w[j] * rows[j][d], rows as in kiln_vdots: 64 columns at a time stay in
+ * registers across the rows, then 8 at a time; each column adds its rows in order. */
+static inline __attribute__((always_inline)) void kiln_vaxpys(float *acc, const float *w, const void *const rows[],
+                                                              int n, int hd, int half) {
+    const int es = half ? 2 : 4;
     int d = 0;
     for (; d + 64 <= hd; d += 64) {
         __m256 a[8];
         for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(acc + d + 8 * k);
         for (int j = 0; j < n; j++) {
             const __m256 wj = _mm256_set1_ps(w[j]);
-            for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(rows[j] + d + 8 * k), a[k]);
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm256_fmadd_ps(wj, kiln_load8((const char *)rows[j] + (d + 8 * k) * es, half), a[k]);
         }
         for (int k = 0; k < 8; k++) _mm256_storeu_ps(acc + d + 8 * k, a[k]);
     }
-    for (int j = 0; j < n && d < hd; j++) kiln_vaxpy(acc + d, w[j], rows[j] + d, hd - d);
+    for (; d + 8 <= hd; d += 8) {
+        __m256 a = _mm256_loadu_ps(acc + d);
+        for (int j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), kiln_load8((const char *)rows[j] + d * es, half), a);
+        _mm256_storeu_ps(acc + d, a);
+    }
+    for (int j = 0; j < n && d < hd; j++) kiln_vaxpy(acc + d, w[j], (const float *)rows[j] + d, hd - d);
 }
 
 #else
@@ -138,14 +157,16 @@ static inline float kiln_vexp_sum(float *x, float m, int n) {
     return sum;
 }
 
-static inline void kiln_vdots(float *s, const float *q, const float *const rows[], int n, int hd, float scale,
-                              int stream) {
-    (void)stream;
-    for (int j = 0; j < n; j++) s[j] = kiln_vdot(q, rows[j], hd) * scale;
+/* rows are f32 here: without F16C the attention dequantizes f16 rows first (half is 0) */
+static inline void kiln_vdots(float *s, const float *q, const void *const rows[], int n, int hd, float scale,
+                              int stream, int half) {
+    (void)stream, (void)half;
+    for (int j = 0; j < n; j++) s[j] = kiln_vdot(q, (const float *)rows[j], hd) * scale;
 }
 
-static inline void kiln_vaxpys(float *acc, const float *w, const float *const rows[], int n, int hd) {
-    for (int j = 0; j < n; j++) kiln_vaxpy(acc, w[j], rows[j], hd);
+static inline void kiln_vaxpys(float *acc, const float *w, const void *const rows[], int n, int hd, int half) {
+    (void)half;
+    for (int j = 0; j < n; j++) kiln_vaxpy(acc, w[j], (const float *)rows[j], hd);
 }
 
 #endif

@@ -180,6 +180,12 @@ def test_glu_and_add_and_softmax():
     y = np.zeros(300, np.float32)
     lib.kiln_swiglu(ptr(y, "float *"), ptr(g, "float *"), ptr(u, "float *"), 300)
     np.testing.assert_allclose(y, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-5, atol=1e-6)
+    ref = np.zeros(300, np.float32)
+    lib.kiln_swiglu_ref(ptr(ref, "float *"), ptr(g, "float *"), ptr(u, "float *"), 300)
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-7)
+    part = np.zeros(297, np.float32)  # a share that starts elsewhere and ends mid-vector: the same bits
+    lib.kiln_swiglu(ptr(part, "float *"), ptr(g[3:], "float *"), ptr(u[3:], "float *"), 297)
+    np.testing.assert_array_equal(part, y[3:])
     lib.kiln_geglu(ptr(y, "float *"), ptr(g, "float *"), ptr(u, "float *"), 300)
     gd = g.astype(np.float16).astype(np.float64)  # llama.cpp evaluates GELU at f16 and rounds it to f16
     gelu = (0.5 * gd * (1 + np.tanh(np.sqrt(2 / np.pi) * (gd + 0.044715 * gd ** 3)))).astype(np.float16)
