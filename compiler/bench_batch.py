@@ -163,3 +163,25 @@ def render_batch(results: list[BatchResult], model: str, threads: int, depth: in
         out.append(f"{r.batch:>4} {r.kiln_tok_s:>9.1f} {scale} "
                    + " ".join(f"{r.llamacpp_tok_s[n]:>17.1f}" for n in names) + f" {r.ratio:>6.2f}x")
     return "\n".join(out) + "\n"
+
+
+def run_page_size_sweep(model, sizes: list[int], depths: list[int], tg: int, threads: int, reps: int, kv_dtype: str,
+                        log=lambda s: None) -> dict[int, dict[int, float]]:
+    """kiln's one-sequence decode tok/s at each depth, for each page size: {size: {depth: tok/s}}."""
+    from .model import load
+
+    out: dict[int, dict[int, float]] = {}
+    for size in sizes:
+        m = load(model, ctx=max(depths) + tg + 1, kv_dtype=kv_dtype, page_size=size, threads=threads)
+        out[size] = {d: statistics.median([kiln_batched(m, 1, d, tg) for _ in range(reps)]) for d in depths}
+        log(f"page size {size}: " + ", ".join(f"depth {d} {v:.1f} tok/s" for d, v in out[size].items()))
+    return out
+
+
+def render_page_sizes(sweep: dict[int, dict[int, float]], model: str, threads: int, tg: int, kv_dtype: str) -> str:
+    depths = list(next(iter(sweep.values())))
+    out = [f"page size sweep: {model}, {threads} thread(s), one sequence decoding {tg} tokens, {kv_dtype} KV; "
+           "tok/s, medians",
+           f"{'page':>5} " + " ".join(f"{'depth ' + str(d):>11}" for d in depths)]
+    out += [f"{size:>5} " + " ".join(f"{row[d]:>11.1f}" for d in depths) for size, row in sweep.items()]
+    return "\n".join(out) + "\n"

@@ -151,7 +151,14 @@ def cmd_bench(a: argparse.Namespace) -> None:
     batches = _batch_sizes(a.batch) if a.batch else []
     meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype}
     results = []
-    if not a.batch_only:
+    if a.page_sizes:
+        from .bench_batch import render_page_sizes, run_page_size_sweep
+
+        sizes = _int_list(a.page_sizes, "--page-sizes", "page sizes, such as 16,32,64,128")
+        sweep = run_page_size_sweep(a.model, sizes, [1024, 4096], a.tg, threads, a.reps, a.kv_dtype, log=_log)
+        sys.stdout.write(render_page_sizes(sweep, str(a.model), threads, a.tg, a.kv_dtype))
+        meta["page_sizes"] = {str(k): {str(d): v for d, v in row.items()} for k, row in sweep.items()}
+    elif not a.batch_only:
         tests = default_tests(a.pp, a.tg, a.depth)
         results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=_log)
         m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
@@ -170,14 +177,18 @@ def cmd_bench(a: argparse.Namespace) -> None:
         write_json(a.json, results, **meta)
 
 
-def _batch_sizes(text: str) -> list[int]:
+def _int_list(text: str, option: str, what: str) -> list[int]:
     try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise KilnError(f"--batch takes comma-separated positive sequence counts, such as 1,2,4,8; got {text!r}")
-    return sizes
+        values = []
+    if not values or min(values) < 1:
+        raise KilnError(f"{option} takes comma-separated positive {what}; got {text!r}")
+    return values
+
+
+def _batch_sizes(text: str) -> list[int]:
+    return _int_list(text, "--batch", "sequence counts, such as 1,2,4,8")
 
 
 def cmd_ir(a: argparse.Namespace) -> None:
@@ -244,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "against llama.cpp's batched decode")
     p.add_argument("--batch-depth", type=int, default=128, help="tokens in each sequence before the batched decode")
     p.add_argument("--batch-only", action="store_true", help="run only the batched decode")
+    p.add_argument("--page-sizes", help="instead, time kiln's decode at depth 1024 and 4096 for each page size of "
+                                        "this list (e.g. 16,32,64,128)")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=cmd_bench)
 

@@ -25,3 +25,14 @@ def test_bench_smoke(tiny, smollm2, tmp_path, capsys):
 def test_default_tests_follow_llama_bench():
     assert [t.name for t in default_tests()] == ["pp512", "tg128", "tg128@d1024"]
     assert default_tests()[2] == BenchTest("tg128@d1024", 0, 128, 1024)
+
+
+def test_page_size_sweep(tiny, smollm2, tmp_path, capsys):
+    path = tiny("llama", wtype=Q.Q8_0, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, n_layer=1, tokenizer_from=smollm2)
+    out = tmp_path / "pages.json"
+    assert main(["bench", str(path), "--threads", "1", "--reps", "1", "--tg", "2", "--page-sizes", "16,64",
+                 "--json", str(out)]) == 0
+    assert "page size sweep" in capsys.readouterr().out
+    sweep = json.loads(out.read_text())["page_sizes"]
+    assert list(sweep) == ["16", "64"] and all(set(row) == {"1024", "4096"} and min(row.values()) > 0
+                                               for row in sweep.values())
