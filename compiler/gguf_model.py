@@ -214,6 +214,9 @@ class _Metadata:
         return f.contents()
 
 
+MAX_HEAD_DIM = 512  # KILN_MAX_HEAD_DIM in runtime_c/kernels.h: the kernels' per-head stack buffers
+
+
 def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
     a = arch
     n_embd = meta.integer(f"{a}.embedding_length")
@@ -239,6 +242,9 @@ def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
         if getattr(hp, field) <= 0:
             raise ModelFileError(f"{meta.path}: hyperparameter {field} = {getattr(hp, field)} must be positive")
+    if hp.head_dim > MAX_HEAD_DIM:
+        raise ModelFileError(f"{meta.path}: head_dim {hp.head_dim} (attention.key_length) is above {MAX_HEAD_DIM}, "
+                             "the most kiln's attention and rope kernels hold")
     if hp.n_head % hp.n_head_kv:
         raise ModelFileError(f"{meta.path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
     if hp.n_rot != hp.head_dim:

@@ -54,7 +54,7 @@ void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int r
 
 
 /* -- KV cache and attention ---------------------------------------------------------------- */
-#define KILN_MAX_HEAD_DIM 512
+#define KILN_MAX_HEAD_DIM 512 /* compiler/gguf_model.py MAX_HEAD_DIM refuses models above it */
 /* f32 row x[n] -> dst in a cache type (f32, f16, q8_0) */
 void kiln_quantize_row(int type, const float *x, void *dst, int n);
 

@@ -94,3 +94,9 @@ def test_unsupported_quant_type_names_tensor(tiny):
     p = tiny("llama", n_embd=256, types={"blk.1.attn_q.weight": Q.IQ2_XS})
     with pytest.raises(ModelFileError, match=r"tensor 'blk\.1\.attn_q\.weight' has quant type IQ2_XS"):
         read_model(p)
+
+
+def test_head_dim_above_the_kernels_limit_is_refused(tiny):
+    p = tiny("llama", n_embd=1024, n_head=1, n_head_kv=1, head_dim=1024, n_ff=64, n_layer=1)
+    with pytest.raises(ModelFileError, match=r"head_dim 1024 \(attention\.key_length\) is above 512"):
+        read_model(p)
