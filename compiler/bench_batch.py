@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bench import LLAMACPP_KV_TYPES, flash_attn_settings
 from .errors import KilnError
-
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class LlamaBatched:
         cp.n_seq_max = batch
         cp.kv_unified = True
         cp.n_threads = cp.n_threads_batch = threads
-        cp.type_k = cp.type_v = KV_TYPES[kv_dtype]
+        cp.type_k = cp.type_v = LLAMACPP_KV_TYPES[kv_dtype]
         cp.flash_attn_type = 1 if flash_attn else 0
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -129,7 +128,7 @@ def run_batch_bench(model, batches: list[int], depth: int, tg: int, threads: int
 
     m = load(model, ctx=depth + tg + 1, n_seq=max(batches), kv_dtype=kv_dtype, threads=threads,
              batch_tokens=max(max(batches), 256))
-    settings = {"fa on": True} if kv_dtype == "q8_0" else {"fa off": False, "fa on": True}  # q8_0 V needs FA
+    settings = flash_attn_settings(kv_dtype)
     results = []
     for batch in batches:
         refs = {name: LlamaBatched(m.spec.path, batch, depth, tg, threads, kv_dtype, fa) for name, fa in settings.items()}

@@ -155,24 +155,41 @@ class Sequence:
         return ids[k:]
 
     def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str]) -> Iterator[str]:
-        m = self.model
-        ids = m._prompt_ids(prompt)
+        ids = self.model._prompt_ids(prompt)
         logits = self.prefill(self._reuse_prefix(ids))
-        sample, history, text = Sampler(params), list(ids), TextStream(m.tokenizer, stops)
-        for i in range(max_tokens):
-            tok = sample(logits, history)
-            if tok == m.spec.tokenizer.eos_id:
-                break
-            history.append(tok)
-            piece = text.push(tok)
+        run = _Decoding(self, ids, params, stops, max_tokens)
+        while True:
+            piece, tok = run.next(logits)
             if piece:
                 yield piece
-            if text.stopped or i + 1 == max_tokens or self.n_past >= m.n_ctx:
-                break
+            if tok is None:
+                return
             logits = self.decode(tok)
-        tail = text.finish()
-        if tail:
-            yield tail
+
+
+class _Decoding:
+    """One sequence's generation, shared by generate and generate_batch: `next(logits)` samples
+    a token and returns the text it adds and the token to feed back, or None once generation
+    ends (end of text, a stop string, max_tokens, or a full context)."""
+
+    def __init__(self, seq: Sequence, prompt_ids: list[int], params: SamplingParams, stops: list[str],
+                 max_tokens: int):
+        self.seq, self.left = seq, max_tokens
+        self.sample, self.history = Sampler(params), list(prompt_ids)
+        self.text = TextStream(seq.model.tokenizer, stops)
+
+    def next(self, logits: np.ndarray) -> tuple[str, int | None]:
+        if self.left <= 0:
+            return self.text.finish(), None
+        tok = self.sample(logits, self.history)
+        if tok == self.seq.model.spec.tokenizer.eos_id:
+            return self.text.finish(), None
+        self.history.append(tok)
+        self.left -= 1
+        piece = self.text.push(tok)
+        if self.text.stopped or self.left == 0 or self.seq.n_past >= self.seq.model.n_ctx:
+            return piece + self.text.finish(), None
+        return piece, tok
 
 
 def _status_message(m: "Model", status: int, seq: Sequence | None, rows: int) -> str:
@@ -379,28 +396,18 @@ class Model:
         return out
 
     def _decode_together(self, wave, ids, params, stops, max_tokens, out) -> None:
-        running = []
-        for i, s in wave:
-            logits = s.prefill(ids[i])
-            running.append((i, s, logits, Sampler(params[i]), list(ids[i]), TextStream(self.tokenizer, stops)))
-        eos = self.spec.tokenizer.eos_id
-        for n in range(max_tokens):
+        running = [(i, _Decoding(s, ids[i], params[i], stops, max_tokens), s.prefill(ids[i])) for i, s in wave]
+        while running:
             step = []
-            for i, s, logits, sample, history, text in running:
-                tok = sample(logits, history)
-                if tok == eos:
-                    out[i] += text.finish()
-                    continue
-                history.append(tok)
-                out[i] += text.push(tok)
-                if text.stopped or n + 1 == max_tokens or s.n_past >= self.n_ctx:
-                    out[i] += text.finish()
-                    continue
-                step.append((i, s, tok, sample, history, text))
+            for i, run, logits in running:
+                piece, tok = run.next(logits)
+                out[i] += piece
+                if tok is not None:
+                    step.append((i, run, tok))
             if not step:
                 return
-            logits = self.step([(s, tok) for _, s, tok, *_ in step])
-            running = [(i, s, row, sample, history, text) for (i, s, _, sample, history, text), row in zip(step, logits)]
+            rows = self.step([(run.seq, tok) for _, run, tok in step])
+            running = [(i, run, row) for (i, run, _), row in zip(step, rows)]
 
     # -- text -----------------------------------------------------------------------------
     @property

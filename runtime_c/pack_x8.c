@@ -4,8 +4,9 @@
  * per-block bookkeeping when it reads the GGUF layout: converting scales, broadcasting them,
  * reducing each block's lanes. Interleaving eight rows removes it: in the x8 layout one 32-byte
  * vector holds 4 weights of each of 8 rows, so vpdpbusd against 4 activation bytes broadcast
- * to every lane yields 8 row sums at once, and the 8 rows' scales are one 16-byte load. In
- * prefill each unpacked weight block serves 4 activation rows.
+ * to every lane yields 8 row sums at once, and the 8 rows' scales are one 16-byte load. The
+ * kernels put two such blocks (two groups of rows) in each 512-bit vector, and in prefill and
+ * batched steps each unpacked weight block serves 8 activation rows.
  *
  * Layout of a matrix of n_out rows (n_out % 8 == 0): groups of 8 rows, each a run of x8
  * blocks, one per 32-weight block of the row. An x8 block holds, in order:

@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 from llama_cpp import Llama
 
-
-GGML_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+from compiler.bench import LLAMACPP_KV_TYPES, flash_attn_settings
 
 
 class Reference:
@@ -16,10 +15,10 @@ class Reference:
     V cache needs llama.cpp's flash-attention path; the others keep its default."""
 
     def __init__(self, path: Path, n_ctx: int = 1024, kv_dtype: str = "f16"):
-        t = GGML_KV_TYPES[kv_dtype]
+        t = LLAMACPP_KV_TYPES[kv_dtype]
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=2,
                          verbose=False, seed=0, type_k=t, type_v=t,
-                         **({"flash_attn": True} if kv_dtype == "q8_0" else {}))
+                         **({"flash_attn": True} if "fa off" not in flash_attn_settings(kv_dtype) else {}))
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=add_special, special=parse_special)

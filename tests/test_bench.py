@@ -36,3 +36,14 @@ def test_page_size_sweep(tiny, smollm2, tmp_path, capsys):
     sweep = json.loads(out.read_text())["page_sizes"]
     assert list(sweep) == ["16", "64"] and all(set(row) == {"1024", "4096"} and min(row.values()) > 0
                                                for row in sweep.values())
+
+
+def test_batched_decode_against_llamacpp(tiny, smollm2, tmp_path, capsys):
+    path = tiny("llama", wtype=Q.Q8_0, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, tokenizer_from=smollm2)
+    out = tmp_path / "batch.json"
+    assert main(["bench", str(path), "--threads", "1", "--reps", "1", "--tg", "2", "--batch", "1,2",
+                 "--batch-depth", "4", "--batch-only", "--json", str(out)]) == 0
+    assert "batched decode" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["batched"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(r["kiln_tok_s"] > 0 and set(r["llamacpp_tok_s"]) == {"fa off", "fa on"} for r in rows)
