@@ -17,14 +17,14 @@ def _log(msg: str) -> None:
     print(f"kiln: {msg}", file=sys.stderr)
 
 
-def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False) -> None:
+def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_seq: int = 1) -> None:
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help=f"GGUF path or bundled model name (default {DEFAULT_MODEL})")
     p.add_argument("--ctx", type=int, default=CompileOptions.ctx, help="context length in tokens")
     p.add_argument("--kv-dtype", default="f32", help="KV cache dtype: f32, f16 or q8_0")
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk,
                    help="tokens per prefill step")
-    p.add_argument("--n-seq", type=int, default=1, help="sequences live at once, sharing the KV pool")
+    p.add_argument("--n-seq", type=int, default=n_seq, help="sequences live at once, sharing the KV pool")
     p.add_argument("--page-size", type=int, default=CompileOptions.page_size, help="positions per KV page")
     p.add_argument("--kv-pages", type=int, default=None,
                    help="pages in the full-context KV pool (default: enough for n-seq x ctx)")
@@ -102,14 +102,16 @@ def cmd_compile(a: argparse.Namespace) -> None:
 
 def cmd_run(a: argparse.Namespace) -> None:
     from .chat import render_chat
+    from .gguf_model import read_model
     from .model import load
+    from .registry import resolve
 
     o = _options(a)
+    prompt = a.prompt
+    if a.chat:  # before compiling, so that a model with no template fails at once
+        prompt = render_chat(read_model(resolve(a.model, _log)), [{"role": "user", "content": a.prompt}])
     m = load(a.model, ctx=o.ctx, kv_dtype=o.kv_dtype, prefill_chunk=o.prefill_chunk, n_seq=o.n_seq,
              page_size=o.page_size, kv_pages=o.kv_pages, batch_tokens=o.batch_tokens, threads=a.threads, log=_log)
-    prompt = a.prompt
-    if a.chat:
-        prompt = render_chat(m.spec.tokenizer, [{"role": "user", "content": a.prompt}], source=str(m.spec.path))
     ids = m.tokenize(prompt)  # before any output, so a failure prints nothing but the error
     if not a.chat:
         sys.stdout.write(a.prompt)
@@ -118,6 +120,33 @@ def cmd_run(a: argparse.Namespace) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+
+
+def cmd_serve(a: argparse.Namespace) -> None:
+    import uvicorn
+
+    from .model import load
+    from .registry import BUNDLED
+    from .serving.engine import Engine
+    from .serving.server import create_app
+
+    if not 1 <= a.port <= 65535:
+        raise KilnError(f"--port must be between 1 and 65535, got {a.port}")
+    if a.max_queue < 1:
+        raise KilnError(f"--max-queue must be at least 1, got {a.max_queue}")
+    o = _options(a)
+    m = load(a.model, ctx=o.ctx, kv_dtype=o.kv_dtype, prefill_chunk=o.prefill_chunk, n_seq=o.n_seq,
+             page_size=o.page_size, kv_pages=o.kv_pages, batch_tokens=o.batch_tokens, threads=a.threads, log=_log)
+    name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
+    engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache).start()
+    stats = m.kv_stats()
+    _log(f"serving '{name}' on http://{a.host}:{a.port}/v1: {o.n_seq} sequences, ctx {m.n_ctx}, "
+         f"{stats['pages_total']} KV pages of {o.page_size} positions, {m.n_threads} threads")
+    try:
+        uvicorn.run(create_app(engine, name, api_key=a.api_key), host=a.host, port=a.port, log_level=a.log_level,
+                    timeout_graceful_shutdown=2)
+    finally:
+        engine.stop()
 
 
 def cmd_kv_quality(a: argparse.Namespace) -> None:
@@ -230,9 +259,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the GGUF's own chat template")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template: the GGUF's own, or the architecture's built-in one")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching and a prefix cache")
+    _add_model_options(p, n_seq=8)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    p.add_argument("--alias", default=None, help="the model's name in the API (default: the bundled name or file stem)")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 Retry-After")
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not share prompt prefixes across requests")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved")
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")

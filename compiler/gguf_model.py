@@ -70,6 +70,12 @@ class TokenizerData:
     add_eos: bool
     add_space_prefix: bool
     chat_template: str | None
+    eog_ids: frozenset[int]  # end of generation: eos, eot, eom and the turn-end tokens, as llama.cpp's set
+
+
+# Token texts that end a generation wherever a vocabulary has them (llama.cpp's llama-vocab.cpp list).
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|endoftext|>", "<|eom_id|>",
+             "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<end_of_turn>")
 
 
 @dataclass(frozen=True)
@@ -261,6 +267,8 @@ def _read_tokenizer(meta: _Metadata) -> TokenizerData:
     scores = meta.array(k + "scores")
     merges = meta.array(k + "merges")
     template = meta.get("tokenizer.chat_template")
+    eog = {meta.integer(k + key, default=None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")}
+    eog |= {i for i, text in enumerate(tokens) if text in EOG_TEXTS}
     return TokenizerData(
         model=meta.text(k + "model"),
         pre=meta.text(k + "pre", default=None),
@@ -276,6 +284,7 @@ def _read_tokenizer(meta: _Metadata) -> TokenizerData:
         add_eos=meta.flag(k + "add_eos_token", default=False),
         add_space_prefix=meta.flag(k + "add_space_prefix", default=False),
         chat_template=None if template is None else str(template),
+        eog_ids=frozenset(i for i in eog if i is not None and 0 <= i < len(tokens)),
     )
 
 

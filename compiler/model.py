@@ -36,6 +36,11 @@ class ModelError(KilnError):
     """A call on a loaded model was refused (bad token or sequence, full context or pool, bad rollback, wrong weights)."""
 
 
+class PoolFullError(ModelError):
+    """The KV pool has too few free pages for the step; nothing was changed. A scheduler frees
+    pages (evicts cached prefixes, preempts a sequence) and tries again."""
+
+
 @dataclass(frozen=True)
 class Compiled:
     decode: Planned
@@ -116,6 +121,17 @@ class Sequence:
         self.model._call(self.model._lib.kiln_seq_reset, self._live(), seq=self)
         self.tokens.clear()
 
+    def share(self, first_block: int, n_blocks: int) -> np.ndarray:
+        """The pages of full blocks [first_block, first_block + n_blocks), [n_blocks, n_groups]
+        (-1 where a sliding group has let a block go), with a reference taken on each for the
+        caller, which keeps them alive after the sequence moves on or closes. A prefix cache
+        holds them this way; give them back with m.release_pages."""
+        m = self.model
+        pages = np.empty((max(n_blocks, 0), m.n_groups), np.int32)
+        m._call(m._lib.kiln_seq_share, self._live(), int(first_block), int(n_blocks),
+                m._ffi.cast("int32_t *", m._ffi.from_buffer(pages)), seq=self)
+        return pages
+
     def fork(self) -> "Sequence":
         """A new sequence holding the same positions: full pages are shared, a page either
         writes into is copied first."""
@@ -182,7 +198,7 @@ class _Decoding:
         if self.left <= 0:
             return self.text.finish(), None
         tok = self.sample(logits, self.history)
-        if tok == self.seq.model.spec.tokenizer.eos_id:
+        if tok in self.seq.model.spec.tokenizer.eog_ids:
             return self.text.finish(), None
         self.history.append(tok)
         self.left -= 1
@@ -240,6 +256,9 @@ class Model:
         self._ffi, self._lib = compiled.module.ffi, compiled.module.lib
         self.n_vocab = int(self._lib.kiln_n_vocab())
         self.n_ctx = int(self._lib.kiln_n_ctx())
+        self.n_groups = int(self._lib.kiln_n_groups())
+        self.page_size = int(self._lib.kiln_page_size())
+        self.windows = tuple(g.window or 0 for g in compiled.decode.layout.kv.groups)  # per group; 0: full context
         self._tokenizer = None
         self._default: Sequence | None = None
         self._lock = threading.RLock()
@@ -251,7 +270,8 @@ class Model:
     def _check(self, status: int, seq: Sequence | None = None, rows: int = 0) -> int:
         """A negative status becomes a ModelError that says what to do."""
         if status < 0:
-            raise ModelError(_status_message(self, status, seq, rows))
+            error = PoolFullError if status == self._lib.KILN_E_KV_FULL else ModelError
+            raise error(_status_message(self, status, seq, rows))
         return status
 
     def _call(self, fn, *args, seq: Sequence | None = None, rows: int = 0) -> int:
@@ -265,9 +285,36 @@ class Model:
         return int(self._lib.kiln_n_threads(self._m))
 
     # -- sequences ------------------------------------------------------------------------
-    def sequence(self) -> Sequence:
-        """Open a sequence in a free slot (ModelError when all n_seq are open)."""
-        return Sequence(self, self._call(self._lib.kiln_seq_open))
+    def sequence(self, pages: np.ndarray | None = None, tokens: SequenceABC[int] = ()) -> Sequence:
+        """Open a sequence in a free slot (ModelError when all n_seq are open). With `pages`
+        (held through Sequence.share), it starts out holding them as its first blocks: the
+        `tokens` they were computed from, len(pages) * page_size of them."""
+        seq = Sequence(self, self._call(self._lib.kiln_seq_open))
+        if pages is None:
+            return seq
+        pages = self._pages(pages)
+        try:
+            if len(tokens) != len(pages) * self.page_size:
+                raise ModelError(f"{len(pages)} pages hold {len(pages) * self.page_size} positions, "
+                                 f"but {len(tokens)} tokens were given")
+            self._call(self._lib.kiln_seq_attach, seq.id, self._ffi.cast("int32_t *", self._ffi.from_buffer(pages)),
+                       len(pages), seq=seq)
+        except ModelError:
+            seq.close()
+            raise
+        seq.tokens = [int(t) for t in tokens]
+        return seq
+
+    def release_pages(self, pages: np.ndarray) -> None:
+        """Drop the references Sequence.share took."""
+        pages = self._pages(pages)
+        self._call(self._lib.kiln_pages_release, self._ffi.cast("int32_t *", self._ffi.from_buffer(pages)), len(pages))
+
+    def _pages(self, pages) -> np.ndarray:
+        pages = np.ascontiguousarray(pages, dtype=np.int32)
+        if pages.ndim != 2 or pages.shape[1] != self.n_groups:
+            raise ModelError(f"expected pages of shape [n_blocks, {self.n_groups}], got {list(pages.shape)}")
+        return pages
 
     @property
     def default_sequence(self) -> Sequence:

@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import TemplateError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+CHAT_TEMPLATE_DIR = TEMPLATE_DIR / "chat"
 
 
 class Stage(Enum):
@@ -85,6 +86,7 @@ class Template:
     kv_layout: KVLayout
     attn_variant: AttnVariant
     layer_pattern: tuple[LayerKind, ...] | None
+    chat_template: str | None  # templates/chat/<name>.jinja: the chat format when the GGUF carries none
 
     @property
     def qk_norm(self) -> bool:
@@ -116,6 +118,7 @@ _PARSERS = {
     "kv_layout": KVLayout,
     "attn_variant": AttnVariant,
     "layer_pattern": lambda v: None if v is None else tuple(LayerKind(k) for k in v),
+    "chat_template": lambda v: None if v is None else _chat_template_name(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Template)}
 
@@ -126,6 +129,13 @@ _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stag
 def _one_of(v, allowed):
     if v not in allowed:
         raise ValueError(f"{v!r} is not one of {allowed}")
+    return v
+
+
+def _chat_template_name(v):
+    if not isinstance(v, str) or not (CHAT_TEMPLATE_DIR / f"{v}.jinja").is_file():
+        known = sorted(q.stem for q in CHAT_TEMPLATE_DIR.glob("*.jinja"))
+        raise ValueError(f"{v!r} names no file in {CHAT_TEMPLATE_DIR} (known: {', '.join(known)})")
     return v
 
 

@@ -187,3 +187,56 @@ int kiln_kv_can_append(const kiln_kv *kv, int seq, int n) {
             return 0;
     return 1;
 }
+
+/* A page id the caller may hold: -1, or a page in use. */
+static int held_or_none(const kiln_kv_group *g, int32_t p) { return p == -1 || (p >= 0 && p < g->n_pages && g->refs[p] > 0); }
+
+int kiln_kv_share(kiln_kv *kv, int seq, int first, int n, int32_t *pages) {
+    if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if (!pages || first < 0 || n < 0 || (first + n) * kv->page_size > kv->n_past[seq]) return KILN_E_ARG;
+    for (int b = 0; b < n; b++)
+        for (int gi = 0; gi < kv->n_groups; gi++) {
+            const int32_t p = table_of(kv, gi, seq)[first + b];
+            if (p >= 0) kv->g[gi].refs[p]++;
+            pages[b * kv->n_groups + gi] = p;
+        }
+    return KILN_OK;
+}
+
+int kiln_kv_release(kiln_kv *kv, const int32_t *pages, int n) {
+    if (!pages || n < 0) return KILN_E_ARG;
+    for (int gi = 0; gi < kv->n_groups; gi++)
+        for (int b = 0; b < n; b++) {
+            const int32_t p = pages[b * kv->n_groups + gi];
+            if (!held_or_none(&kv->g[gi], p)) return KILN_E_ARG;
+            for (int c = 0; c < b && p >= 0; c++)
+                if (pages[c * kv->n_groups + gi] == p) return KILN_E_ARG;
+        }
+    for (int b = 0; b < n; b++)
+        for (int gi = 0; gi < kv->n_groups; gi++)
+            if (pages[b * kv->n_groups + gi] >= 0) drop_page(&kv->g[gi], pages[b * kv->n_groups + gi]);
+    return KILN_OK;
+}
+
+int kiln_kv_attach(kiln_kv *kv, int seq, const int32_t *pages, int n) {
+    if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if (kv->n_past[seq] != 0) return KILN_E_SEQ;
+    if (!pages || n < 0 || n > kv->max_blocks || n * kv->page_size > kv->n_ctx) return KILN_E_ARG;
+    const int n_pos = n * kv->page_size;
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+        const int first_read = n > 0 ? first_visible(&kv->g[gi], n_pos) / kv->page_size : n;
+        for (int b = 0; b < n; b++) {
+            const int32_t p = pages[b * kv->n_groups + gi];
+            if (!held_or_none(&kv->g[gi], p)) return KILN_E_ARG;
+            if (p < 0 && b >= first_read) return KILN_E_ROLLBACK_WINDOW;
+        }
+    }
+    for (int b = 0; b < n; b++)
+        for (int gi = 0; gi < kv->n_groups; gi++) {
+            const int32_t p = pages[b * kv->n_groups + gi];
+            if (p >= 0) kv->g[gi].refs[p]++;
+            table_of(kv, gi, seq)[b] = p;
+        }
+    kv->n_past[seq] = n_pos;
+    return KILN_OK;
+}

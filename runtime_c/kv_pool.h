@@ -61,4 +61,15 @@ void kiln_kv_advance(kiln_kv *kv, const int32_t *n_new);
 int kiln_kv_can_append(const kiln_kv *kv, int seq, int n);
 int kiln_kv_pages_used(const kiln_kv *kv, int group);
 
+/* Pages held outside the sequences, by a prefix cache. A page array is [n_blocks][n_groups]
+ * page ids, -1 where a block has no page in a group (a sliding window left it behind). */
+/* blocks [first, first + n) of seq, all full, into pages; a reference is taken on each for the caller */
+int kiln_kv_share(kiln_kv *kv, int seq, int first, int n, int32_t *pages);
+/* drop the caller's references (taken by share); the array must name each page at most once per group */
+int kiln_kv_release(kiln_kv *kv, const int32_t *pages, int n);
+/* An empty open sequence takes pages (held by the caller) as its first n blocks, so that it
+ * holds n * page_size positions. KILN_E_ROLLBACK_WINDOW when a group lacks a page the next
+ * query must read. */
+int kiln_kv_attach(kiln_kv *kv, int seq, const int32_t *pages, int n);
+
 #endif

@@ -74,7 +74,7 @@ def test_prefix_reuse_keeps_the_shared_prefix(smol):
 
 
 def test_chat_template_renders_smollm2(smol):
-    text = render_chat(smol.spec.tokenizer, [{"role": "user", "content": "Hi"}])
+    text = render_chat(smol.spec, [{"role": "user", "content": "Hi"}])
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     ids = smol.tokenize(text)
     assert ids.count(1) == 3 and ids.count(2) == 2  # <|im_start|>, <|im_end|> parsed as specials

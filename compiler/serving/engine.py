@@ -1,0 +1,296 @@
+"""The serving engine: one thread runs continuous batching over a Model.
+
+Each step serves the next token of every running request and, under the step's row budget
+(the model's batch_tokens), prefill chunks of the others, oldest first. Requests join between
+steps, and a finished one closes its sequence at once. When the pool is out of pages the engine
+evicts cached prefixes, then preempts the newest running request: its pages go back and it is
+recomputed later (from the prefix cache where it can), its sampler state kept, so its output
+is what it would have been. A cancelled request (its client went away) is closed at the next
+step. Callers talk to the thread through a queue and get events through a callback, which
+runs on the engine thread and must not block.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import KilnError
+from ..generation import TextStream
+from ..model import Model, ModelError, PoolFullError, Sequence
+from ..sampling import Sampler, SamplingParams
+from .metrics import Metrics
+from .radix_cache import Match, RadixCache
+
+log = logging.getLogger("kiln.serve")
+
+
+class QueueFull(KilnError):
+    """The waiting queue is at its limit; try again later."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the most likely tokens and their logprobs, best first
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a request hears from the engine: a token (its text may be empty while a stop string
+    could still match), then one event with finish_reason (stop or length) or error set."""
+    text: str = ""
+    token: int | None = None
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stops: list[str]
+    emit: Callable[[Event], None]
+    logprobs: int | None = None  # None: off; n: the sampled token's logprob and the n most likely
+    # the engine's state
+    output: list[int] = field(default_factory=list)
+    seq: Sequence | None = None
+    held: Match | None = None
+    todo: list[int] = field(default_factory=list)  # tokens to run before the next sample
+    cached_tokens: int | None = None  # of the first admission
+    done: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
+    order: int = 0  # admission order; the newest is preempted first
+    sampler: Sampler = field(init=False)
+    history: list[int] = field(init=False)  # prompt and output: what the penalties look at
+    text: TextStream | None = None
+
+
+class Engine:
+    def __init__(self, model: Model, max_queue: int = 64, prefix_cache: bool = True,
+                 metrics: Metrics | None = None):
+        self.model = model
+        self.n_slots, self.budget = model.options.n_seq, model.options.batch_tokens
+        if self.budget < self.n_slots:
+            raise KilnError(f"batch_tokens ({self.budget}) must be at least n_seq ({self.n_slots}), so that one "
+                            "step can serve every running request (--batch-tokens)")
+        self.max_queue = max_queue
+        self.cache = RadixCache(model) if prefix_cache else None
+        self.metrics = metrics or Metrics()
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._queued = 0  # submitted and not yet admitted
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
+        self.metrics.observe_engine(self)
+
+    # -- the callers' side (any thread) -----------------------------------------------------
+    def start(self) -> "Engine":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(("stop", None))
+            self._thread.join()
+
+    def submit(self, r: Request) -> None:
+        if len(r.prompt_ids) >= self.model.n_ctx:
+            raise KilnError(f"the prompt has {len(r.prompt_ids)} tokens; the context holds {self.model.n_ctx}, "
+                            "and at least one must be left to generate")
+        with self._lock:
+            if self._queued >= self.max_queue:
+                raise QueueFull(f"{self._queued} requests are waiting (the limit, --max-queue)")
+            self._queued += 1
+        r.sampler, r.history = Sampler(r.params), list(r.prompt_ids)
+        r.text = TextStream(self.model.tokenizer, r.stops)
+        self._inbox.put(("submit", r))
+
+    def cancel(self, r: Request) -> None:
+        self._inbox.put(("cancel", r))
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        with self._lock:
+            return len(self.running), self._queued
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            idle = not self.running and not self.waiting
+            try:
+                while True:
+                    kind, r = self._inbox.get(block=idle, timeout=None)
+                    idle = False
+                    if kind == "stop":
+                        self._shutdown()
+                        return
+                    self._take(kind, r)
+            except queue.Empty:
+                pass
+            try:
+                self._admit()
+                if self.running:
+                    self._step()
+            except Exception as e:  # a bug: fail what is running, keep serving
+                log.exception("engine step failed")
+                for r in list(self.running):
+                    self._finish(r, error=f"internal error: {e}")
+            self.metrics.observe_engine(self)
+
+    def _take(self, kind: str, r: Request) -> None:
+        if kind == "submit":
+            self.waiting.append(r)
+        elif kind == "cancel" and not r.done:
+            if r in self.waiting:
+                self.waiting.remove(r)
+                with self._lock:
+                    self._queued -= 1
+                r.done = True
+            else:
+                self._finish(r, cancelled=True)
+
+    def _shutdown(self) -> None:
+        for r in list(self.running) + list(self.waiting):
+            if not r.done:
+                self._finish(r, error="the server is shutting down")
+        if self.cache:
+            self.cache.clear()
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.n_slots:
+            r = self.waiting[0]
+            ids = r.prompt_ids + r.output  # after a preemption, the output so far is recomputed too
+            held = self.cache.match(ids) if self.cache else None
+            try:
+                r.seq = self.model.sequence(held.pages, held.tokens) if held else self.model.sequence()
+            except ModelError:
+                if held:
+                    self.cache.release(held)
+                return
+            self.waiting.popleft()
+            r.held, r.todo = held, ids[len(held.tokens) if held else 0:]
+            if r.cached_tokens is None:
+                r.cached_tokens = len(held.tokens) if held else 0
+                self.metrics.prefix_query(len(ids), r.cached_tokens)
+            self._admitted += 1
+            r.order = self._admitted
+            with self._lock:
+                self.running.append(r)
+                self._queued -= 1
+
+    def _step(self) -> None:
+        budget, items = self.budget, []
+        for r in sorted(self.running, key=lambda r: (len(r.todo) > 1, r.order)):  # decodes first, then oldest
+            if budget == 0:
+                break
+            chunk = r.todo[:budget]
+            items.append((r, chunk))
+            budget -= len(chunk)
+        try:
+            rows = self.model.step([(r.seq, chunk) for r, chunk in items])
+        except PoolFullError:
+            self._make_room(items)
+            return
+        for (r, chunk), logits in zip(items, rows):
+            r.todo = r.todo[len(chunk):]
+            if not r.todo:
+                if self.cache and r.held is not None and not r.output:  # the prompt is in: share it at once
+                    r.held = self.cache.insert(r.seq, r.held)
+                self._sample(r, logits)
+
+    def _sample(self, r: Request, logits: np.ndarray) -> None:
+        tok = r.sampler(logits, r.history)
+        r.output.append(tok)
+        r.history.append(tok)
+        now = time.monotonic()
+        self.metrics.token_emitted(now - (r.last_token_at or r.arrival), first=r.last_token_at is None)
+        r.last_token_at = now
+        lp = _logprob(logits, tok, r.logprobs) if r.logprobs is not None else None
+        if tok in self.model.spec.tokenizer.eog_ids:
+            r.emit(Event(text=r.text.finish(), token=None, logprob=None))
+            self._finish(r, reason="stop")
+            return
+        piece = r.text.push(tok)
+        if r.text.stopped:
+            r.emit(Event(text=piece, token=tok, logprob=lp))
+            self._finish(r, reason="stop")
+        elif len(r.output) >= r.max_tokens or r.seq.n_past >= self.model.n_ctx:
+            r.emit(Event(text=piece + r.text.finish(), token=tok, logprob=lp))
+            self._finish(r, reason="length")
+        else:
+            r.emit(Event(text=piece, token=tok, logprob=lp))
+            r.todo = [tok]
+
+    def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False) -> None:
+        """Take r out of the engine; its sequence's full pages stay in the prefix cache."""
+        if r.seq is not None:
+            if self.cache and not cancelled and not error:
+                r.held = self.cache.insert(r.seq, r.held)
+            if self.cache and r.held is not None:
+                self.cache.release(r.held)
+            r.seq.close()
+            r.seq, r.held = None, None
+        with self._lock:
+            if r in self.running:
+                self.running.remove(r)
+        r.done = True
+        if cancelled:
+            return
+        if error:
+            r.emit(Event(error=error))
+        else:
+            r.emit(Event(finish_reason=reason, usage=Usage(len(r.prompt_ids), len(r.output), r.cached_tokens or 0)))
+
+    def _make_room(self, items) -> None:
+        """The step did not fit in the pool: free pages, then the loop tries again."""
+        need = sum(math.ceil(len(c) / self.model.page_size) + 1 for _, c in items)
+        if self.cache and self.cache.evict(need):
+            return
+        if len(self.running) > 1:
+            self._preempt(max(self.running, key=lambda r: r.order))
+            return
+        if self.cache and self.cache.evict(need, locked_too=True):
+            return
+        r = self.running[0]
+        self._finish(r, error=f"the KV pool cannot hold this request ({len(r.prompt_ids) + len(r.output)} tokens "
+                              f"in pages of {self.model.page_size}); restart the server with more --kv-pages")
+
+    def _preempt(self, r: Request) -> None:
+        if self.cache and r.held is not None:
+            self.cache.release(r.held)
+        r.seq.close()
+        r.seq, r.held, r.todo = None, None, []
+        with self._lock:
+            self.running.remove(r)
+            self._queued += 1
+        self.waiting.appendleft(r)
+        self.metrics.preempted()
+
+
+def _logprob(logits: np.ndarray, tok: int, n_top: int) -> TokenLogprob:
+    x = logits.astype(np.float64)
+    lse = x.max() + math.log(np.exp(x - x.max()).sum())
+    top = np.argsort(-x, kind="stable")[:n_top] if n_top else []
+    return TokenLogprob(tok, float(x[tok] - lse), tuple((int(t), float(x[t] - lse)) for t in top))

@@ -1,0 +1,76 @@
+"""The server's Prometheus metrics, all in the kiln_ namespace, on a registry of its own (so that
+several servers can live in one process). Counters and histograms are updated by the engine
+thread as things happen; the gauges are read from the engine and the pool when /metrics is
+scraped."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated", registry=r)
+        self.prefix_queries = Counter("kiln_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("kiln_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache",
+                                   registry=r)
+        self.preemptions = Counter("kiln_preemptions", "Running requests preempted for lack of KV pages", registry=r)
+        self.evicted = Counter("kiln_prefix_cache_evicted_pages", "Pages evicted from the prefix cache", registry=r)
+        self.ttft = Histogram("kiln_time_to_first_token_seconds", "Time from arrival to the first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("kiln_inter_token_latency_seconds", "Time between a request's tokens",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self._engine: Engine | None = None
+        self._evicted_seen = 0
+        r.register(self)
+
+    # -- called by the engine thread ----------------------------------------------------------
+    def prefix_query(self, prompt_tokens: int, hit_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.prefix_queries.inc(prompt_tokens)
+        self.prefix_hits.inc(hit_tokens)
+
+    def token_emitted(self, seconds: float, first: bool) -> None:
+        self.generation_tokens.inc()
+        (self.ttft if first else self.itl).observe(seconds)
+
+    def preempted(self) -> None:
+        self.preemptions.inc()
+
+    def observe_engine(self, engine: "Engine") -> None:
+        self._engine = engine
+        if engine.cache and engine.cache.evicted_pages > self._evicted_seen:
+            self.evicted.inc(engine.cache.evicted_pages - self._evicted_seen)
+            self._evicted_seen = engine.cache.evicted_pages
+
+    # -- a prometheus_client collector: the gauges, read at scrape time -------------------------
+    def describe(self):
+        return []
+
+    def collect(self):
+        e = self._engine
+        if e is None:
+            return
+        stats = e.model.kv_stats()
+        running, waiting = e.counts()
+        yield GaugeMetricFamily("kiln_kv_pages_total", "KV pages in the pool (all layer groups)", stats["pages_total"])
+        yield GaugeMetricFamily("kiln_kv_pages_used", "KV pages in use", stats["pages_used"])
+        yield GaugeMetricFamily("kiln_kv_utilization", "Fraction of KV pages in use", stats["utilization"])
+        yield GaugeMetricFamily("kiln_prefix_cache_pages", "Blocks held by the prefix cache",
+                                e.cache.pages_held if e.cache else 0)
+        yield GaugeMetricFamily("kiln_requests_running", "Requests being served", running)
+        yield GaugeMetricFamily("kiln_requests_waiting", "Requests waiting to be admitted", waiting)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
