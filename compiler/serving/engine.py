@@ -70,6 +70,7 @@ class Request:
     stops: list[str]
     emit: Callable[[Event], None]
     logprobs: int | None = None  # None: off; n: the sampled token's logprob and the n most likely
+    ignore_eos: bool = False
     # the engine's state
     output: list[int] = field(default_factory=list)
     seq: Sequence | None = None
@@ -179,26 +180,54 @@ class Engine:
             self.cache.clear()
 
     def _admit(self) -> None:
+        """Open sequences for waiting requests, oldest first, while a slot is free and the pool has
+        room for the request's prompt plus a page for each running one (so that a request just
+        preempted is not readmitted into the same shortage)."""
         while self.waiting and len(self.running) < self.n_slots:
             r = self.waiting[0]
             ids = r.prompt_ids + r.output  # after a preemption, the output so far is recomputed too
             held = self.cache.match(ids) if self.cache else None
-            try:
-                r.seq = self.model.sequence(held.pages, held.tokens) if held else self.model.sequence()
-            except ModelError:
+            cached = len(held.tokens) if held else 0
+            short = self._pages_short(len(ids) - cached)
+            if short and self.cache:
+                short = max(0, short - self.cache.evict(short))
+            seq = None
+            if not short:
+                try:
+                    seq = self.model.sequence(held.pages, held.tokens) if held else self.model.sequence()
+                except ModelError:
+                    pass
+            if seq is None:
                 if held:
                     self.cache.release(held)
+                if not self.running and short:  # nothing running will give pages back
+                    self.waiting.popleft()
+                    with self._lock:
+                        self._queued -= 1
+                    self._finish(r, error=f"the request needs {len(ids) - cached} positions of KV cache, more than "
+                                          f"the pool's free pages hold; restart the server with more --kv-pages")
                 return
             self.waiting.popleft()
-            r.held, r.todo = held, ids[len(held.tokens) if held else 0:]
+            r.seq, r.held, r.todo = seq, held, ids[cached:]
             if r.cached_tokens is None:
-                r.cached_tokens = len(held.tokens) if held else 0
-                self.metrics.prefix_query(len(ids), r.cached_tokens)
+                r.cached_tokens = cached
+                self.metrics.prefix_query(len(ids), cached)
             self._admitted += 1
             r.order = self._admitted
             with self._lock:
                 self.running.append(r)
                 self._queued -= 1
+
+    def _pages_short(self, n_new: int) -> int:
+        """How many pages some group lacks for n_new more positions of one sequence, keeping a
+        page per running request in hand."""
+        stats, ps, short = self.model.kv_stats()["groups"], self.model.page_size, 0
+        for g in stats:
+            need = -(-n_new // ps) + 1
+            if g["window"]:
+                need = min(need, -(-g["window"] // ps) + 2)
+            short = max(short, need + len(self.running) - g["pages_free"])
+        return short
 
     def _step(self) -> None:
         budget, items = self.budget, []
@@ -228,7 +257,7 @@ class Engine:
         self.metrics.token_emitted(now - (r.last_token_at or r.arrival), first=r.last_token_at is None)
         r.last_token_at = now
         lp = _logprob(logits, tok, r.logprobs) if r.logprobs is not None else None
-        if tok in self.model.spec.tokenizer.eog_ids:
+        if tok in self.model.spec.tokenizer.eog_ids and not r.ignore_eos:
             r.emit(Event(text=r.text.finish(), token=None, logprob=None))
             self._finish(r, reason="stop")
             return

@@ -41,6 +41,7 @@ class _Sampling(_Strict):
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Literal[1] = 1
+    ignore_eos: bool = False  # llama-server's and vLLM's: generate max_tokens whatever the model says
     stream: bool = False
     stream_options: StreamOptions | None = None
 

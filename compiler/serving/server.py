@@ -57,12 +57,21 @@ async def _read_json(request: HttpRequest, limit: int) -> object:
 
 
 def _validated(cls, obj):
+    """The request as cls; a 400 naming the field otherwise (every alternative of a union field)."""
     try:
         return cls.model_validate(obj)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or None
-        raise ApiError(400, f"{where}: {err['msg']}" if where else err["msg"], param=where) from None
+        def field(loc) -> str:  # without the tags pydantic adds for a union's members ('str', 'list[int]')
+            return ".".join(str(p) for p in loc if isinstance(p, int) or p.isidentifier() and p not in _TYPE_TAGS)
+
+        errors = e.errors()
+        where = field(errors[0]["loc"])
+        msgs = list(dict.fromkeys(err["msg"] for err in errors if field(err["loc"]) == where))
+        text = "; or ".join(msgs)
+        raise ApiError(400, f"{where}: {text}" if where else text, param=where or None) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
 class _Events:
@@ -130,7 +139,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         except KilnError as e:
             raise ApiError(400, str(e)) from None
         events = _Events()
-        r = Request(ids, params, min(max_tokens or room, room), req.stops(), events, logprobs)
+        r = Request(ids, params, min(max_tokens or room, room), req.stops(), events, logprobs, req.ignore_eos)
         try:
             engine.submit(r)
         except QueueFull as e:
