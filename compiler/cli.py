@@ -149,6 +149,27 @@ def cmd_serve(a: argparse.Namespace) -> None:
         engine.stop()
 
 
+def cmd_bench_serve(a: argparse.Namespace) -> None:
+    import json
+
+    from . import bench_serve
+    from .model import default_threads
+    from .registry import resolve
+
+    for flag, value in (("--requests", a.requests), ("--concurrency", a.concurrency), ("--system-words", a.system_words)):
+        if value < 1:
+            raise KilnError(f"{flag} must be at least 1, got {value}")
+    w = bench_serve.Workload(a.requests, a.concurrency, a.system_words)
+    name = a.model if a.model in BUNDLED else None
+    path = resolve(a.model, _log)
+    rows = bench_serve.run(path, name or path.stem, w, a.threads or default_threads(), a.ctx, a.kv_dtype,
+                           a.llama_server, log=_log)
+    print(bench_serve.render(rows, w))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"workload": vars(w), "results": rows}, f, indent=2)
+
+
 def cmd_kv_quality(a: argparse.Namespace) -> None:
     import json
     from dataclasses import asdict
@@ -274,6 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(run=cmd_serve)
+
+    p = sub.add_parser("bench-serve", help="a serving workload against kiln serve and llama.cpp's llama-server")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight; each server gets as many slots")
+    p.add_argument("--system-words", type=int, default=385, help="words of the shared system prompt (~1.3 tokens each)")
+    p.add_argument("--ctx", type=int, default=1024, help="context per sequence, on both servers")
+    p.add_argument("--kv-dtype", default="f16", help="KV cache dtype on both servers")
+    p.add_argument("--threads", type=int, default=None, help="threads for both servers (default: physical cores)")
+    p.add_argument("--llama-server", default=None, help="llama-server binary (default: on PATH or beside python); "
+                                                         "'none' runs kiln alone")
+    p.add_argument("--json", help="also write the results here")
+    p.set_defaults(run=cmd_bench_serve)
 
     p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved")
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")

@@ -188,6 +188,9 @@ class Engine:
             ids = r.prompt_ids + r.output  # after a preemption, the output so far is recomputed too
             held = self.cache.match(ids) if self.cache else None
             cached = len(held.tokens) if held else 0
+            if self._soon_cached(ids) > cached + self.model.page_size:
+                self.cache.release(held)  # wait for it rather than compute it twice
+                return
             short = self._pages_short(len(ids) - cached)
             if short and self.cache:
                 short = max(0, short - self.cache.evict(short))
@@ -218,6 +221,24 @@ class Engine:
                 self.running.append(r)
                 self._queued -= 1
 
+    def _soon_cached(self, ids: list[int]) -> int:
+        """How much of ids a running request is prefilling now, and will put in the prefix cache
+        (SGLang's in-batch prefix sharing: several requests with one system prompt arrive
+        together, and only the first computes it)."""
+        if not self.cache:
+            return 0
+        best = 0
+        for r in self.running:
+            if r.output or len(r.todo) <= 1:
+                continue
+            n = 0
+            for a, b in zip(ids, r.prompt_ids):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, min(n, len(ids) - 1) // self.model.page_size * self.model.page_size)
+        return best
+
     def _pages_short(self, n_new: int) -> int:
         """How many pages some group lacks for n_new more positions of one sequence, keeping a
         page per running request in hand."""
@@ -244,9 +265,9 @@ class Engine:
             return
         for (r, chunk), logits in zip(items, rows):
             r.todo = r.todo[len(chunk):]
+            if self.cache and len(chunk) > 1:  # share a prompt's pages as they fill, for requests deferred on it
+                r.held = self.cache.insert(r.seq, r.held)
             if not r.todo:
-                if self.cache and r.held is not None and not r.output:  # the prompt is in: share it at once
-                    r.held = self.cache.insert(r.seq, r.held)
                 self._sample(r, logits)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
