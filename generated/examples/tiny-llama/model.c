@@ -625,6 +625,16 @@ int kiln_seq_n_past(const kiln_model *m, int seq) {
     return kiln_kv_check(&m->kv, seq) == KILN_OK ? m->kv.n_past[seq] : KILN_E_SEQ;
 }
 
+int kiln_seq_share(kiln_model *m, int seq, int first, int n_blocks, int32_t *pages) {
+    return m ? kiln_kv_share(&m->kv, seq, first, n_blocks, pages) : KILN_E_ARG;
+}
+int kiln_seq_attach(kiln_model *m, int seq, const int32_t *pages, int n_blocks) {
+    return m ? kiln_kv_attach(&m->kv, seq, pages, n_blocks) : KILN_E_ARG;
+}
+int kiln_pages_release(kiln_model *m, const int32_t *pages, int n_blocks) {
+    return m ? kiln_kv_release(&m->kv, pages, n_blocks) : KILN_E_ARG;
+}
+
 int kiln_pages_used(const kiln_model *m, int group) { return m ? kiln_kv_pages_used(&m->kv, group) : KILN_E_ARG; }
 int kiln_pages_total(int group) { return group >= 0 && group < N_GROUPS ? KV_SHAPE.n_pages[group] : KILN_E_ARG; }
 int kiln_n_groups(void) { return N_GROUPS; }

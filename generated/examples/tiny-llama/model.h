@@ -41,6 +41,14 @@ int kiln_seq_reset(kiln_model *m, int seq);
 int kiln_seq_rollback(kiln_model *m, int seq, int n_keep); /* keep the first n_keep positions */
 int kiln_seq_n_past(const kiln_model *m, int seq);      /* positions the sequence holds */
 
+/* Pages a prefix cache holds outside the sequences: pages is [n_blocks][kiln_n_groups()] page
+ * ids, -1 where a sliding layer group no longer keeps a block. */
+/* seq's full blocks [first, first + n_blocks) into pages, with a reference taken on each */
+int kiln_seq_share(kiln_model *m, int seq, int first, int n_blocks, int32_t *pages);
+/* an empty sequence takes held pages as its first n_blocks blocks */
+int kiln_seq_attach(kiln_model *m, int seq, const int32_t *pages, int n_blocks);
+int kiln_pages_release(kiln_model *m, const int32_t *pages, int n_blocks); /* drop shared references */
+
 int kiln_pages_used(const kiln_model *m, int group);    /* pages in use in a layer group's pool */
 int kiln_pages_total(int group);
 int kiln_n_groups(void);
