@@ -181,7 +181,7 @@ def test_a_client_that_disconnects_is_cancelled_and_its_pages_freed(server):
     server.wait_idle()
     before = server.metric("kiln_generation_tokens_total")
     body = {"model": MODEL, "prompt": "Write a long story about a lighthouse keeper.", "max_tokens": 800,
-            "temperature": 0.7, "stream": True}
+            "temperature": 0.7, "stream": True, "ignore_eos": True}  # uncancelled, it would run 800 tokens
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30,
                       headers={"Authorization": f"Bearer {KEY}"}) as r:
         for i, _ in enumerate(r.iter_lines()):
@@ -265,7 +265,7 @@ def test_preempted_requests_finish_with_their_own_output(small_server):
 
 
 def test_a_full_queue_answers_503_and_the_server_recovers(small_server):
-    body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 40, "temperature": 0}
+    body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {KEY}"}
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
         replies = list(pool.map(lambda _: httpx.post(small_server.url + "/v1/completions", json=body,
