@@ -1,11 +1,16 @@
 """Text generation on top of steps: sampled tokens become text pieces, cut at stop strings.
 
-Shared by a single sequence's `generate` and by `Model.generate_batch`, which decodes many
-sequences in one step each.
+Shared by a single sequence's `generate`, by `Model.generate_batch`, which decodes many
+sequences in one step each, and by the server's engine.
 """
 from __future__ import annotations
 
 import codecs
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import Sampler, SamplingParams
 
 
 class TextStream:
@@ -41,3 +46,38 @@ class TextStream:
 
 def stop_list(stop: list[str] | str | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop or [])
+
+
+@dataclass(frozen=True)
+class Sampled:
+    text: str  # what the token makes certain (empty while a stop string could still match)
+    token: int | None  # to feed back, or to report; None for an end-of-generation token
+    finish_reason: str | None  # "stop" or "length" once generation ends
+
+
+class Decoding:
+    """One sequence's generation: `next(logits, n_past)` samples a token and says what text it
+    adds and whether generation has ended: an end-of-generation token or a stop string ("stop"),
+    max_tokens or a full context ("length")."""
+
+    def __init__(self, tokenizer, eog_ids, n_ctx: int, prompt_ids: list[int], params: SamplingParams,
+                 stops: list[str], max_tokens: int, ignore_eos: bool = False):
+        self.eog_ids = frozenset() if ignore_eos else eog_ids
+        self.n_ctx, self.left = n_ctx, max_tokens
+        self.sample, self.history = Sampler(params), list(prompt_ids)
+        self.text = TextStream(tokenizer, stops)
+
+    def next(self, logits: np.ndarray, n_past: int) -> Sampled:
+        if self.left <= 0:
+            return Sampled(self.text.finish(), None, "length")
+        tok = self.sample(logits, self.history)
+        if tok in self.eog_ids:
+            return Sampled(self.text.finish(), None, "stop")
+        self.history.append(tok)
+        self.left -= 1
+        piece = self.text.push(tok)
+        if self.text.stopped:
+            return Sampled(piece, tok, "stop")
+        if self.left == 0 or n_past >= self.n_ctx:
+            return Sampled(piece + self.text.finish(), tok, "length")
+        return Sampled(piece, tok, None)

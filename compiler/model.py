@@ -22,13 +22,13 @@ import numpy as np
 from .build import RUNTIME_DIR, CSource, header_cdef, load_extension, runtime_sources
 from .codegen import Generated, generate
 from .errors import KilnError, OptionError
-from .generation import TextStream, stop_list
+from .generation import Decoding, stop_list
 from .ir import Mode
 from .options import CompileOptions
 from .packing import packed_file
 from .pipeline import Planned, plan
 from .registry import cache_dir
-from .sampling import Sampler, SamplingParams
+from .sampling import SamplingParams
 from .tokenizer import make_tokenizer
 
 
@@ -173,39 +173,14 @@ class Sequence:
     def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str]) -> Iterator[str]:
         ids = self.model._prompt_ids(prompt)
         logits = self.prefill(self._reuse_prefix(ids))
-        run = _Decoding(self, ids, params, stops, max_tokens)
+        run = self.model._decoding(ids, params, stops, max_tokens)
         while True:
-            piece, tok = run.next(logits)
-            if piece:
-                yield piece
-            if tok is None:
+            out = run.next(logits, self.n_past)
+            if out.text:
+                yield out.text
+            if out.finish_reason:
                 return
-            logits = self.decode(tok)
-
-
-class _Decoding:
-    """One sequence's generation, shared by generate and generate_batch: `next(logits)` samples
-    a token and returns the text it adds and the token to feed back, or None once generation
-    ends (end of text, a stop string, max_tokens, or a full context)."""
-
-    def __init__(self, seq: Sequence, prompt_ids: list[int], params: SamplingParams, stops: list[str],
-                 max_tokens: int):
-        self.seq, self.left = seq, max_tokens
-        self.sample, self.history = Sampler(params), list(prompt_ids)
-        self.text = TextStream(seq.model.tokenizer, stops)
-
-    def next(self, logits: np.ndarray) -> tuple[str, int | None]:
-        if self.left <= 0:
-            return self.text.finish(), None
-        tok = self.sample(logits, self.history)
-        if tok in self.seq.model.spec.tokenizer.eog_ids:
-            return self.text.finish(), None
-        self.history.append(tok)
-        self.left -= 1
-        piece = self.text.push(tok)
-        if self.text.stopped or self.left == 0 or self.seq.n_past >= self.seq.model.n_ctx:
-            return piece + self.text.finish(), None
-        return piece, tok
+            logits = self.decode(out.token)
 
 
 def _status_message(m: "Model", status: int, seq: Sequence | None, rows: int) -> str:
@@ -443,18 +418,23 @@ class Model:
         return out
 
     def _decode_together(self, wave, ids, params, stops, max_tokens, out) -> None:
-        running = [(i, _Decoding(s, ids[i], params[i], stops, max_tokens), s.prefill(ids[i])) for i, s in wave]
+        running = [(i, s, self._decoding(ids[i], params[i], stops, max_tokens), s.prefill(ids[i])) for i, s in wave]
         while running:
             step = []
-            for i, run, logits in running:
-                piece, tok = run.next(logits)
-                out[i] += piece
-                if tok is not None:
-                    step.append((i, run, tok))
+            for i, s, run, logits in running:
+                got = run.next(logits, s.n_past)
+                out[i] += got.text
+                if not got.finish_reason:
+                    step.append((i, s, run, got.token))
             if not step:
                 return
-            rows = self.step([(run.seq, tok) for _, run, tok in step])
-            running = [(i, run, row) for (i, run, _), row in zip(step, rows)]
+            rows = self.step([(s, tok) for _, s, _, tok in step])
+            running = [(i, s, run, row) for (i, s, run, _), row in zip(step, rows)]
+
+    def _decoding(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], max_tokens: int,
+                  ignore_eos: bool = False) -> Decoding:
+        return Decoding(self.tokenizer, self.spec.tokenizer.eog_ids, self.n_ctx, prompt_ids, params, stops,
+                        max_tokens, ignore_eos)
 
     # -- text -----------------------------------------------------------------------------
     @property

@@ -15,7 +15,6 @@ import pytest
 import compiler
 from compiler.chat import chat_template, render_chat
 from compiler.gguf_model import read_model
-from compiler.model import _Decoding
 from compiler.sampling import SamplingParams
 
 CONVERSATIONS = [
@@ -59,9 +58,9 @@ def test_generation_stops_at_every_end_of_generation_token(smollm2):
     for tok in sorted(m.spec.tokenizer.eog_ids) + [198]:
         logits = np.zeros(m.n_vocab, np.float32)
         logits[tok] = 10
-        with m.sequence() as seq:
-            run = _Decoding(seq, [1], SamplingParams(temperature=0), [], max_tokens=10)
-            assert run.next(logits) == (("", None) if tok != 198 else ("\n", 198))
+        run = m._decoding([1], SamplingParams(temperature=0), [], max_tokens=10)
+        got = run.next(logits, n_past=1)
+        assert (got.text, got.token, got.finish_reason) == (("", None, "stop") if tok != 198 else ("\n", 198, None))
 
 
 def test_kiln_run_chat_with_the_builtin_template(gemma3):

@@ -23,9 +23,9 @@ from typing import Callable
 import numpy as np
 
 from ..errors import KilnError
-from ..generation import TextStream
+from ..generation import Decoding
 from ..model import Model, ModelError, PoolFullError, Sequence
-from ..sampling import Sampler, SamplingParams
+from ..sampling import SamplingParams
 from .metrics import Metrics
 from .radix_cache import Match, RadixCache
 
@@ -81,9 +81,7 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
     order: int = 0  # admission order; the newest is preempted first
-    sampler: Sampler = field(init=False)
-    history: list[int] = field(init=False)  # prompt and output: what the penalties look at
-    text: TextStream | None = None
+    decoding: Decoding | None = None  # the sampler, the penalties' history, the text and the stop rules
 
 
 class Engine:
@@ -124,8 +122,7 @@ class Engine:
             if self._queued >= self.max_queue:
                 raise QueueFull(f"{self._queued} requests are waiting (the limit, --max-queue)")
             self._queued += 1
-        r.sampler, r.history = Sampler(r.params), list(r.prompt_ids)
-        r.text = TextStream(self.model.tokenizer, r.stops)
+        r.decoding = self.model._decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos)
         self._inbox.put(("submit", r))
 
     def cancel(self, r: Request) -> None:
@@ -271,27 +268,18 @@ class Engine:
                 self._sample(r, logits)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
-        tok = r.sampler(logits, r.history)
-        r.output.append(tok)
-        r.history.append(tok)
+        got = r.decoding.next(logits, r.seq.n_past)
         now = time.monotonic()
         self.metrics.token_emitted(now - (r.last_token_at or r.arrival), first=r.last_token_at is None)
         r.last_token_at = now
-        lp = _logprob(logits, tok, r.logprobs) if r.logprobs is not None else None
-        if tok in self.model.spec.tokenizer.eog_ids and not r.ignore_eos:
-            r.emit(Event(text=r.text.finish(), token=None, logprob=None))
-            self._finish(r, reason="stop")
-            return
-        piece = r.text.push(tok)
-        if r.text.stopped:
-            r.emit(Event(text=piece, token=tok, logprob=lp))
-            self._finish(r, reason="stop")
-        elif len(r.output) >= r.max_tokens or r.seq.n_past >= self.model.n_ctx:
-            r.emit(Event(text=piece + r.text.finish(), token=tok, logprob=lp))
-            self._finish(r, reason="length")
+        if got.token is not None:
+            r.output.append(got.token)
+        lp = _logprob(logits, got.token, r.logprobs) if r.logprobs is not None and got.token is not None else None
+        r.emit(Event(text=got.text, token=got.token, logprob=lp))
+        if got.finish_reason:
+            self._finish(r, reason=got.finish_reason)
         else:
-            r.emit(Event(text=piece, token=tok, logprob=lp))
-            r.todo = [tok]
+            r.todo = [got.token]
 
     def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False) -> None:
         """Take r out of the engine; its sequence's full pages stay in the prefix cache."""
