@@ -78,13 +78,13 @@ def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str) -> tuple[_E
 
 
 # GGML type ids of the KV cache dtypes both engines offer
-LLAMACPP_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+LLAMACPP_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q8_0": 8}
 
 
-def flash_attn_settings(kv_dtype: str) -> dict[str, bool]:
+def flash_attn_settings(kv_dtype_v: str) -> dict[str, bool]:
     """The llama.cpp settings a comparison runs: flash attention off and on, except that
     llama.cpp keeps a quantized V cache only with its flash-attention path."""
-    return {"fa on": True} if kv_dtype == "q8_0" else {"fa off": False, "fa on": True}
+    return {"fa off": False, "fa on": True} if kv_dtype_v in ("f32", "f16") else {"fa on": True}
 
 
 def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str, flash_attn: bool) -> _Engine:

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from . import __version__
+from .dtypes import KV_DTYPES
 from .errors import KilnError
 from .ir import Mode, format_graph
 from .options import CompileOptions
@@ -21,7 +22,9 @@ def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_se
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help=f"GGUF path or bundled model name (default {DEFAULT_MODEL})")
     p.add_argument("--ctx", type=int, default=CompileOptions.ctx, help="context length in tokens")
-    p.add_argument("--kv-dtype", default="f32", help="KV cache dtype: f32, f16 or q8_0")
+    p.add_argument("--kv-dtype", default="f32", help=f"KV cache dtype of K and V: {', '.join(KV_DTYPES)}")
+    p.add_argument("--kv-dtype-k", "-ctk", default=None, help="K's dtype, if not --kv-dtype (llama.cpp's -ctk)")
+    p.add_argument("--kv-dtype-v", "-ctv", default=None, help="V's dtype, if not --kv-dtype (llama.cpp's -ctv)")
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk,
                    help="tokens per prefill step")
     p.add_argument("--n-seq", type=int, default=n_seq, help="sequences live at once, sharing the KV pool")
@@ -36,7 +39,8 @@ def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_se
 
 def _options(a: argparse.Namespace) -> CompileOptions:
     return CompileOptions(ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, n_seq=a.n_seq,
-                          page_size=a.page_size, kv_pages=a.kv_pages, batch_tokens=a.batch_tokens)
+                          page_size=a.page_size, kv_pages=a.kv_pages, batch_tokens=a.batch_tokens,
+                          kv_dtype_k=a.kv_dtype_k, kv_dtype_v=a.kv_dtype_v)
 
 
 def cmd_models(a: argparse.Namespace) -> None:
@@ -103,15 +107,14 @@ def cmd_compile(a: argparse.Namespace) -> None:
 def cmd_run(a: argparse.Namespace) -> None:
     from .chat import render_chat
     from .gguf_model import read_model
-    from .model import load
+    from .model import load_options
     from .registry import resolve
 
     o = _options(a)
     prompt = a.prompt
     if a.chat:  # before compiling, so that a model with no template fails at once
         prompt = render_chat(read_model(resolve(a.model, _log)), [{"role": "user", "content": a.prompt}])
-    m = load(a.model, ctx=o.ctx, kv_dtype=o.kv_dtype, prefill_chunk=o.prefill_chunk, n_seq=o.n_seq,
-             page_size=o.page_size, kv_pages=o.kv_pages, batch_tokens=o.batch_tokens, threads=a.threads, log=_log)
+    m = load_options(a.model, o, a.threads, log=_log)
     ids = m.tokenize(prompt)  # before any output, so a failure prints nothing but the error
     if not a.chat:
         sys.stdout.write(a.prompt)
@@ -125,7 +128,7 @@ def cmd_run(a: argparse.Namespace) -> None:
 def cmd_serve(a: argparse.Namespace) -> None:
     import uvicorn
 
-    from .model import load
+    from .model import load_options
     from .registry import BUNDLED
     from .serving.engine import Engine
     from .serving.server import create_app
@@ -135,8 +138,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if a.max_queue < 1:
         raise KilnError(f"--max-queue must be at least 1, got {a.max_queue}")
     o = _options(a)
-    m = load(a.model, ctx=o.ctx, kv_dtype=o.kv_dtype, prefill_chunk=o.prefill_chunk, n_seq=o.n_seq,
-             page_size=o.page_size, kv_pages=o.kv_pages, batch_tokens=o.batch_tokens, threads=a.threads, log=_log)
+    m = load_options(a.model, o, a.threads, log=_log)
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
     engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache).start()
     stats = m.kv_stats()

@@ -86,15 +86,16 @@ def act_row_bytes(weight: DType, n: int) -> int:
 
 
 # KV-cache element types, by their option spelling.
-KV_DTYPES: dict[str, DType] = {"f32": DType.F32, "f16": DType.F16, "q8_0": DType.Q8_0}
+KV_DTYPES: dict[str, DType] = {t.label: t for t in (DType.F32, DType.F16, DType.Q8_0, DType.Q5_0, DType.Q4_1,
+                                                      DType.Q4_0)}
 
 
-def parse_kv_dtype(text: str | DType) -> DType:
+def parse_kv_dtype(text: str | DType, option: str = "kv_dtype (--kv-dtype)") -> DType:
     if isinstance(text, DType) and text in KV_DTYPES.values():
         return text
     try:
         return KV_DTYPES[str(text).lower()]
     except KeyError:
         raise OptionError(
-            f"kv_dtype (--kv-dtype): unknown KV cache dtype {text!r}; choose one of {', '.join(KV_DTYPES)}"
+            f"{option}: unknown KV cache dtype {text!r}; choose one of {', '.join(KV_DTYPES)}"
         ) from None

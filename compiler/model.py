@@ -462,13 +462,20 @@ class Model:
 
 def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", threads: int | None = None,
          prefill_chunk: int = CompileOptions.prefill_chunk, n_seq: int = 1, page_size: int = CompileOptions.page_size,
-         kv_pages: int | None = None, batch_tokens: int | None = None, sanitize: bool = False,
-         log=lambda s: None) -> Model:
-    """Compile (or reuse the cached build of) `model` and load it. `model` is a GGUF path or a bundled name."""
+         kv_pages: int | None = None, batch_tokens: int | None = None, kv_dtype_k: str | None = None,
+         kv_dtype_v: str | None = None, sanitize: bool = False, log=lambda s: None) -> Model:
+    """Compile (or reuse the cached build of) `model` and load it. `model` is a GGUF path or a bundled name.
+    kv_dtype sets both K and V; kv_dtype_k / kv_dtype_v (llama.cpp's -ctk / -ctv) override one."""
+    opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, n_seq=n_seq, page_size=page_size,
+                          kv_pages=kv_pages, batch_tokens=batch_tokens, kv_dtype_k=kv_dtype_k, kv_dtype_v=kv_dtype_v)
+    return load_options(model, opts, threads, sanitize, log)
+
+
+def load_options(model: str | os.PathLike[str], opts: CompileOptions, threads: int | None = None,
+                 sanitize: bool = False, log=lambda s: None) -> Model:
+    """`load` with the options already checked (the CLI builds them once for every command)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise OptionError(f"threads must be a positive integer, got {threads!r}")
-    opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, n_seq=n_seq, page_size=page_size,
-                          kv_pages=kv_pages, batch_tokens=batch_tokens)
     return Model(compile_model(model, opts, sanitize, log), threads=threads)
 
 

@@ -19,12 +19,14 @@ DEFAULT_PAGE_SIZE = 64
 @dataclass(frozen=True)
 class CompileOptions:
     ctx: int = 2048
-    kv_dtype: DType = DType.F32
+    kv_dtype: DType = DType.F32  # K and V, unless one of the two below is given
     prefill_chunk: int = 256  # tokens of one sequence per step; clamped to ctx and to batch_tokens
     n_seq: int = 1  # sequences live at once
     page_size: int = DEFAULT_PAGE_SIZE  # positions per KV page
     kv_pages: int | None = None  # pages of the full-context pool; None: n_seq x ctx worth
     batch_tokens: int | None = None  # rows one step takes; None: the prefill chunk
+    kv_dtype_k: DType | None = None  # llama.cpp's -ctk; None: kv_dtype
+    kv_dtype_v: DType | None = None  # llama.cpp's -ctv; None: kv_dtype
 
     def __post_init__(self) -> None:
         _check_range("ctx", "--ctx", self.ctx, 1, MAX_CTX)
@@ -39,6 +41,10 @@ class CompileOptions:
         batch = self.prefill_chunk if self.batch_tokens is None else self.batch_tokens
         _check_range("batch_tokens", "--batch-tokens", batch, 1, MAX_PREFILL_CHUNK)
         object.__setattr__(self, "kv_dtype", parse_kv_dtype(self.kv_dtype))
+        for part in ("k", "v"):
+            given = getattr(self, f"kv_dtype_{part}")
+            dtype = self.kv_dtype if given is None else parse_kv_dtype(given, f"kv_dtype_{part} (--kv-dtype-{part})")
+            object.__setattr__(self, f"kv_dtype_{part}", dtype)
         object.__setattr__(self, "batch_tokens", batch)
         object.__setattr__(self, "prefill_chunk", min(self.prefill_chunk, self.ctx, batch))
 

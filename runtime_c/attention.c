@@ -1,7 +1,8 @@
 /* attention.c: the KV-cache write and causal GQA attention over the paged, head-major cache.
  *
  * Rows are quantized on write and dequantized on read through quant.c's type table, so one
- * attention serves every cache dtype (f32 rows are read in place).
+ * attention serves every cache dtype, K and V each their own (f32 rows, and f16 rows where the
+ * vector loops convert on load, are read in place).
  *
  * Batch invariance. A query's result must be bit-identical whatever else the step holds and
  * however many threads run it. So every query's history is cut at fixed positions, multiples
@@ -27,7 +28,9 @@ static const float ZERO_ROW[KILN_MAX_HEAD_DIM];
 
 static const int32_t *table_of(const kiln_kv_view *kv, int seq) { return kv->tables + (size_t)seq * kv->max_blocks; }
 
-/* position `pos` of kv head h, K (part 0) or V (part 1) */
+static int part_type(const kiln_kv_view *kv, int part) { return part ? kv->v_type : kv->k_type; }
+
+/* position `pos` of kv head h, K (part 0) or V (part 1), whose rows are row_bytes long */
 static uint8_t *cache_row(const kiln_kv_view *kv, const int32_t *table, int part, int h, int pos, size_t row_bytes) {
     return kv->pages + (size_t)table[pos / kv->page_size] * kv->page_bytes + (part ? kv->v_off : kv->k_off) +
            ((size_t)h * kv->page_size + pos % kv->page_size) * row_bytes;
@@ -37,25 +40,25 @@ static int first_visible(const kiln_kv_view *kv, int pos) {
     return kv->window > 0 && pos - kv->window + 1 > 0 ? pos - kv->window + 1 : 0;
 }
 
-void kiln_kv_store(int type, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
-                   const int32_t *row, int n_tokens, int n_head_kv, int head_dim) {
-    const size_t row_bytes = kiln_row_bytes(type, head_dim);
+void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
+                   int n_tokens, int n_head_kv, int head_dim) {
+    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     for (int t = 0; t < n_tokens; t++) {
         const int32_t *table = table_of(kv, seq[t]);
         for (int h = 0; h < n_head_kv; h++) {
             const size_t src = ((size_t)t * n_head_kv + h) * head_dim;
-            kiln_quantize_row(type, k + src, cache_row(kv, table, 0, h, row[t], row_bytes), head_dim);
-            kiln_quantize_row(type, v + src, cache_row(kv, table, 1, h, row[t], row_bytes), head_dim);
+            kiln_quantize_row(kv->k_type, k + src, cache_row(kv, table, 0, h, row[t], k_row), head_dim);
+            kiln_quantize_row(kv->v_type, v + src, cache_row(kv, table, 1, h, row[t], v_row), head_dim);
         }
     }
 }
 
-void kiln_kv_store_mt(const kiln_thread *t, int type, const kiln_kv_view *kv, const float *k, const float *v,
-                      const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim) {
+void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
+                      const int32_t *row, int n_tokens, int n_head_kv, int head_dim) {
     int t0, t1;
     kiln_share(t, n_tokens, 1, &t0, &t1);
     const size_t at = (size_t)t0 * n_head_kv * head_dim;
-    if (t1 > t0) kiln_kv_store(type, kv, k + at, v + at, seq + t0, row + t0, t1 - t0, n_head_kv, head_dim);
+    if (t1 > t0) kiln_kv_store(kv, k + at, v + at, seq + t0, row + t0, t1 - t0, n_head_kv, head_dim);
 }
 
 /* Rows the vector loops read where they lie: f32, and f16 where they convert on load. */
@@ -70,9 +73,9 @@ static int in_place(int type, int hd) {
 /* rows[j - j0] for positions j0 .. j0+n-1 of one head: positions outside [lo, hi] read zeros
  * (all-zero bytes, in f32 or f16); rows are pointed at in place, or dequantized into buf as f32
  * a page run at a time. */
-static void cache_rows(int type, const kiln_kv_view *kv, const int32_t *table, int part, int h, size_t row_bytes,
+static void cache_rows(const kiln_kv_view *kv, const int32_t *table, int part, int h, size_t row_bytes,
                        int j0, int n, int lo, int hi, float *buf, int hd, const void *rows[]) {
-    const int direct = in_place(type, hd);
+    const int type = part_type(kv, part), direct = in_place(type, hd);
     for (int j = j0; j < j0 + n;) {
         if (j < lo || j > hi) {
             rows[j++ - j0] = ZERO_ROW;
@@ -127,12 +130,13 @@ static void clear(attn_state st, int hd) {
  * positions first[i] .. last[i]: each query's state for this span alone, from empty. The K
  * rows are scored by every query, then the V rows weighted into every query: each row is read
  * (or dequantized) once for all of them. */
-static void attend_span(int type, const attn_state st[], const float *const q[], const int first[], const int last[],
-                        int nq, const kiln_kv_view *kv, const int32_t *table, int h, size_t row_bytes, int hd,
+static void attend_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
+                        const kiln_kv_view *kv, const int32_t *table, int h, const size_t row_bytes[2], int hd,
                         float scale, int s0) {
     float s[ATTN_MAX_Q][SPAN];
-    const int direct = in_place(type, hd), half = direct && type == KILN_F16;
-    float buf[direct ? 1 : SPAN * hd]; /* dequantized rows of the span */
+    const int k_direct = in_place(kv->k_type, hd), v_direct = in_place(kv->v_type, hd);
+    const int k_half = k_direct && kv->k_type == KILN_F16, v_half = v_direct && kv->v_type == KILN_F16;
+    float buf[k_direct && v_direct ? 1 : SPAN * hd]; /* dequantized rows of the span: K's, then V's */
     const void *rows[SPAN];
     int lo = s0 + SPAN, hi = s0 - 1, live[ATTN_MAX_Q];
     for (int i = 0; i < nq; i++) {
@@ -143,31 +147,31 @@ static void attend_span(int type, const attn_state st[], const float *const q[],
     }
     if (lo > hi) return;
     const int j0 = lo & ~7, n = ((hi | 7) + 1) - j0; /* whole groups of eight, aligned to positions */
-    prefetch_rows(kv, table, 0, h, row_bytes, lo, hi); /* every line requested at once */
-    prefetch_rows(kv, table, 1, h, row_bytes, lo, hi); /* V loads while K is scored */
-    cache_rows(type, kv, table, 0, h, row_bytes, j0, n, lo, hi, buf, hd, rows);
+    prefetch_rows(kv, table, 0, h, row_bytes[0], lo, hi); /* every line requested at once */
+    prefetch_rows(kv, table, 1, h, row_bytes[1], lo, hi); /* V loads while K is scored */
+    cache_rows(kv, table, 0, h, row_bytes[0], j0, n, lo, hi, buf, hd, rows);
     for (int i = 0; i < nq; i++) {
         if (!live[i]) continue;
         /* the first query pulls the rows in; each call names its row format as a constant */
-        if (half) kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 1);
+        if (k_half) kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 1);
         else kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 0);
         for (int j = 0; j < n; j++)
             if (j0 + j < first[i] || j0 + j > last[i]) s[i][j] = -INFINITY;
         *st[i].max = kiln_vmax(s[i], n);
         *st[i].denom = kiln_vexp_sum(s[i], *st[i].max, n); /* exp(-inf) = 0 for the rows it cannot see */
     }
-    cache_rows(type, kv, table, 1, h, row_bytes, j0, n, lo, hi, buf, hd, rows);
+    cache_rows(kv, table, 1, h, row_bytes[1], j0, n, lo, hi, buf, hd, rows);
     for (int i = 0; i < nq; i++) {
         if (!live[i]) continue;
-        if (half) kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 1);
+        if (v_half) kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 1);
         else kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 0);
     }
 }
 
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
  * states in scratch; after a barrier each query head folds its spans in order. */
-static void attend_split(const kiln_thread *th, int type, float *out, const float *q, int seq, int p,
-                         const kiln_kv_view *kv, size_t row_bytes, int n_head, int n_head_kv, int hd, float scale,
+static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, const kiln_kv_view *kv,
+                         const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale,
                          int max_spans, float *scratch) {
     const int group = n_head / n_head_kv, first = first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + 2;
@@ -182,7 +186,7 @@ static void attend_split(const kiln_thread *th, int type, float *out, const floa
             st[i] = (attn_state){slot + 2, slot, slot + 1};
             qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = p;
         }
-        attend_span(type, st, qs, lo, hi, group, kv, table, g, row_bytes, hd, scale, (sp0 + sp) * SPAN);
+        attend_span(st, qs, lo, hi, group, kv, table, g, row_bytes, hd, scale, (sp0 + sp) * SPAN);
     }
     kiln_barrier(th);
     for (int h = th->ith; h < n_head; h += th->nth) {
@@ -197,13 +201,13 @@ static void attend_split(const kiln_thread *th, int type, float *out, const floa
     }
 }
 
-void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float *q, const int32_t *seq,
-                       const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
-                       int head_dim, float scale, void *scratch, int max_spans) {
+void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,
+                       int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
+                       void *scratch, int max_spans) {
     const int group = n_head / n_head_kv;
-    const size_t row_bytes = kiln_row_bytes(type, head_dim);
+    const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
     if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - first_visible(kv, row[0]) / SPAN < max_spans) {
-        attend_split(th, type, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, max_spans,
+        attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, max_spans,
                      scratch);
         return;
     }
@@ -233,8 +237,7 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
                     clear(st[nq], head_dim);
                 }
             for (int s0 = lo / SPAN * SPAN; s0 <= hi; s0 += SPAN) {
-                attend_span(type, ps, qs, first, last, nq, kv, table_of(kv, seq[t0]), g, row_bytes, head_dim, scale,
-                            s0);
+                attend_span(ps, qs, first, last, nq, kv, table_of(kv, seq[t0]), g, row_bytes, head_dim, scale, s0);
                 for (int i = 0; i < nq; i++) fold(st[i], pacc[i], pmax[i], pdenom[i], head_dim);
             }
             nq = 0;
@@ -248,19 +251,18 @@ void kiln_attention_mt(const kiln_thread *th, int type, float *out, const float 
     }
 }
 
-void kiln_attention(int type, float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
                     int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
-    kiln_attention_mt(&alone, type, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, scratch,
-                      max_spans);
+    kiln_attention_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, scratch, max_spans);
 }
 
 /* The reference: one row at a time, online softmax in scalar float. */
-void kiln_attention_ref(int type, float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale) {
     const int group = n_head / n_head_kv;
-    const size_t row_bytes = kiln_row_bytes(type, head_dim);
+    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
     for (int item = 0; item < n_tokens * n_head; item++) {
         const int t = item / n_head, h = item % n_head, p = row[t];
@@ -270,7 +272,7 @@ void kiln_attention_ref(int type, float *out, const float *q, const int32_t *seq
         float max = -INFINITY, denom = 0.0f;
         memset(acc, 0, (size_t)head_dim * sizeof(float));
         for (int j = first_visible(kv, p); j <= p; j++) { /* online softmax: rescale when a new maximum appears */
-            kiln_dequantize_row(type, cache_row(kv, table, 0, h / group, j, row_bytes), kr, head_dim);
+            kiln_dequantize_row_ref(kv->k_type, cache_row(kv, table, 0, h / group, j, k_row), kr, head_dim);
             float s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
             s *= scale;
@@ -282,7 +284,7 @@ void kiln_attention_ref(int type, float *out, const float *q, const int32_t *seq
             }
             const float w = expf(s - max);
             denom += w;
-            kiln_dequantize_row(type, cache_row(kv, table, 1, h / group, j, row_bytes), vr, head_dim);
+            kiln_dequantize_row_ref(kv->v_type, cache_row(kv, table, 1, h / group, j, v_row), vr, head_dim);
             for (int d = 0; d < head_dim; d++) acc[d] += w * vr[d];
         }
         for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;

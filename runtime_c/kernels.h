@@ -55,23 +55,24 @@ void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int r
 
 /* -- KV cache and attention ---------------------------------------------------------------- */
 #define KILN_MAX_HEAD_DIM 512 /* compiler/gguf_model.py MAX_HEAD_DIM refuses models above it */
-/* f32 row x[n] -> dst in a cache type (f32, f16, q8_0) */
+/* f32 row x[n] -> dst in a cache type (f32, f16, q8_0, q5_0, q4_1, q4_0), rounded as ggml's reference does */
 void kiln_quantize_row(int type, const float *x, void *dst, int n);
 
 /* One layer's view of the paged KV pool (kv_plan.py): position p of sequence s lives in page
  * tables[s * max_blocks + p / page_size], at row p % page_size of each kv head, K at k_off and
- * V at v_off within the page: [n_head_kv][page_size][row]. */
+ * V at v_off within the page: [n_head_kv][page_size][row]. K and V rows have their own types. */
 typedef struct {
     uint8_t *pages;        /* the layer group's pool: [n_pages][page_bytes] */
     size_t page_bytes;
     size_t k_off, v_off;
+    int k_type, v_type;    /* kiln_type of a K row, of a V row */
     const int32_t *tables; /* [n_seq][max_blocks] */
     int max_blocks, page_size;
     int window;            /* 0: a query at p sees positions 0..p; else p - window + 1 .. p */
 } kiln_kv_view;
 
 /* write k,v[n_tokens][n_head_kv][head_dim] of token t at position row[t] of sequence seq[t] */
-void kiln_kv_store(int type, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
+void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
                    const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
    its sequence. Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
@@ -81,11 +82,11 @@ void kiln_kv_store(int type, const kiln_kv_view *kv, const float *k, const float
    floats of partial softmax (a longer history takes the sequential path, with the same result). */
 #define KILN_ATTN_SPAN 64
 #define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + 2))
-void kiln_attention(int type, float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
                     int max_spans);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
-void kiln_attention_ref(int type, float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale);
 
 #endif

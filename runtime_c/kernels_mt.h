@@ -24,7 +24,7 @@ void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const
                        int n_in, const float *x, int n_rows, float *y, void *scratch);
 /* kiln_attention: (token block, query heads of one kv head) items, or one token's (kv head, span)
  * items, dealt round-robin */
-void kiln_attention_mt(const kiln_thread *t, int type, float *out, const float *q, const int32_t *seq,
+void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
                        const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
                        int head_dim, float scale, void *scratch, int max_spans);
 
@@ -35,7 +35,7 @@ void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const floa
                       int n, int rows);
 void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
                   int head_dim, float base, int neox);
-void kiln_kv_store_mt(const kiln_thread *t, int type, const kiln_kv_view *kv, const float *k, const float *v,
+void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v,
                       const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
 void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd);

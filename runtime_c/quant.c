@@ -64,6 +64,73 @@ static void quantize_q8_1(const float *x, void *dst, int n) {
 
 static void copy_f32(const float *x, void *dst, int n) { memcpy(dst, x, (size_t)n * sizeof(float)); }
 
+/* ==== KV-cache quantizers: ggml's reference rounding, so that kiln's and llama.cpp's caches hold the same bits ==== */
+
+/* x / d is rounded to float before the offset is added, as in ggml: a fused multiply-add would
+ * round once and move some values across a rounding boundary. GCC contracts across statements,
+ * so it is told not to; clang contracts only within one expression. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define NO_CONTRACT
+#endif
+
+/* the element of largest magnitude, with its sign (q4_0 and q5_0 scale by it) */
+static float signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++)
+        if (amax < fabsf(x[j])) amax = fabsf(x[j]), max = x[j];
+    return max;
+}
+
+/* q4_0: d = max / -8, q = min(15, trunc(x / d + 8.5)) */
+NO_CONTRACT static void quantize_q4_0(const float *x, void *dst, int n) {
+    block_q4_0 *y = dst;
+    for (int b = 0; b < n / QK4_0; b++, x += QK4_0) {
+        const float d = signed_absmax(x, QK4_0) / -8.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = kiln_fp32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            const float x0 = x[j] * id, x1 = x[j + QK4_0 / 2] * id;
+            const int lo = (int8_t)(x0 + 8.5f), hi = (int8_t)(x1 + 8.5f);
+            y[b].qs[j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
+        }
+    }
+}
+
+/* q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)) */
+NO_CONTRACT static void quantize_q4_1(const float *x, void *dst, int n) {
+    block_q4_1 *y = dst;
+    for (int b = 0; b < n / QK4_1; b++, x += QK4_1) {
+        float min = INFINITY, max = -INFINITY;
+        for (int j = 0; j < QK4_1; j++) min = fminf(min, x[j]), max = fmaxf(max, x[j]);
+        const float d = (max - min) / 15.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = kiln_fp32_to_fp16(d), y[b].m = kiln_fp32_to_fp16(min);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            const float x0 = (x[j] - min) * id, x1 = (x[j + QK4_1 / 2] - min) * id;
+            const int lo = (int8_t)(x0 + 0.5f), hi = (int8_t)(x1 + 0.5f);
+            y[b].qs[j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
+        }
+    }
+}
+
+/* q5_0: d = max / -16, q = min(31, trunc(x / d + 16.5)), the fifth bits in qh */
+NO_CONTRACT static void quantize_q5_0(const float *x, void *dst, int n) {
+    block_q5_0 *y = dst;
+    for (int b = 0; b < n / QK5_0; b++, x += QK5_0) {
+        const float d = signed_absmax(x, QK5_0) / -16.0f, id = d ? 1.0f / d : 0.0f;
+        y[b].d = kiln_fp32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const float x0 = x[j] * id, x1 = x[j + QK5_0 / 2] * id;
+            int lo = (int8_t)(x0 + 16.5f), hi = (int8_t)(x1 + 16.5f);
+            lo = lo < 31 ? lo : 31, hi = hi < 31 ? hi : 31;
+            y[b].qs[j] = (uint8_t)((lo & 0x0F) | (hi & 0x0F) << 4);
+            qh |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + QK5_0 / 2);
+        }
+        memcpy(y[b].qh, &qh, sizeof qh);
+    }
+}
+
 /* ==== float weights ========================================================================= */
 
 static void dequant_f32(const void *src, float *dst, int n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
@@ -247,9 +314,9 @@ static const type_traits TYPES[KILN_TYPE_COUNT] = {
     [KILN_F32] = {1, 4, KILN_F32, dequant_f32, dot_f32, copy_f32},
     [KILN_F16] = {1, 2, KILN_F32, dequant_f16, dot_f16, to_f16},
     [KILN_BF16] = {1, 2, KILN_F32, dequant_bf16, dot_bf16},
-    [KILN_Q4_0] = {QK4_0, sizeof(block_q4_0), KILN_Q8_0, dequant_q4_0, dot_q4_0},
-    [KILN_Q4_1] = {QK4_1, sizeof(block_q4_1), KILN_Q8_1, dequant_q4_1, dot_q4_1},
-    [KILN_Q5_0] = {QK5_0, sizeof(block_q5_0), KILN_Q8_0, dequant_q5_0, dot_q5_0},
+    [KILN_Q4_0] = {QK4_0, sizeof(block_q4_0), KILN_Q8_0, dequant_q4_0, dot_q4_0, quantize_q4_0},
+    [KILN_Q4_1] = {QK4_1, sizeof(block_q4_1), KILN_Q8_1, dequant_q4_1, dot_q4_1, quantize_q4_1},
+    [KILN_Q5_0] = {QK5_0, sizeof(block_q5_0), KILN_Q8_0, dequant_q5_0, dot_q5_0, quantize_q5_0},
     [KILN_Q5_1] = {QK5_1, sizeof(block_q5_1), KILN_Q8_1, dequant_q5_1, dot_q5_1},
     [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), KILN_Q8_0, dequant_q8_0, dot_q8_0, quantize_q8_0},
     [KILN_Q4_K] = {QK_K, sizeof(block_q4_K), KILN_Q8_K, kiln_dequant_q4_K, kiln_dot_q4_K},

@@ -224,43 +224,51 @@ def test_python_and_c_agree_on_activation_formats(t):
 
 class PagedCache:
     """One layer's paged cache for the kernels: K and V [n_kv][page_size][row] in each page,
-    pages handed to one sequence in a scrambled order, as a pool that has been in use would."""
+    pages handed to one sequence in a scrambled order, as a pool that has been in use would.
+    `t` is both parts' type, or a (K type, V type) pair."""
 
-    def __init__(self, t: Q, n_kv: int, hd: int, n_pos: int, page_size: int, window: int = 0, seed: int = 0):
-        self.row_bytes = lib.kiln_row_bytes(int(t), hd)
-        half = n_kv * page_size * self.row_bytes
+    def __init__(self, t, n_kv: int, hd: int, n_pos: int, page_size: int, window: int = 0, seed: int = 0):
+        self.types = (t, t) if isinstance(t, Q) else tuple(t)
+        self.row_bytes = [lib.kiln_row_bytes(int(x), hd) for x in self.types]
+        self.half = [n_kv * page_size * rb for rb in self.row_bytes]
         n_pages = -(-n_pos // page_size)
         rng = np.random.default_rng(seed)
-        self.pages = rng.integers(0, 256, (n_pages + 2) * 2 * half, dtype=np.uint8)  # garbage in unused rows
-        if t is not Q.F32:  # other types must read finite numbers from any row
+        page_bytes = sum(self.half)
+        self.pages = rng.integers(0, 256, (n_pages + 2) * page_bytes, dtype=np.uint8)  # garbage in unused rows
+        if self.types != (Q.F32, Q.F32):  # other types must read finite numbers from any row
             self.pages[:] = 0
         self.table = np.ascontiguousarray(rng.permutation(n_pages + 2)[:n_pages].astype(np.int32))
-        self.n_kv, self.hd, self.page_size, self.half = n_kv, hd, page_size, half
-        self.view = ffi.new("kiln_kv_view *", {"pages": ptr(self.pages, "uint8_t *"), "page_bytes": 2 * half,
-                                                "k_off": 0, "v_off": half, "tables": ptr(self.table, "int32_t *"),
+        self.n_kv, self.hd, self.page_size, self.page_bytes = n_kv, hd, page_size, page_bytes
+        self.view = ffi.new("kiln_kv_view *", {"pages": ptr(self.pages, "uint8_t *"), "page_bytes": page_bytes,
+                                                "k_off": 0, "v_off": self.half[0], "k_type": int(self.types[0]),
+                                                "v_type": int(self.types[1]), "tables": ptr(self.table, "int32_t *"),
                                                 "max_blocks": n_pages, "page_size": page_size, "window": window})
 
-    def store(self, t: Q, k: np.ndarray, v: np.ndarray, rows: np.ndarray) -> None:
+    def store(self, k: np.ndarray, v: np.ndarray, rows: np.ndarray) -> None:
         seq = np.zeros(len(rows), np.int32)
-        lib.kiln_kv_store(int(t), self.view, ptr(k), ptr(v), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
-                          len(rows), self.n_kv, self.hd)
+        lib.kiln_kv_store(self.view, ptr(k), ptr(v), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"), len(rows),
+                          self.n_kv, self.hd)
 
-    def rows(self, t: Q, part: int, n_pos: int) -> np.ndarray:
-        """[n_kv][n_pos][hd] dequantized, read back through the table."""
-        out = np.zeros((self.n_kv, n_pos, self.hd))
+    def raw(self, part: int, h: int, p: int) -> np.ndarray:
+        """The bytes of position p of kv head h, K (0) or V (1)."""
+        at = (self.table[p // self.page_size] * self.page_bytes + part * self.half[0]
+              + (h * self.page_size + p % self.page_size) * self.row_bytes[part])
+        return self.pages[at:at + self.row_bytes[part]]
+
+    def rows(self, part: int, n_pos: int) -> np.ndarray:
+        """[n_kv][n_pos][hd] dequantized (by gguf.quants), read back through the table."""
+        t, out = self.types[part], np.zeros((self.n_kv, n_pos, self.hd))
         for p in range(n_pos):
-            base = self.table[p // self.page_size] * 2 * self.half + part * self.half
             for h in range(self.n_kv):
-                at = base + (h * self.page_size + p % self.page_size) * self.row_bytes
-                raw = self.pages[at:at + self.row_bytes]
+                raw = self.raw(part, h, p)
                 out[h, p] = raw.view(np.float32) if t is Q.F32 else quants.dequantize(raw[None], t)[0]
         return out
 
-    def attend(self, t: Q, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
+    def attend(self, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
                max_spans: int = 0) -> np.ndarray:
         out = np.zeros((len(rows), n_head, self.hd), np.float32)
         seq = np.zeros(len(rows), np.int32)
-        args = (int(t), ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
+        args = (ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
                 len(rows), self.view, n_head, self.n_kv, self.hd, scale)
         if ref:
             lib.kiln_attention_ref(*args)
@@ -270,11 +278,36 @@ class PagedCache:
         return out
 
 
-@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
+KV_TYPES = [Q.F32, Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q4_0]  # compiler/dtypes.py KV_DTYPES
+KV_PAIRS = [(t, t) for t in KV_TYPES] + [(Q.Q8_0, Q.Q4_0), (Q.F16, Q.Q4_0), (Q.Q4_0, Q.F16)]
+
+
+def test_kv_types_are_the_compilers():
+    from compiler.dtypes import KV_DTYPES
+    assert [d.value for d in KV_DTYPES.values()] == KV_TYPES
+
+
+@pytest.mark.parametrize("t", KV_TYPES[1:], ids=lambda t: t.name)
+def test_kv_row_quantizer_writes_ggufs_bytes(t):
+    """A cache row is quantized to exactly the bytes gguf.quants (ggml's reference rounding)
+    writes, including blocks of zeros, ties and a block whose largest value is negative."""
+    rng = np.random.default_rng(40 + int(t))
+    x = rng.standard_normal((16, 256)).astype(np.float32) * np.float32(3)
+    x[0, :32] = 0.0
+    x[1, :32] = np.arange(32) - 16  # exact ties under q4_0/q5_0 scales
+    x[2, :32] = -np.abs(x[2, :32])
+    for row in x:
+        got = np.zeros(lib.kiln_row_bytes(int(t), 256), np.uint8)
+        lib.kiln_quantize_row(int(t), ptr(row), ptr(got), 256)
+        want = row.astype(np.float16).view(np.uint8) if t is Q.F16 else quants.quantize(row[None], t)[0]
+        assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("t", KV_PAIRS, ids=lambda t: f"{t[0].name}-{t[1].name}")
 @pytest.mark.parametrize("window", [0, 5])
 def test_kv_store_and_attention(t, window):
     """11 positions into pages of 8 rows, one position at a time as decode writes them; then
-    attend from the last two and compare with numpy over the dequantized cache."""
+    attend from the last two and compare with numpy over the cache as gguf.quants dequantizes it."""
     rng = np.random.default_rng(11)
     n_head, n_kv, hd, n_pos = 4, 2, 64, 11
     cache = PagedCache(t, n_kv, hd, n_pos, page_size=8, window=window)
@@ -282,14 +315,14 @@ def test_kv_store_and_attention(t, window):
     v = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
     pos = np.arange(n_pos, dtype=np.int32)
     for p in range(n_pos):
-        cache.store(t, k[p], v[p], pos[p:p + 1])
-    K, V = cache.rows(t, 0, n_pos), cache.rows(t, 1, n_pos)
-    if t is Q.F32:
+        cache.store(k[p], v[p], pos[p:p + 1])
+    K, V = cache.rows(0, n_pos), cache.rows(1, n_pos)
+    if t[0] is Q.F32:
         assert np.array_equal(K[:, 10], k[10].transpose(0, 1).astype(np.float64))
     q_pos = np.array([9, 10], np.int32)
     q = rng.standard_normal((2, n_head, hd)).astype(np.float32)
     scale = 1 / 8
-    out = cache.attend(t, q, q_pos, n_head, scale)
+    out = cache.attend(q, q_pos, n_head, scale)
     for i, p in enumerate(q_pos):
         first = max(0, p - window + 1) if window else 0
         js = np.arange(first, p + 1)
@@ -364,7 +397,8 @@ def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, (Q.F16, Q.Q4_0)],
+                         ids=lambda t: t.name if isinstance(t, Q) else "-".join(x.name for x in t))
 @pytest.mark.parametrize("n_tokens,window,hd,page_size,max_spans", [
     (1, 0, 64, 16, 0), (1, 0, 64, 64, 8), (6, 0, 64, 32, 0), (1, 100, 256, 16, 0), (1, 100, 256, 128, 8),
     (5, 100, 256, 64, 0), (1, 0, 64, 16, 2)])
@@ -373,34 +407,35 @@ def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd, page_si
     or a lone token's spans spread as work items and merged (max_spans > 0; 2 is too few for
     300 positions and takes the sequential path), against the row-at-a-time scalar reference
     over 300 positions in scrambled pages."""
-    rng = np.random.default_rng(500 + int(t) + n_tokens + hd)
+    seed = sum(int(x) for x in (t if isinstance(t, tuple) else (t,)))
+    rng = np.random.default_rng(500 + seed + n_tokens + hd)
     n_head, n_kv, n_pos = 8, 2, 300
-    cache = PagedCache(t, n_kv, hd, n_pos, page_size, window, seed=int(t))
+    cache = PagedCache(t, n_kv, hd, n_pos, page_size, window, seed=seed)
     k = (rng.standard_normal((n_pos, n_kv, hd)) * 2).astype(np.float32)
     v = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
-    cache.store(t, k, v, np.arange(n_pos, dtype=np.int32))
+    cache.store(k, v, np.arange(n_pos, dtype=np.int32))
     pos = np.arange(n_pos - n_tokens, n_pos, dtype=np.int32)
     q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
-    fast = cache.attend(t, q, pos, n_head, hd ** -0.5, max_spans=max_spans)
-    ref = cache.attend(t, q, pos, n_head, hd ** -0.5, ref=True)
+    fast = cache.attend(q, pos, n_head, hd ** -0.5, max_spans=max_spans)
+    ref = cache.attend(q, pos, n_head, hd ** -0.5, ref=True)
     np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-5)  # outputs are O(1): float order
 
 
-@pytest.mark.parametrize("t", [Q.F32, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.F32, Q.Q8_0, Q.Q4_0], ids=lambda t: t.name)
 def test_attention_is_the_same_bits_however_it_is_batched(t):
     """A token's output alone, split over spans by the threads' path, and inside a block of
     other tokens: identical bits (the batch-invariance contract of attention.c)."""
     rng = np.random.default_rng(7)
     n_head, n_kv, hd, n_pos = 8, 2, 64, 200
     cache = PagedCache(t, n_kv, hd, n_pos, 16, seed=3)
-    cache.store(t, rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32),
+    cache.store(rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32),
                 rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32), np.arange(n_pos, dtype=np.int32))
     q = rng.standard_normal((7, n_head, hd)).astype(np.float32)
     rows = np.arange(150, 157, dtype=np.int32)
-    block = cache.attend(t, q, rows, n_head, 0.125)
+    block = cache.attend(q, rows, n_head, 0.125)
     for i, r in enumerate(rows):
-        alone = cache.attend(t, q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125)
-        split = cache.attend(t, q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, max_spans=4)
+        alone = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125)
+        split = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, max_spans=4)
         assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
 
 

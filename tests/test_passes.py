@@ -43,10 +43,11 @@ def test_kv_insert_before_after(tiny, mode):
         node = after.nodes[w]
         assert node.op is write_op and node.outputs == ()
         assert [v.name for v in node.inputs[2:4]] == ["inp_seq", "inp_row"]
-        kv_in = node.inputs[4]
-        assert kv_in.kind is ValueKind.KV and kv_in.shape == (2, 2, kv.page_size, 16)  # one page of the layer
+        for kv_in in node.inputs[4:]:  # K and V of one page of the layer
+            assert kv_in.kind is ValueKind.KV and kv_in.shape == (2, kv.page_size, 16)
         attn = after.nodes[w + 1]
-        assert [v.name for v in attn.inputs] == [f"q_rope-{il}", "inp_seq", "inp_row", f"kv_cache-{il}"]
+        assert [v.name for v in attn.inputs] == [f"q_rope-{il}", "inp_seq", "inp_row", f"kv_cache-{il}.k",
+                                                 f"kv_cache-{il}.v"]
     assert graph_problems(after, spec) == []
 
 

@@ -56,18 +56,20 @@ def test_sliding_bound_never_exceeds_context(gemma3):
     assert {g.seq_pages for g in kv.groups} == {5}  # ceil(300 / 64)
 
 
-def test_kv_offsets_are_closed_form_and_disjoint(tiny):
-    kv = plan(tiny("gemma3", n_layer=6), CompileOptions(ctx=40, prefill_chunk=4, n_seq=2, page_size=8)).layout.kv
-    seen = set()
+@pytest.mark.parametrize("k,v", [("f32", "f32"), ("q8_0", "q4_0")])
+def test_kv_offsets_are_closed_form_and_disjoint(tiny, k, v):
+    kv = plan(tiny("gemma3", n_layer=6, head_dim=32), CompileOptions(ctx=40, prefill_chunk=4, n_seq=2, page_size=8,
+                                                       kv_dtype_k=k, kv_dtype_v=v)).layout.kv
+    rows = []
     for ly in kv.layers:
         for page in range(kv.groups[ly.group].n_pages):
-            for part in (0, 1):
+            for part, size in ((0, kv.k_row_bytes), (1, kv.v_row_bytes)):
                 for h in range(kv.n_head_kv):
                     for r in range(kv.page_size):
-                        off = kv.offset(page, ly.layer, part, h, r)
-                        assert off % kv.row_bytes == 0 and off not in seen
-                        assert 0 <= off and off + kv.row_bytes <= kv.total_bytes
-                        seen.add(off)
+                        rows.append((kv.offset(page, ly.layer, part, h, r), size))
+    rows.sort()
+    assert rows[0][0] >= 0 and rows[-1][0] + rows[-1][1] <= kv.total_bytes
+    assert all(a + n <= b for (a, n), (b, _) in zip(rows, rows[1:]))  # no two rows overlap
     full, sliding = kv.groups
     assert full.n_pages == 2 * 5 and sliding.seq_pages == -(-(8 + 4 - 2) // 8) + 1 == 3
     assert kv.offset(1, 5, 0, 0, 0) - kv.offset(0, 5, 0, 0, 0) == full.page_bytes

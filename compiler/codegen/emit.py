@@ -109,20 +109,20 @@ def _rope(n: Node, ctx: EmitContext) -> list[str]:
 
 
 def kv_view(kv: Value) -> str:
+    """The layer's view of its pool; it carries the K and V element types."""
     return f"&m->kv_view[{kv.layer}]"
 
 
 def _kv_store(n: Node, ctx: EmitContext) -> list[str]:
-    k, v, seq, pos, kv = n.inputs
-    return [c_type(kv), kv_view(kv), c_name(k), c_name(v), c_name(seq), c_name(pos), "n", str(k.shape[1]),
-            str(k.shape[2])]
+    k, v, seq, pos, kc, _ = n.inputs
+    return [kv_view(kc), c_name(k), c_name(v), c_name(seq), c_name(pos), "n", str(k.shape[1]), str(k.shape[2])]
 
 
 def _attention(n: Node, ctx: EmitContext) -> list[str]:
-    q, seq, pos, kv = n.inputs
+    q, seq, pos, kc, _ = n.inputs
     a = n.attrs
     spans = n.scratch.shape[0] // (4 * a.n_head * (a.head_dim + 2)) if n.scratch else 0
-    return [c_type(kv), c_name(n.outputs[0]), c_name(q), c_name(seq), c_name(pos), "n", kv_view(kv), str(a.n_head),
+    return [c_name(n.outputs[0]), c_name(q), c_name(seq), c_name(pos), "n", kv_view(kc), str(a.n_head),
             str(a.n_head_kv), str(a.head_dim), c_float(a.scale), c_name(n.scratch) if n.scratch else "NULL",
             str(spans)]
 

@@ -74,14 +74,15 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
     emit_ctx = EmitContext(packed={pw.tensor: pw.offset for pw in decode.layout.packed})
     ctx = {
         "model": spec.path.name, "arch": spec.arch, "version": __version__,
-        "ctx": opts.ctx, "kv_dtype": opts.kv_dtype.label, "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
+        "ctx": opts.ctx, "kv_dtype": kv.dtype_label, "kv_type_k": f"KILN_{kv.k_dtype.name}",
+        "kv_type_v": f"KILN_{kv.v_dtype.name}", "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
         "page_size": kv.page_size, "batch_tokens": opts.batch_tokens,
         "n_vocab": spec.hparams.n_vocab, "n_layer": spec.hparams.n_layer,
         "file_size": spec.file_size, "header_bytes": spec.data_offset, "header_crc32": header_crc,
         "groups": [{"window": g.window or 0, "n_pages": g.n_pages, "page_bytes": g.page_bytes} for g in kv.groups],
         "kv_group": [ly.group for ly in kv.layers],
         "kv_k": [f"{ly.offset:#x}" for ly in kv.layers],
-        "kv_v": [f"{ly.offset + ly.half_bytes:#x}" for ly in kv.layers],
+        "kv_v": [f"{ly.v_offset:#x}" for ly in kv.layers],
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
         "steps": [_step(decode, emit_ctx), _step(prefill, emit_ctx)],

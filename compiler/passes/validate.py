@@ -62,9 +62,9 @@ def _attention(n: Node) -> str | None:
     if q.shape[1:] != (a.n_head, a.head_dim) or out.shape != (q.shape[0], a.n_head * a.head_dim):
         return f"q {q.shape} or output {out.shape} disagree with {a.n_head} heads of {a.head_dim}"
     if rest[-1].kind is ValueKind.KV:
-        *_, kv = rest
-        if kv.shape[1] != a.n_head_kv or kv.shape[3] != a.head_dim:
-            return f"kv cache {kv.shape} disagrees with {a.n_head_kv} kv heads of {a.head_dim}"
+        *_, kc, vc = rest
+        if not _same(kc.shape[::2], vc.shape[::2], (a.n_head_kv, a.head_dim)):
+            return f"kv cache {kc.shape}, {vc.shape} disagrees with {a.n_head_kv} kv heads of {a.head_dim}"
     else:
         k, v = rest
         if not _same(k.shape, v.shape, (q.shape[0], a.n_head_kv, a.head_dim)):
@@ -73,9 +73,10 @@ def _attention(n: Node) -> str | None:
 
 
 def _kv_write(n: Node) -> str | None:
-    k, v, seq, row, kv = n.inputs
-    if not _same(k.shape, v.shape) or not _same(seq.shape, row.shape, (k.shape[0],)) or kv.shape[1::2] != k.shape[1:]:
-        return f"k {k.shape}, v {v.shape}, seq {seq.shape}, row {row.shape} do not fit cache {kv.shape}"
+    k, v, seq, row, kc, vc = n.inputs
+    if (not _same(k.shape, v.shape) or not _same(seq.shape, row.shape, (k.shape[0],))
+            or not _same(kc.shape[::2], vc.shape[::2], k.shape[1:])):
+        return f"k {k.shape}, v {v.shape}, seq {seq.shape}, row {row.shape} do not fit cache {kc.shape}, {vc.shape}"
     if n.outputs:
         return "a cache write has no outputs"
     return None

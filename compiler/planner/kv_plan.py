@@ -6,8 +6,12 @@ its pages live for different times: a sliding layer's page goes back to the pool
 has left the window. A page of a group holds page_size positions of every layer in it,
 head-major inside so that attention streams one head's rows of a page contiguously:
 
-    group g, page p, layer l, K=0|V=1, kv_head h, row r (= position % page_size) ->
-        pool_offset[g] + p*page_bytes[g] + layer_offset[l] + kv*half_bytes[l] + (h*page_size + r)*row_bytes
+    group g, page p, layer l, kv_head h, row r (= position % page_size) ->
+        K: pool_offset[g] + p*page_bytes[g] + k_offset[l] + (h*page_size + r)*k_row_bytes
+        V: pool_offset[g] + p*page_bytes[g] + v_offset[l] + (h*page_size + r)*v_row_bytes
+
+K and V may have different element types (llama.cpp's -ctk / -ctv), so their rows may differ
+in size.
 
 A sequence maps positions to pages through one block table per group (block b holds
 positions b*page_size ..). A sliding group needs at most the pages that cover the window
@@ -43,8 +47,17 @@ class KVLayer:
     kind: LayerKind
     window: int | None
     group: int
-    offset: int  # of this layer's K within a page of its group; V follows at offset + half_bytes
-    half_bytes: int  # K (or V) of one page: n_head_kv x page_size rows
+    offset: int  # of this layer's K within a page of its group
+    k_bytes: int  # K of one page: n_head_kv x page_size rows, padded to ALIGN
+    v_bytes: int  # V of one page, right after K
+
+    @property
+    def v_offset(self) -> int:
+        return self.offset + self.k_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        return self.k_bytes + self.v_bytes
 
 
 @dataclass(frozen=True)
@@ -64,13 +77,15 @@ class KVGroup:
 
 @dataclass(frozen=True)
 class KVPlan:
-    dtype: DType
+    k_dtype: DType
+    v_dtype: DType
     n_seq: int
     ctx: int
     page_size: int
     n_head_kv: int
     head_dim: int
-    row_bytes: int  # one position of one head
+    k_row_bytes: int  # one position of one head
+    v_row_bytes: int
     max_blocks: int  # block-table entries per sequence and group: ceil(ctx / page_size)
     groups: tuple[KVGroup, ...]
     layers: tuple[KVLayer, ...]
@@ -82,19 +97,26 @@ class KVPlan:
     @property
     def full_context_bytes(self) -> int:
         """n_seq x ctx positions in every layer: what the cache would take without pages or windows."""
-        return self.n_seq * self.ctx * len(self.layers) * 2 * self.n_head_kv * self.row_bytes
+        return self.n_seq * self.ctx * self.page_tokens_bytes
 
     @property
     def page_tokens_bytes(self) -> int:
         """Bytes one position takes across every layer (all groups)."""
-        return len(self.layers) * 2 * self.n_head_kv * self.row_bytes
+        return len(self.layers) * self.n_head_kv * (self.k_row_bytes + self.v_row_bytes)
+
+    @property
+    def dtype_label(self) -> str:
+        """'f16', or 'q4_0/f16' when K and V differ."""
+        k, v = self.k_dtype.label, self.v_dtype.label
+        return k if k == v else f"{k}/{v}"
 
     def offset(self, page: int, layer: int, kv: int, head: int, row: int) -> int:
         """Byte offset of (page, layer, K=0|V=1, kv_head, row in page) in the KV region."""
         ly = self.layers[layer]
         g = self.groups[ly.group]
-        return (g.pool_offset + page * g.page_bytes + ly.offset + kv * ly.half_bytes
-                + (head * self.page_size + row) * self.row_bytes)
+        row_bytes = self.v_row_bytes if kv else self.k_row_bytes
+        return (g.pool_offset + page * g.page_bytes + (ly.v_offset if kv else ly.offset)
+                + (head * self.page_size + row) * row_bytes)
 
 
 def _group_key(kind: LayerKind, hp: HParams) -> int | None:
@@ -102,17 +124,19 @@ def _group_key(kind: LayerKind, hp: HParams) -> int | None:
 
 
 def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
-    if hp.head_dim % opts.kv_dtype.block_elems:
-        raise OptionError(
-            f"kv_dtype (--kv-dtype) {opts.kv_dtype.label} stores blocks of {opts.kv_dtype.block_elems} "
-            f"but head_dim is {hp.head_dim}; use f16 or f32"
-        )
-    ps, row_bytes = opts.page_size, opts.kv_dtype.nbytes(hp.head_dim)
+    for part, dtype in (("k", opts.kv_dtype_k), ("v", opts.kv_dtype_v)):
+        if hp.head_dim % dtype.block_elems:
+            raise OptionError(
+                f"kv_dtype_{part} (--kv-dtype-{part}) {dtype.label} stores blocks of {dtype.block_elems} "
+                f"but head_dim is {hp.head_dim}; use f16 or f32"
+            )
+    ps = opts.page_size
+    k_row, v_row = opts.kv_dtype_k.nbytes(hp.head_dim), opts.kv_dtype_v.nbytes(hp.head_dim)
     max_blocks = ceil_div(opts.ctx, ps)
     windows = [_group_key(tmpl.layer_kind(il), hp) for il in range(hp.n_layer)]
     # full-context group first, then sliding groups by window: a fixed order for a fixed layout
     keys = sorted(set(windows), key=lambda w: (w is not None, w or 0))
-    half = align(hp.n_head_kv * ps * row_bytes)
+    k_bytes, v_bytes = align(hp.n_head_kv * ps * k_row), align(hp.n_head_kv * ps * v_row)
     layers: list[KVLayer] = []
     groups: list[KVGroup] = []
     pool_offset = 0
@@ -125,10 +149,11 @@ def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
             seq_pages = min(max_blocks, ceil_div(window + opts.batch_tokens - 2, ps) + 1)
             n_pages = opts.n_seq * seq_pages
         for i, il in enumerate(members):
-            layers.append(KVLayer(il, tmpl.layer_kind(il), window, gi, 2 * i * half, half))
-        page_bytes = 2 * half * len(members)
+            layers.append(KVLayer(il, tmpl.layer_kind(il), window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
+        page_bytes = (k_bytes + v_bytes) * len(members)
         groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
         pool_offset += align(n_pages * page_bytes)
     layers.sort(key=lambda ly: ly.layer)
-    return KVPlan(opts.kv_dtype, opts.n_seq, opts.ctx, ps, hp.n_head_kv, hp.head_dim, row_bytes, max_blocks,
+    return KVPlan(opts.kv_dtype_k, opts.kv_dtype_v, opts.n_seq, opts.ctx, ps, hp.n_head_kv, hp.head_dim, k_row, v_row,
+                  max_blocks,
                   tuple(groups), tuple(layers))

@@ -39,7 +39,9 @@ class LayoutConfig:
     mode: str
     n_tokens: int
     ctx: int
-    kv_dtype: str
+    kv_dtype: str  # both parts' type, or "k/v" when they differ
+    kv_dtype_k: str
+    kv_dtype_v: str
     prefill_chunk: int
     n_seq: int
     page_size: int
@@ -77,7 +79,7 @@ class Layout:
 def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions, kv: KVPlan) -> Layout:
     config = LayoutConfig(
         model=spec.path.name, arch=spec.arch, mode=g.mode.value, n_tokens=g.n_tokens, ctx=opts.ctx,
-        kv_dtype=opts.kv_dtype.label, prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq,
+        kv_dtype=kv.dtype_label, kv_dtype_k=kv.k_dtype.label, kv_dtype_v=kv.v_dtype.label, prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq,
         page_size=kv.page_size, kv_pages=kv.groups[0].n_pages, batch_tokens=opts.batch_tokens,
         rope_base_local=tmpl.rope_base_local, hparams=spec.hparams,
     )
@@ -128,7 +130,7 @@ def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:
         shape = (kv.n_head_kv, kv.page_size, kv.head_dim)
         note = f"in each page of group {g.index} ({g.n_pages} pages of {g.page_bytes:,} bytes" + (
             f"; window {ly.window})" if ly.window else ")")
-        for part, offset in (("k", ly.offset), ("v", ly.offset + ly.half_bytes)):
-            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, ly.half_bytes, shape, kv.dtype.label,
+        for part, offset, size, dtype in (("k", ly.offset, ly.k_bytes, kv.k_dtype), ("v", ly.v_offset, ly.v_bytes, kv.v_dtype)):
+            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, size, shape, dtype.label,
                               writes.get(ly.layer, 0), reads.get(ly.layer, 0), note))
     return out

@@ -39,7 +39,7 @@ def render_text(lay: Layout) -> str:
             f"  weights          {_mib(lay.weights_bytes)}, mmapped views of the GGUF",
             f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, in a file the "
             f"compiler writes and the library maps (where the build has the x8 kernel)",
-            f"  kv pool          {_mib(kv.total_bytes)}: pages of {kv.page_size} positions, {kv.dtype.label}, "
+            f"  kv pool          {_mib(kv.total_bytes)}: pages of {kv.page_size} positions, {kv.dtype_label}, "
             f"shared by up to {kv.n_seq} sequence(s)",
             f"  activations      {_mib(lay.activation_bytes)}",
             f"    without reuse  {_mib(lay.activation_bytes_without_reuse)}; "
@@ -52,7 +52,7 @@ def render_text(lay: Layout) -> str:
     out += ["", "ACTIVATIONS (offsets within the activation arena; live = op range in the schedule)"]
     out += _buffer_rows(lay.region("activations"))
 
-    out += ["", f"KV POOL (pages of {kv.page_size} positions; row = {kv.row_bytes} bytes = one position of one head; "
+    out += ["", f"KV POOL (pages of {kv.page_size} positions; row = {kv.k_row_bytes} (K) and {kv.v_row_bytes} (V) bytes = one position of one head; "
                 f"block tables of {kv.max_blocks} entries per sequence and group)",
             f"  {'group':>5}  {'window':>6} {'layers':>6}  {'page bytes':>12}  {'pages':>7}  {'per seq':>7}  "
             f"{'pool offset':>12}  {'pool bytes':>14}"]
@@ -67,9 +67,10 @@ def render_text(lay: Layout) -> str:
     out += [f"  {'layer':>5}  {'kind':<6} {'window':>6} {'group':>5}  {'k_offset':>12}  {'v_offset':>12}  {'bytes/page':>12}"]
     for ly in kv.layers:
         out.append(f"  {ly.layer:>5}  {ly.kind.value:<6} {ly.window or '-':>6} {ly.group:>5}  "
-                   f"{ly.offset:#12x}  {ly.offset + ly.half_bytes:#12x}  {2 * ly.half_bytes:>12,}")
+                   f"{ly.offset:#12x}  {ly.v_offset:#12x}  {ly.page_bytes:>12,}")
     out.append(f"  offset(page, layer, K|V, head, row) = pool_offset[group] + page*page_bytes[group] + "
-               f"k_offset[layer] + (V ? {kv.layers[0].half_bytes} : 0) + (head*{kv.page_size} + row) * {kv.row_bytes}")
+               f"(K ? k_offset[layer] + (head*{kv.page_size} + row) * {kv.k_row_bytes} : "
+               f"v_offset[layer] + (head*{kv.page_size} + row) * {kv.v_row_bytes})")
 
     out += ["", "WEIGHTS (offsets within the GGUF file)"]
     out += _buffer_rows(lay.region("weights"))
@@ -111,7 +112,7 @@ def layout_dict(lay: Layout) -> dict:
         ],
         "kv": [
             {"layer": ly.layer, "kind": ly.kind.value, "window": ly.window, "group": ly.group,
-             "k_offset": ly.offset, "v_offset": ly.offset + ly.half_bytes, "bytes_per_page": 2 * ly.half_bytes}
+             "k_offset": ly.offset, "v_offset": ly.v_offset, "bytes_per_page": ly.page_bytes}
             for ly in kv.layers
         ],
     }

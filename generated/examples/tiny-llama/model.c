@@ -1,6 +1,6 @@
 /* model.c: tiny-llama.gguf (llama), compiled by kiln 0.1.0. Generated; do not edit.
  *
- * ctx 64, KV cache f32 in pages of 64 positions, 1 sequence(s),
+ * ctx 64, KV cache f32 (K/V) in pages of 64 positions, 1 sequence(s),
  * steps of up to 16 rows, prefill chunks of 16.
  * Every offset below was fixed by kiln's memory planner; `kiln layout` prints the same map.
  */
@@ -53,7 +53,9 @@ static const struct {
 };
 
 /* ==== KV pool: pages of PAGE_SIZE positions, one pool per layer group (kv_plan.py) ============= */
-/* a page of group g: for each of its layers, K then V, each [kv_head][PAGE_SIZE][head_dim] f32 */
+/* a page of group g: for each of its layers, K then V, each [kv_head][PAGE_SIZE][head_dim] */
+#define KV_K_TYPE KILN_F32
+#define KV_V_TYPE KILN_F32
 #define N_SEQ 1
 #define PAGE_SIZE 64
 #define N_GROUPS 1
@@ -148,12 +150,12 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-0: kv_store_f32 */
-    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
+    kiln_kv_store_mt(t, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_decode_f32 */
     float *attn_0 = (float *)A(0x240); /* [n x 64] */
     void *attn_0_spans = A(0x0); /* [288 bytes] */
-    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
+    kiln_attention_mt(t, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
     kiln_barrier(t);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x0); /* [n x 64] */
@@ -221,12 +223,12 @@ static void decode_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_store-1: kv_store_f32 */
-    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
+    kiln_kv_store_mt(t, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_decode_f32 */
     float *attn_1 = (float *)A(0x240); /* [n x 64] */
     void *attn_1_spans = A(0x0); /* [288 bytes] */
-    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
+    kiln_attention_mt(t, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
     kiln_barrier(t);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
@@ -334,12 +336,12 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_copy-0: kv_batch_copy_f32 */
-    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
+    kiln_kv_store_mt(t, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
     void *attn_0_spans = A(0x3000); /* [288 bytes] */
-    kiln_attention_mt(t, KILN_F32, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
+    kiln_attention_mt(t, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
     kiln_barrier(t);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
@@ -407,12 +409,12 @@ static void prefill_step(void *arg, const kiln_thread *t) {
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
     kiln_barrier(t);
     /* kv_copy-1: kv_batch_copy_f32 */
-    kiln_kv_store_mt(t, KILN_F32, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
+    kiln_kv_store_mt(t, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
     kiln_barrier(t);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
     void *attn_1_spans = A(0x3000); /* [288 bytes] */
-    kiln_attention_mt(t, KILN_F32, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
+    kiln_attention_mt(t, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
     kiln_barrier(t);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
@@ -534,8 +536,8 @@ int kiln_open(kiln_model **out, const char *gguf_path, const char *packed_path, 
     }
     for (int l = 0; l < N_LAYER; l++) {
         const kiln_kv_group *g = &m->kv.g[KV_GROUP[l]];
-        m->kv_view[l] = (kiln_kv_view){g->pages, g->page_bytes, KV_K_OFF[l], KV_V_OFF[l], g->tables,
-                                       m->kv.max_blocks, PAGE_SIZE, g->window};
+        m->kv_view[l] = (kiln_kv_view){g->pages, g->page_bytes, KV_K_OFF[l], KV_V_OFF[l], KV_K_TYPE, KV_V_TYPE,
+                                       g->tables, m->kv.max_blocks, PAGE_SIZE, g->window};
     }
     m->weights = w, m->arena = arena, m->pool = pool;
     m->packed_map = packed_map, m->packed = packed_map ? packed_map + PACKED_HEADER_BYTES : NULL;
