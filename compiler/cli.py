@@ -25,6 +25,8 @@ def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_se
     p.add_argument("--kv-dtype", default="f32", help=f"KV cache dtype of K and V: {', '.join(KV_DTYPES)}")
     p.add_argument("--kv-dtype-k", "-ctk", default=None, help="K's dtype, if not --kv-dtype (llama.cpp's -ctk)")
     p.add_argument("--kv-dtype-v", "-ctv", default=None, help="V's dtype, if not --kv-dtype (llama.cpp's -ctv)")
+    p.add_argument("--no-kv-rotation", action="store_true",
+                   help="hold a quantized K/V as it is, not in Hadamard blocks (llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)")
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk,
                    help="tokens per prefill step")
     p.add_argument("--n-seq", type=int, default=n_seq, help="sequences live at once, sharing the KV pool")
@@ -37,10 +39,23 @@ def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_se
                        help="which step graph to show")
 
 
+def _add_shift_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context-shift", action="store_true",
+                   help="when a sequence fills its context, drop half of it after the sinks and go on "
+                        "(StreamingLLM; llama.cpp's --context-shift) instead of stopping")
+    p.add_argument("--keep", type=int, default=4,
+                   help="attention sinks a context shift keeps (plus the BOS token, as llama.cpp does)")
+
+
+def _check_keep(a: argparse.Namespace) -> None:
+    if not 0 <= a.keep < a.ctx:
+        raise KilnError(f"--keep must be between 0 and ctx - 1 = {a.ctx - 1}, got {a.keep}")
+
+
 def _options(a: argparse.Namespace) -> CompileOptions:
     return CompileOptions(ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, n_seq=a.n_seq,
                           page_size=a.page_size, kv_pages=a.kv_pages, batch_tokens=a.batch_tokens,
-                          kv_dtype_k=a.kv_dtype_k, kv_dtype_v=a.kv_dtype_v)
+                          kv_dtype_k=a.kv_dtype_k, kv_dtype_v=a.kv_dtype_v, kv_rotation=not a.no_kv_rotation)
 
 
 def cmd_models(a: argparse.Namespace) -> None:
@@ -111,6 +126,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     from .registry import resolve
 
     o = _options(a)
+    _check_keep(a)
     prompt = a.prompt
     if a.chat:  # before compiling, so that a model with no template fails at once
         prompt = render_chat(read_model(resolve(a.model, _log)), [{"role": "user", "content": a.prompt}])
@@ -119,7 +135,8 @@ def cmd_run(a: argparse.Namespace) -> None:
     if not a.chat:
         sys.stdout.write(a.prompt)
     for piece in m.generate(ids, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
-                            min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed, stream=True):
+                            min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed, stream=True,
+                            context_shift=a.context_shift, n_keep=a.keep):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -138,9 +155,11 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if a.max_queue < 1:
         raise KilnError(f"--max-queue must be at least 1, got {a.max_queue}")
     o = _options(a)
+    _check_keep(a)
     m = load_options(a.model, o, a.threads, log=_log)
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
-    engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache).start()
+    engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, context_shift=a.context_shift,
+                    n_keep=a.keep).start()
     stats = m.kv_stats()
     _log(f"serving '{name}' on http://{a.host}:{a.port}/v1: {o.n_seq} sequences, ctx {m.n_ctx}, "
          f"{stats['pages_total']} KV pages of {o.page_size} positions, {m.n_threads} threads")
@@ -284,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template: the GGUF's own, or the architecture's built-in one")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    _add_shift_options(p)
     p.set_defaults(run=cmd_run)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching and a prefix cache")
@@ -296,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-cache", action="store_true", help="do not share prompt prefixes across requests")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    _add_shift_options(p)
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("bench-serve", help="a serving workload against kiln serve and llama.cpp's llama-server")

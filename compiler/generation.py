@@ -58,12 +58,13 @@ class Sampled:
 class Decoding:
     """One sequence's generation: `next(logits, n_past)` samples a token and says what text it
     adds and whether generation has ended: an end-of-generation token or a stop string ("stop"),
-    max_tokens or a full context ("length")."""
+    max_tokens or a full context ("length"; never with context_shift, where the caller shifts
+    the sequence instead of stopping)."""
 
     def __init__(self, tokenizer, eog_ids, n_ctx: int, prompt_ids: list[int], params: SamplingParams,
-                 stops: list[str], max_tokens: int, ignore_eos: bool = False):
+                 stops: list[str], max_tokens: int, ignore_eos: bool = False, context_shift: bool = False):
         self.eog_ids = frozenset() if ignore_eos else eog_ids
-        self.n_ctx, self.left = n_ctx, max_tokens
+        self.n_ctx, self.left = (None if context_shift else n_ctx), max_tokens
         self.sample, self.history = Sampler(params), list(prompt_ids)
         self.text = TextStream(tokenizer, stops)
 
@@ -78,6 +79,6 @@ class Decoding:
         piece = self.text.push(tok)
         if self.text.stopped:
             return Sampled(piece, tok, "stop")
-        if self.left == 0 or n_past >= self.n_ctx:
+        if self.left == 0 or (self.n_ctx is not None and n_past >= self.n_ctx):
             return Sampled(piece + self.text.finish(), tok, "length")
         return Sampled(piece, tok, None)

@@ -20,6 +20,7 @@ class Op(Enum):
     RMS_NORM = "rms_norm"  # x / rms(x) * (w + offset), over the last axis
     MATMUL = "matmul"  # y = x W^T (+ bias); W is [n_out, n_in]
     ROPE = "rope"  # rotate each head by its position
+    HADAMARD = "hadamard"  # each block of 64 times the orthonormal Hadamard matrix (its own inverse)
     ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, GQA
     KV_STORE = "kv_cache_store"  # decode: write this token's K and V into the cache
     KV_BATCH_COPY = "kv_cache_batch_copy"  # prefill: write a chunk's K and V, transposed head-major
@@ -101,6 +102,7 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.RMS_NORM: NormAttrs,
     Op.MATMUL: None,
     Op.ROPE: RopeAttrs,
+    Op.HADAMARD: None,
     Op.ATTENTION: AttentionAttrs,
     Op.KV_STORE: None,
     Op.KV_BATCH_COPY: None,

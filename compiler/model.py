@@ -121,6 +121,37 @@ class Sequence:
         self.model._call(self.model._lib.kiln_seq_reset, self._live(), seq=self)
         self.tokens.clear()
 
+    def keep(self, positions) -> None:
+        """Keep only `positions` (strictly increasing, each < n_past), in order: the sequence then
+        holds len(positions) of them, each key rotated to its new position, as if the text had
+        been those tokens all along (the attention states themselves are not recomputed)."""
+        m = self.model
+        keep = np.ascontiguousarray(positions, dtype=np.int64)
+        n_past = self.n_past
+        if keep.ndim != 1 or (keep.size and (keep[0] < 0 or keep[-1] >= n_past or np.any(np.diff(keep) <= 0))):
+            raise ModelError(f"keep: positions must be strictly increasing within [0, {n_past}) "
+                             f"(sequence {self.id} holds n_past={n_past})")
+        keep32 = keep.astype(np.int32)
+        m._call(m._lib.kiln_seq_keep, self._live(), m._ffi.cast("int32_t *", m._ffi.from_buffer(keep32)),
+                keep32.size, seq=self)
+        self.tokens = [self.tokens[i] for i in keep] if len(self.tokens) == n_past else []
+
+    def shift(self, n_keep: int = 4, n_discard: int | None = None) -> int:
+        """A context shift (StreamingLLM, llama.cpp's --context-shift): keep the first n_keep
+        positions (the attention sinks), drop the n_discard after them (default: half of the
+        rest), and move the remainder down. Returns the positions now held."""
+        n_past = self.n_past
+        if isinstance(n_keep, bool) or not isinstance(n_keep, (int, np.integer)) or not 0 <= n_keep <= n_past:
+            raise ModelError(f"shift: n_keep must be between 0 and n_past={n_past}, got {n_keep!r}")
+        if n_discard is None:
+            n_discard = max(1, (n_past - n_keep) // 2)
+        if isinstance(n_discard, bool) or not isinstance(n_discard, (int, np.integer)) \
+                or not 1 <= n_discard <= n_past - n_keep:
+            raise ModelError(f"shift: n_discard must be between 1 and n_past - n_keep = {n_past - n_keep}, "
+                             f"got {n_discard!r}")
+        self.keep(np.r_[0:n_keep, n_keep + n_discard:n_past])
+        return n_past - n_discard
+
     def share(self, first_block: int, n_blocks: int) -> np.ndarray:
         """The pages of full blocks [first_block, first_block + n_blocks), [n_blocks, n_groups]
         (-1 where a sliding group has let a block go), with a reference taken on each for the
@@ -148,12 +179,20 @@ class Sequence:
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stop: list[str] | str | None = None, stream: bool = False) -> str | Iterator[str]:
+                 stop: list[str] | str | None = None, stream: bool = False, context_shift: bool = False,
+                 n_keep: int = 4) -> str | Iterator[str]:
         """Continue `prompt` (text, or token ids). Returns the text, or yields it piece by piece if stream.
-        The cache is reused: the prompt's longest prefix already held is not prefilled again."""
+        The cache is reused: the prompt's longest prefix already held is not prefilled again.
+        A full context ends generation, or with context_shift shifts the sequence (keeping n_keep
+        sinks, plus the BOS token as llama.cpp does, and half of the rest) and goes on."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
-        pieces = self._generate(prompt, max_tokens, params, stop_list(stop))
+        pieces = self._generate(prompt, max_tokens, params, stop_list(stop), n_keep if context_shift else None)
         return pieces if stream else "".join(pieces)
+
+    def make_room(self, n_keep: int) -> None:
+        """Shift the sequence if its context is full (the decoding loops' context shift)."""
+        if self.n_past >= self.model.n_ctx:
+            self.shift(self.model.sinks(self.tokens, n_keep))
 
     def _reuse_prefix(self, ids: list[int]) -> list[int]:
         """Roll back to the longest prefix the cache shares with `ids`; return what is left to prefill."""
@@ -170,16 +209,19 @@ class Sequence:
             k = 0
         return ids[k:]
 
-    def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str]) -> Iterator[str]:
+    def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str],
+                  n_keep: int | None) -> Iterator[str]:
         ids = self.model._prompt_ids(prompt)
         logits = self.prefill(self._reuse_prefix(ids))
-        run = self.model._decoding(ids, params, stops, max_tokens)
+        run = self.model._decoding(ids, params, stops, max_tokens, context_shift=n_keep is not None)
         while True:
             out = run.next(logits, self.n_past)
             if out.text:
                 yield out.text
             if out.finish_reason:
                 return
+            if n_keep is not None:
+                self.make_room(n_keep)
             logits = self.decode(out.token)
 
 
@@ -215,6 +257,9 @@ def _status_message(m: "Model", status: int, seq: Sequence | None, rows: int) ->
         lib.KILN_E_SEQ: lambda: f"{who} is not open" + ("" if seq is None else "; open another with m.sequence()"),
         lib.KILN_E_BATCH: lambda: f"a step takes 1 to {o.batch_tokens} rows (batch_tokens, --batch-tokens), "
         f"got {rows}",
+        lib.KILN_E_SHIFT_WINDOW: lambda: f"the shift would make the sliding-window layers (window "
+        f"{', '.join(map(str, windows))}) read positions whose pages already left their window (the first "
+        "positions, the sinks): keep fewer sinks, or discard fewer positions so that the window stays clear of them",
     }
     return messages[status]() if status in messages else f"kiln error {status}"
 
@@ -391,10 +436,11 @@ class Model:
 
     def generate_batch(self, prompts: SequenceABC[str | list[int]], max_tokens: int = 128, temperature: float = 0.8,
                        top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                       seed: int | None = None, stop: list[str] | str | None = None) -> list[str]:
+                       seed: int | None = None, stop: list[str] | str | None = None, context_shift: bool = False,
+                       n_keep: int = 4) -> list[str]:
         """Continue every prompt, decoding all of them together: one step per token serves every
         sequence still running. Each has its own sampler (seeded seed + i when a seed is given);
-        more prompts than free sequences run in waves."""
+        more prompts than free sequences run in waves. context_shift and n_keep: as in generate."""
         prompts = list(prompts)
         ids = [self._prompt_ids(p) for p in prompts]
         params = [SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty,
@@ -411,14 +457,16 @@ class Model:
                 if not wave:
                     raise
             try:
-                self._decode_together(wave, ids, params, stop_list(stop), max_tokens, out)
+                self._decode_together(wave, ids, params, stop_list(stop), max_tokens, out,
+                                      n_keep if context_shift else None)
             finally:
                 for _, s in wave:
                     s.close()
         return out
 
-    def _decode_together(self, wave, ids, params, stops, max_tokens, out) -> None:
-        running = [(i, s, self._decoding(ids[i], params[i], stops, max_tokens), s.prefill(ids[i])) for i, s in wave]
+    def _decode_together(self, wave, ids, params, stops, max_tokens, out, n_keep: int | None) -> None:
+        running = [(i, s, self._decoding(ids[i], params[i], stops, max_tokens, context_shift=n_keep is not None),
+                    s.prefill(ids[i])) for i, s in wave]
         while running:
             step = []
             for i, s, run, logits in running:
@@ -428,13 +476,22 @@ class Model:
                     step.append((i, s, run, got.token))
             if not step:
                 return
+            for _, s, _, _ in step:
+                if n_keep is not None:
+                    s.make_room(n_keep)
             rows = self.step([(s, tok) for _, s, _, tok in step])
             running = [(i, s, run, row) for (i, s, run, _), row in zip(step, rows)]
 
     def _decoding(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], max_tokens: int,
-                  ignore_eos: bool = False) -> Decoding:
+                  ignore_eos: bool = False, context_shift: bool = False) -> Decoding:
         return Decoding(self.tokenizer, self.spec.tokenizer.eog_ids, self.n_ctx, prompt_ids, params, stops,
-                        max_tokens, ignore_eos)
+                        max_tokens, ignore_eos, context_shift)
+
+    def sinks(self, tokens: SequenceABC[int], n_keep: int) -> int:
+        """Positions a context shift keeps: n_keep, plus the BOS token when the sequence starts with
+        one (llama.cpp keeps it on top of --keep)."""
+        bos = self.spec.tokenizer.bos_id
+        return n_keep + (1 if bos is not None and self.spec.tokenizer.add_bos and tokens[:1] == [bos] else 0)
 
     # -- text -----------------------------------------------------------------------------
     @property
@@ -463,11 +520,14 @@ class Model:
 def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", threads: int | None = None,
          prefill_chunk: int = CompileOptions.prefill_chunk, n_seq: int = 1, page_size: int = CompileOptions.page_size,
          kv_pages: int | None = None, batch_tokens: int | None = None, kv_dtype_k: str | None = None,
-         kv_dtype_v: str | None = None, sanitize: bool = False, log=lambda s: None) -> Model:
+         kv_dtype_v: str | None = None, kv_rotation: bool = True, sanitize: bool = False,
+         log=lambda s: None) -> Model:
     """Compile (or reuse the cached build of) `model` and load it. `model` is a GGUF path or a bundled name.
-    kv_dtype sets both K and V; kv_dtype_k / kv_dtype_v (llama.cpp's -ctk / -ctv) override one."""
+    kv_dtype sets both K and V; kv_dtype_k / kv_dtype_v (llama.cpp's -ctk / -ctv) override one.
+    kv_rotation=False holds a quantized cache without Hadamard blocks (kv_plan.py)."""
     opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, n_seq=n_seq, page_size=page_size,
-                          kv_pages=kv_pages, batch_tokens=batch_tokens, kv_dtype_k=kv_dtype_k, kv_dtype_v=kv_dtype_v)
+                          kv_pages=kv_pages, batch_tokens=batch_tokens, kv_dtype_k=kv_dtype_k, kv_dtype_v=kv_dtype_v,
+                          kv_rotation=kv_rotation)
     return load_options(model, opts, threads, sanitize, log)
 
 

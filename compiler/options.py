@@ -27,6 +27,7 @@ class CompileOptions:
     batch_tokens: int | None = None  # rows one step takes; None: the prefill chunk
     kv_dtype_k: DType | None = None  # llama.cpp's -ctk; None: kv_dtype
     kv_dtype_v: DType | None = None  # llama.cpp's -ctv; None: kv_dtype
+    kv_rotation: bool = True  # a quantized K or V is held in Hadamard blocks, as llama.cpp does
 
     def __post_init__(self) -> None:
         _check_range("ctx", "--ctx", self.ctx, 1, MAX_CTX)

@@ -43,6 +43,11 @@ void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, flo
 /* rotate each head of x[rows][n_head][head_dim] by pos[row]; neox pairs (i, i+d/2), else (2i, 2i+1) */
 void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
                float base, int neox);
+/* Each block of 64 of x[n] times the orthonormal 64x64 Hadamard matrix (its own inverse), as
+   llama.cpp rotates Q, K and V for a quantized cache: outliers spread over the block, so that a
+   block's scale fits its values; dot products are unchanged. n is a multiple of 64. */
+#define KILN_HADAMARD_BLOCK 64
+void kiln_hadamard(float *y, const float *x, int n);
 void kiln_add(float *y, const float *a, const float *b, int n);
 void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(gate) * up */
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* the same through expf */
@@ -74,6 +79,13 @@ typedef struct {
 /* write k,v[n_tokens][n_head_kv][head_dim] of token t at position row[t] of sequence seq[t] */
 void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
                    const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
+/* After kiln_kv_keep_begin (kv_pool.h): row r of sequence seq takes the K and V rows of position
+   keep[r], for the rows r >= first_changed the layer's next query reads, and K is rotated by
+   r - keep[r] positions (rope_base 0: K is not rotated): dequantized, rotated as kiln_rope does,
+   quantized again, as llama.cpp shifts a cache. A K cache held in Hadamard blocks (hadamard) is
+   taken out of them for the rotation and put back. */
+void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
+                       int head_dim, float rope_base, int neox, int hadamard);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
    its sequence. Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
    softmax is computed on its own and the spans are merged in order, so a token's result does not

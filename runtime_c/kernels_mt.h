@@ -40,6 +40,7 @@ void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float 
 /* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
 void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd);
 void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
+void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n); /* blocks of 64 */
 void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_geglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 

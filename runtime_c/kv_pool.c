@@ -124,12 +124,36 @@ int kiln_kv_rollback(kiln_kv *kv, int seq, int n_keep) {
     return KILN_OK;
 }
 
-/* Blocks [b0, b1] of a sequence that the step writes: how many need a page of their own. */
+/* Blocks [b0, b1] of a sequence that are written: how many need a page of their own. */
 static int pages_needed(const kiln_kv *kv, int gi, int seq, int b0, int b1) {
     const int32_t *t = table_of(kv, gi, seq);
     int need = 0;
     for (int b = b0; b <= b1; b++) need += t[b] < 0 || kv->g[gi].refs[t[b]] > 1;
     return need;
+}
+
+/* Give blocks [b0, b1] of seq pages of its own: a new page where there is none, a copy where
+ * the page is shared (copy on write). The caller has checked that the pool has enough. */
+static void make_private(kiln_kv *kv, int gi, int seq, int b0, int b1) {
+    kiln_kv_group *g = &kv->g[gi];
+    int32_t *t = table_of(kv, gi, seq);
+    for (int b = b0; b <= b1; b++) {
+        if (t[b] >= 0 && g->refs[t[b]] == 1) continue;
+        const int p = take_page(g);
+        if (t[b] >= 0) {
+            memcpy(g->pages + (size_t)p * g->page_bytes, g->pages + (size_t)t[b] * g->page_bytes, g->page_bytes);
+            drop_page(g, t[b]);
+        }
+        t[b] = p;
+    }
+}
+
+/* drop a sliding group's blocks that lie wholly before what the next query (at n_past) can read */
+static void drop_behind_window(kiln_kv *kv, int gi, int seq) {
+    kiln_kv_group *g = &kv->g[gi];
+    int32_t *t = table_of(kv, gi, seq);
+    for (int b = 0; g->window && b < first_visible(g, kv->n_past[seq]) / kv->page_size; b++)
+        if (t[b] >= 0) drop_page(g, t[b]), t[b] = -1;
 }
 
 int kiln_kv_reserve(kiln_kv *kv, const int32_t *n_new) {
@@ -141,22 +165,10 @@ int kiln_kv_reserve(kiln_kv *kv, const int32_t *n_new) {
                                      (kv->n_past[s] + n_new[s] - 1) / kv->page_size);
         if (need > kv->g[gi].n_free) return KILN_E_KV_FULL;
     }
-    for (int gi = 0; gi < kv->n_groups; gi++) {
-        kiln_kv_group *g = &kv->g[gi];
-        for (int s = 0; s < kv->n_seq; s++) {
-            if (n_new[s] <= 0) continue;
-            int32_t *t = table_of(kv, gi, s);
-            for (int b = kv->n_past[s] / kv->page_size; b <= (kv->n_past[s] + n_new[s] - 1) / kv->page_size; b++) {
-                if (t[b] >= 0 && g->refs[t[b]] == 1) continue;
-                const int p = take_page(g);
-                if (t[b] >= 0) { /* shared: copy on write */
-                    memcpy(g->pages + (size_t)p * g->page_bytes, g->pages + (size_t)t[b] * g->page_bytes, g->page_bytes);
-                    drop_page(g, t[b]);
-                }
-                t[b] = p;
-            }
-        }
-    }
+    for (int gi = 0; gi < kv->n_groups; gi++)
+        for (int s = 0; s < kv->n_seq; s++)
+            if (n_new[s] > 0)
+                make_private(kv, gi, s, kv->n_past[s] / kv->page_size, (kv->n_past[s] + n_new[s] - 1) / kv->page_size);
     return KILN_OK;
 }
 
@@ -164,15 +176,39 @@ void kiln_kv_advance(kiln_kv *kv, const int32_t *n_new) {
     for (int s = 0; s < kv->n_seq; s++) {
         if (n_new[s] <= 0) continue;
         kv->n_past[s] += n_new[s];
-        for (int gi = 0; gi < kv->n_groups; gi++) {
-            kiln_kv_group *g = &kv->g[gi];
-            if (!g->window) continue;
-            /* blocks wholly before what the next query (at n_past) can read */
-            int32_t *t = table_of(kv, gi, s);
-            for (int b = 0; b < first_visible(g, kv->n_past[s]) / kv->page_size; b++)
-                if (t[b] >= 0) drop_page(g, t[b]), t[b] = -1;
-        }
+        for (int gi = 0; gi < kv->n_groups; gi++) drop_behind_window(kv, gi, s);
     }
+}
+
+int kiln_kv_keep_begin(kiln_kv *kv, int seq, const int32_t *keep, int n, int *first_changed) {
+    if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if ((!keep && n > 0) || !first_changed || n < 0 || n > kv->n_past[seq]) return KILN_E_ARG;
+    int changed = n;
+    for (int r = 0; r < n; r++) {
+        if (keep[r] < 0 || keep[r] >= kv->n_past[seq] || (r > 0 && keep[r] <= keep[r - 1])) return KILN_E_ARG;
+        if (keep[r] != r && changed == n) changed = r;
+    }
+    for (int gi = 0; gi < kv->n_groups; gi++) { /* the rows the next query (at n) reads must have a source */
+        const int32_t *t = table_of(kv, gi, seq);
+        const int lo = first_visible(&kv->g[gi], n);
+        for (int r = lo; r < n; r++)
+            if (t[keep[r] / kv->page_size] < 0) return KILN_E_SHIFT_WINDOW;
+        const int w0 = changed > lo ? changed : lo; /* the first row written */
+        if (w0 < n && pages_needed(kv, gi, seq, w0 / kv->page_size, (n - 1) / kv->page_size) > kv->g[gi].n_free)
+            return KILN_E_KV_FULL;
+    }
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+        const int lo = first_visible(&kv->g[gi], n), w0 = changed > lo ? changed : lo;
+        if (w0 < n) make_private(kv, gi, seq, w0 / kv->page_size, (n - 1) / kv->page_size);
+    }
+    *first_changed = changed;
+    return KILN_OK;
+}
+
+void kiln_kv_keep_end(kiln_kv *kv, int seq, int n) {
+    release_from(kv, seq, (n + kv->page_size - 1) / kv->page_size);
+    kv->n_past[seq] = n;
+    for (int gi = 0; gi < kv->n_groups; gi++) drop_behind_window(kv, gi, seq);
 }
 
 int kiln_kv_pages_used(const kiln_kv *kv, int group) {

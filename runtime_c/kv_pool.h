@@ -56,6 +56,15 @@ int kiln_kv_reserve(kiln_kv *kv, const int32_t *n_new);
 /* after the step: advance the cursors, and return the sliding pages no window can read again */
 void kiln_kv_advance(kiln_kv *kv, const int32_t *n_new);
 
+/* Keeping some positions (a context shift, an eviction policy): row r of seq will hold what
+ * position keep[r] holds, for r < n, keep strictly increasing. keep_begin checks everything
+ * (KILN_E_SHIFT_WINDOW when a sliding group lacks a page of a row the next query reads) and
+ * gives every block that will be written a page of the sequence's own (KILN_E_KV_FULL, changing
+ * nothing, when a pool is short); *first_changed is the first r with keep[r] != r. The caller
+ * then moves the rows (kiln_kv_move_rows), and keep_end drops the pages no row needs. */
+int kiln_kv_keep_begin(kiln_kv *kv, int seq, const int32_t *keep, int n, int *first_changed);
+void kiln_kv_keep_end(kiln_kv *kv, int seq, int n);
+
 /* whether the full-context pools can take n more positions of seq, in steps (kiln_eval); a sliding
  * pool holds every sequence's bound, so it never runs out */
 int kiln_kv_can_append(const kiln_kv *kv, int seq, int n);

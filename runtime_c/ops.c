@@ -38,6 +38,20 @@ void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_hea
     }
 }
 
+void kiln_hadamard(float *y, const float *x, int n) {
+    for (int b = 0; b < n; b += KILN_HADAMARD_BLOCK) {
+        float v[KILN_HADAMARD_BLOCK];
+        memcpy(v, x + b, sizeof v);
+        for (int h = 1; h < KILN_HADAMARD_BLOCK; h *= 2) /* butterflies: Sylvester's ordering */
+            for (int i = 0; i < KILN_HADAMARD_BLOCK; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const float a = v[j], c = v[j + h];
+                    v[j] = a + c, v[j + h] = a - c;
+                }
+        for (int j = 0; j < KILN_HADAMARD_BLOCK; j++) y[b + j] = v[j] * 0.125f; /* 1/sqrt(64): exact */
+    }
+}
+
 void kiln_add(float *y, const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
@@ -131,6 +145,12 @@ void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t 
     kiln_share(t, rows, 1, &r0, &r1);
     const size_t at = (size_t)r0 * n_head * head_dim;
     if (r1 > r0) kiln_rope(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, base, neox);
+}
+
+void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n) {
+    int b0, b1;
+    kiln_share(t, n / KILN_HADAMARD_BLOCK, 1, &b0, &b1);
+    if (b1 > b0) kiln_hadamard(y + b0 * KILN_HADAMARD_BLOCK, x + b0 * KILN_HADAMARD_BLOCK, (b1 - b0) * KILN_HADAMARD_BLOCK);
 }
 
 #define ELEMENTWISE_MT(name)                                                                   \

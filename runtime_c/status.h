@@ -17,7 +17,8 @@ enum kiln_status {
     KILN_E_KV_FULL = -10,        /* the KV pool has too few free pages for the step */
     KILN_E_NO_SEQ = -11,         /* every sequence slot is open */
     KILN_E_SEQ = -12,            /* a sequence id out of range, or of a closed sequence */
-    KILN_E_BATCH = -13           /* a step with no rows, or more rows than the batch was planned for */
+    KILN_E_BATCH = -13,          /* a step with no rows, or more rows than the batch was planned for */
+    KILN_E_SHIFT_WINDOW = -14    /* a shift would make a sliding window read positions its pages no longer hold */
 };
 
 #endif

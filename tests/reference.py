@@ -5,20 +5,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import llama_cpp
 from llama_cpp import Llama
 
 from compiler.bench import LLAMACPP_KV_TYPES, flash_attn_settings
 
 
 class Reference:
-    """llama.cpp holding its KV cache in `kv_dtype`, as kiln's is compared with it. A quantized
-    V cache needs llama.cpp's flash-attention path; the others keep its default."""
+    """llama.cpp holding its KV cache in `kv_dtype` (or K in kv_dtype_k, V in kv_dtype_v), as
+    kiln's is compared with it. A quantized V cache needs llama.cpp's flash-attention path; the
+    others keep its default. swa_full keeps every position of the sliding-window layers, which
+    llama.cpp needs to shift them."""
 
-    def __init__(self, path: Path, n_ctx: int = 1024, kv_dtype: str = "f16"):
-        t = LLAMACPP_KV_TYPES[kv_dtype]
+    def __init__(self, path: Path, n_ctx: int = 1024, kv_dtype: str = "f16", kv_dtype_k: str | None = None,
+                 kv_dtype_v: str | None = None, swa_full: bool = False):
+        k, v = kv_dtype_k or kv_dtype, kv_dtype_v or kv_dtype
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=2,
-                         verbose=False, seed=0, type_k=t, type_v=t,
-                         **({"flash_attn": True} if "fa off" not in flash_attn_settings(kv_dtype) else {}))
+                         verbose=False, seed=0, type_k=LLAMACPP_KV_TYPES[k], type_v=LLAMACPP_KV_TYPES[v],
+                         swa_full=swa_full, **({"flash_attn": True} if "fa off" not in flash_attn_settings(v) else {}))
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=add_special, special=parse_special)
@@ -28,6 +32,24 @@ class Reference:
         self.llm.reset()
         self.llm.eval(ids)
         return np.array(self.llm.scores[: len(ids)], dtype=np.float64)
+
+    def extend(self, ids: list[int]) -> np.ndarray:
+        """Append ids to what the context holds; their logits [len(ids), vocab]."""
+        start = self.llm.n_tokens
+        self.llm.eval(ids)
+        return np.array(self.llm.scores[start:start + len(ids)], dtype=np.float64)
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        """llama.cpp's context shift: remove positions [n_keep, n_keep + n_discard) and move the
+        rest down by n_discard (the keys are rotated at the next decode)."""
+        n_past = self.llm.n_tokens
+        mem = llama_cpp.llama_get_memory(self.llm.ctx)
+        assert llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
+        llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
+        ids = self.llm.input_ids[:n_past].copy()
+        kept = np.r_[ids[:n_keep], ids[n_keep + n_discard:]]
+        self.llm.input_ids[:kept.size] = kept
+        self.llm.n_tokens = int(kept.size)
 
     def greedy(self, ids: list[int], n: int) -> list[int]:
         """llama.cpp's own greedy continuation of `ids`, n tokens long."""

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 import compiler
 from compiler.model import Model, ModelError
 
-KV_DTYPES = ["f32", "f16", "q8_0"]
+KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]  # q4_0: K and V in Hadamard blocks
 
 
 def _ids(n: int, vocab: int, seed: int) -> list[int]:

@@ -504,3 +504,19 @@ def test_simd_dequantizer_is_exact(t):
         lib.kiln_dequantize_row(int(t), ptr(raw[r]), ptr(fast[r], "float *"), 512)
         lib.kiln_dequantize_row_ref(int(t), ptr(raw[r]), ptr(ref[r], "float *"), 512)
     assert np.array_equal(fast, ref)
+
+
+def test_hadamard_blocks_are_sylvesters_orthonormal_matrix():
+    """kiln_hadamard multiplies each block of 64 by H_64 / 8 (Sylvester's construction, the matrix
+    llama.cpp rotates a quantized cache by), which is its own inverse."""
+    h = np.array([[1.0]])
+    while h.shape[0] < 64:
+        h = np.block([[h, h], [h, -h]])
+    x = np.random.default_rng(9).standard_normal((3, 128)).astype(np.float32)
+    y = np.zeros_like(x)
+    lib.kiln_hadamard(ptr(y, "float *"), ptr(x, "float *"), x.size)
+    want = (x.reshape(-1, 64).astype(np.float64) @ (h / 8).T).reshape(x.shape)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    back = np.zeros_like(x)
+    lib.kiln_hadamard(ptr(back, "float *"), ptr(y, "float *"), x.size)
+    np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ from compiler.ir import Op, ValueKind
 from compiler.options import CompileOptions
 from compiler.passes.kernel_select import KERNELS, select_kernels
 from compiler.passes.kv_insert import insert_kv_ops
+from compiler.passes.kv_rotate import rotate_kv
 from compiler.passes.validate import graph_problems, validate
 from compiler.planner.kv_plan import plan_kv
 from compiler.templates import load_template
@@ -144,3 +145,27 @@ def test_scratch_before_after(tiny):
     # attention gets room for the span states of a lone token's history: f32 x n_head x spans x (head_dim + 2)
     assert attention_spans(kv) == -(-kv.ctx // 64)
     assert scratch["attn-0"].nbytes == 4 * 4 * attention_spans(kv) * (16 + 2)
+
+
+@pytest.mark.parametrize("k,v,rotated", [("f16", "f16", ""), ("q8_0", "f16", "k"), ("f16", "q4_0", "v"),
+                                          ("q4_0", "q4_0", "kv")])
+def test_kv_rotate_before_after(tiny, k, v, rotated):
+    """A quantized K brings q_rot and k_rot in front of attention; a quantized V brings v_rot, and
+    the attention's output is rotated back (attn_rot -> attn). Float caches are left alone."""
+    spec = read_model(tiny("llama", n_embd=128, n_head=2, n_head_kv=1))
+    tmpl = load_template(spec.arch)
+    g = build_decode(spec, tmpl)
+    after = rotate_kv(g, plan_kv(spec.hparams, tmpl, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v)))
+    added = [n.label for n in after.nodes if n.op is Op.HADAMARD]
+    want = [f"{name}-{il}" for il in range(spec.hparams.n_layer)
+            for name in ("q_rot", "k_rot") * ("k" in rotated) + ("v_rot", "attn") * ("v" in rotated)]
+    assert added == want
+    for n in (n for n in after.nodes if n.op is Op.ATTENTION):
+        names = [x.name.split("-")[0] for x in n.inputs]
+        assert names == ["q_rot" if "k" in rotated else "q_rope", "k_rot" if "k" in rotated else "k_rope",
+                         "v_rot" if "v" in rotated else "v"]
+        assert n.outputs[0].name.startswith("attn_rot" if "v" in rotated else "attn")
+    assert graph_problems(after, spec) == []
+    compiler_off = plan_kv(spec.hparams, tmpl, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v,
+                                                                    kv_rotation=False))
+    assert rotate_kv(g, compiler_off) is g

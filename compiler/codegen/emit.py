@@ -60,6 +60,7 @@ def _c_symbols() -> dict[str, str]:
         "rope_pairwise_f32": "kiln_rope",
         "rope_neox_f32": "kiln_rope",
         "add_f32": "kiln_add",
+        "hadamard_f32": "kiln_hadamard",
         "select_rows_f32": "kiln_select_rows",
         "swiglu_f32": "kiln_swiglu",
         "geglu_f32": "kiln_geglu",
@@ -127,6 +128,11 @@ def _attention(n: Node, ctx: EmitContext) -> list[str]:
             str(spans)]
 
 
+def _unary(n: Node, ctx: EmitContext) -> list[str]:
+    (x,) = n.inputs
+    return [c_name(n.outputs[0]), c_name(x), f"n * {row(x)}"]
+
+
 def _binary(n: Node, ctx: EmitContext) -> list[str]:
     a, b = n.inputs
     return [c_name(n.outputs[0]), c_name(a), c_name(b), f"n * {row(a)}"]
@@ -139,6 +145,7 @@ ARGS: dict[Op, Callable[[Node, EmitContext], list[str]]] = {
     Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _logits,
     Op.ROPE: _rope,
+    Op.HADAMARD: _unary,
     Op.KV_STORE: _kv_store,
     Op.KV_BATCH_COPY: _kv_store,
     Op.ATTENTION: _attention,

@@ -8,10 +8,11 @@ import jinja2
 
 from .. import __version__
 from ..dtypes import DType
-from ..ir import Node, ValueKind
+from ..ir import Node, Op, ValueKind
 from ..packing import HEADER_BYTES, header_crc32
 from ..pipeline import Planned
-from .emit import CodegenError, EmitContext, c_name, statement
+from ..templates import RopeLayout
+from .emit import CodegenError, EmitContext, c_float, c_name, statement
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
@@ -64,6 +65,22 @@ def _step(p: Planned, ctx: EmitContext) -> dict:
     }
 
 
+def _k_rope(p: Planned) -> list[str]:
+    """How each layer's cached keys were made, as {rope base, neox, hadamard} (base 0: K is not
+    rotated by position): a context shift rotates them again."""
+    made_by = {v.name: n for n in p.graph.nodes for v in n.outputs}
+    rows = {}
+    for n in p.graph.nodes:
+        if n.op in (Op.KV_STORE, Op.KV_BATCH_COPY):
+            src = made_by.get(n.inputs[0].name)
+            hadamard = src is not None and src.op is Op.HADAMARD
+            if hadamard:
+                src = made_by.get(src.inputs[0].name)
+            base, neox = (src.attrs.base, src.attrs.layout is RopeLayout.NEOX) if src and src.op is Op.ROPE else (0.0, False)
+            rows[n.layer] = f"{{{c_float(base)}, {int(neox)}, {int(hadamard)}}}"
+    return [row for _, row in sorted(rows.items())]
+
+
 def generate(decode: Planned, prefill: Planned) -> Generated:
     spec, opts, kv = decode.spec, decode.options, decode.layout.kv
     header_crc = header_crc32(spec)
@@ -77,12 +94,14 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
         "ctx": opts.ctx, "kv_dtype": kv.dtype_label, "kv_type_k": f"KILN_{kv.k_dtype.name}",
         "kv_type_v": f"KILN_{kv.v_dtype.name}", "chunk": opts.prefill_chunk, "n_seq": opts.n_seq,
         "page_size": kv.page_size, "batch_tokens": opts.batch_tokens,
-        "n_vocab": spec.hparams.n_vocab, "n_layer": spec.hparams.n_layer,
+        "n_vocab": spec.hparams.n_vocab, "n_layer": spec.hparams.n_layer, "n_head_kv": kv.n_head_kv,
+        "head_dim": kv.head_dim,
         "file_size": spec.file_size, "header_bytes": spec.data_offset, "header_crc32": header_crc,
         "groups": [{"window": g.window or 0, "n_pages": g.n_pages, "page_bytes": g.page_bytes} for g in kv.groups],
         "kv_group": [ly.group for ly in kv.layers],
         "kv_k": [f"{ly.offset:#x}" for ly in kv.layers],
         "kv_v": [f"{ly.v_offset:#x}" for ly in kv.layers],
+        "k_rope": _k_rope(decode),
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
         "steps": [_step(decode, emit_ctx), _step(prefill, emit_ctx)],

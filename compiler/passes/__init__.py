@@ -9,6 +9,7 @@ from ..ir import Graph
 from ..planner.kv_plan import KVPlan
 from .kernel_select import select_kernels
 from .kv_insert import insert_kv_ops
+from .kv_rotate import rotate_kv
 from .scratch import add_scratch
 from .validate import validate
 
@@ -21,6 +22,7 @@ class PassContext:
 
 PIPELINE: tuple[tuple[str, Callable[[Graph, PassContext], Graph]], ...] = (
     ("validate_built", lambda g, c: validate(g, c.spec)),
+    ("kv_rotate", lambda g, c: rotate_kv(g, c.kv)),
     ("kv_insert", lambda g, c: insert_kv_ops(g, c.kv)),
     ("kernel_select", lambda g, c: select_kernels(g)),
     ("scratch", lambda g, c: add_scratch(g, c.kv)),

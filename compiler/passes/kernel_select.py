@@ -25,6 +25,7 @@ KERNELS: dict[KernelKey, str] = {
     (Op.RMS_NORM, "", DType.F32): "rms_norm_f32",
     (Op.ROPE, "pairwise", DType.F32): "rope_pairwise_f32",
     (Op.ROPE, "neox", DType.F32): "rope_neox_f32",
+    (Op.HADAMARD, "", DType.F32): "hadamard_f32",
     **{(Op.KV_STORE, "", t): f"kv_store_{t.label}" for t in _KV},
     **{(Op.KV_BATCH_COPY, "", t): f"kv_batch_copy_{t.label}" for t in _KV},
     **{(Op.ATTENTION, "decode", t): f"attention_decode_{t.label}" for t in _KV},

@@ -14,6 +14,7 @@ from typing import Callable
 from ..errors import GraphError
 from ..gguf_model import ModelSpec
 from ..ir import OP_ATTRS, AttentionAttrs, Graph, Node, Op, ValueKind
+from ..planner.kv_plan import HADAMARD_BLOCK
 
 ShapeRule = Callable[[Node], "str | None"]
 
@@ -88,6 +89,13 @@ def _elementwise(n: Node) -> str | None:
     return None
 
 
+def _hadamard(n: Node) -> str | None:
+    (x,), (out,) = n.inputs, n.outputs
+    if out.shape != x.shape or x.shape[-1] % HADAMARD_BLOCK:
+        return f"x {x.shape} -> {out.shape}: blocks of {HADAMARD_BLOCK} along the last axis"
+    return None
+
+
 def _select_rows(n: Node) -> str | None:
     (x, rows), (out,) = n.inputs, n.outputs
     if out.shape != x.shape or rows.shape != (x.shape[0],):
@@ -100,6 +108,7 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.RMS_NORM: _norm,
     Op.MATMUL: _matmul,
     Op.ROPE: _rope,
+    Op.HADAMARD: _hadamard,
     Op.ATTENTION: _attention,
     Op.KV_STORE: _kv_write,
     Op.KV_BATCH_COPY: _kv_write,

@@ -11,7 +11,10 @@ head-major inside so that attention streams one head's rows of a page contiguous
         V: pool_offset[g] + p*page_bytes[g] + v_offset[l] + (h*page_size + r)*v_row_bytes
 
 K and V may have different element types (llama.cpp's -ctk / -ctv), so their rows may differ
-in size.
+in size. A quantized K (or V) is held in Hadamard blocks of 64, as llama.cpp holds it: Q and K
+(V, and attention's output) are rotated by the orthonormal 64x64 Hadamard matrix, which leaves
+every dot product as it was but spreads a head's outlier channels over the block, so that a
+block's one scale fits all its values (passes/kv_rotate.py).
 
 A sequence maps positions to pages through one block table per group (block b holds
 positions b*page_size ..). A sliding group needs at most the pages that cover the window
@@ -31,6 +34,8 @@ from ..options import CompileOptions
 from ..templates import LayerKind, Template
 
 ALIGN = 64
+HADAMARD_BLOCK = 64  # runtime_c/kernels.h KILN_HADAMARD_BLOCK
+FLOAT_KV = (DType.F32, DType.F16)  # cache types held as they are; the quantized ones are rotated
 
 
 def align(n: int, a: int = ALIGN) -> int:
@@ -89,6 +94,8 @@ class KVPlan:
     max_blocks: int  # block-table entries per sequence and group: ceil(ctx / page_size)
     groups: tuple[KVGroup, ...]
     layers: tuple[KVLayer, ...]
+    k_hadamard: bool = False  # K (with Q) held in Hadamard blocks
+    v_hadamard: bool = False  # V held in Hadamard blocks (attention's output rotated back)
 
     @property
     def total_bytes(self) -> int:
@@ -154,6 +161,8 @@ def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
         groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
         pool_offset += align(n_pages * page_bytes)
     layers.sort(key=lambda ly: ly.layer)
+    def rotated(dtype: DType) -> bool:
+        return opts.kv_rotation and dtype not in FLOAT_KV and hp.head_dim % HADAMARD_BLOCK == 0
+
     return KVPlan(opts.kv_dtype_k, opts.kv_dtype_v, opts.n_seq, opts.ctx, ps, hp.n_head_kv, hp.head_dim, k_row, v_row,
-                  max_blocks,
-                  tuple(groups), tuple(layers))
+                  max_blocks, tuple(groups), tuple(layers), rotated(opts.kv_dtype_k), rotated(opts.kv_dtype_v))

@@ -81,13 +81,16 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
     order: int = 0  # admission order; the newest is preempted first
+    shifted: bool = False  # its sequence was shifted: its pages are not a prefix's, so the cache never takes them
+    resume: list[int] | None = None  # after a preemption of a shifted sequence: the tokens it held
     decoding: Decoding | None = None  # the sampler, the penalties' history, the text and the stop rules
 
 
 class Engine:
     def __init__(self, model: Model, max_queue: int = 64, prefix_cache: bool = True,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, context_shift: bool = False, n_keep: int = 4):
         self.model = model
+        self.n_keep = n_keep if context_shift else None  # None: a full context ends a request
         self.n_slots, self.budget = model.options.n_seq, model.options.batch_tokens
         if self.budget < self.n_slots:
             raise KilnError(f"batch_tokens ({self.budget}) must be at least n_seq ({self.n_slots}), so that one "
@@ -122,7 +125,8 @@ class Engine:
             if self._queued >= self.max_queue:
                 raise QueueFull(f"{self._queued} requests are waiting (the limit, --max-queue)")
             self._queued += 1
-        r.decoding = self.model._decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos)
+        r.decoding = self.model._decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos,
+                                          context_shift=self.n_keep is not None)
         self._inbox.put(("submit", r))
 
     def cancel(self, r: Request) -> None:
@@ -182,7 +186,8 @@ class Engine:
         preempted is not readmitted into the same shortage)."""
         while self.waiting and len(self.running) < self.n_slots:
             r = self.waiting[0]
-            ids = r.prompt_ids + r.output  # after a preemption, the output so far is recomputed too
+            # after a preemption, the output so far is recomputed too (or what a shifted sequence held)
+            ids = r.resume if r.resume is not None else r.prompt_ids + r.output
             held = self.cache.match(ids) if self.cache else None
             cached = len(held.tokens) if held else 0
             if self._soon_cached(ids) > cached + self.model.page_size:
@@ -208,7 +213,7 @@ class Engine:
                                           f"the pool's free pages hold; restart the server with more --kv-pages")
                 return
             self.waiting.popleft()
-            r.seq, r.held, r.todo = seq, held, ids[cached:]
+            r.seq, r.held, r.todo, r.shifted = seq, held, ids[cached:], False
             if r.cached_tokens is None:
                 r.cached_tokens = cached
                 self.metrics.prefix_query(len(ids), cached)
@@ -248,6 +253,16 @@ class Engine:
         return short
 
     def _step(self) -> None:
+        if self.n_keep is not None:
+            for r in self.running:
+                if len(r.todo) == 1 and r.seq.n_past >= self.model.n_ctx:
+                    try:
+                        r.seq.make_room(self.n_keep)
+                    except PoolFullError:  # its shared pages must be copied: free some, try again
+                        self._make_room([(r, r.todo)])
+                        return
+                    r.shifted = True
+                    self.metrics.shifted()
         budget, items = self.budget, []
         for r in sorted(self.running, key=lambda r: (len(r.todo) > 1, r.order)):  # decodes first, then oldest
             if budget == 0:
@@ -284,7 +299,7 @@ class Engine:
     def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False) -> None:
         """Take r out of the engine; its sequence's full pages stay in the prefix cache."""
         if r.seq is not None:
-            if self.cache and not cancelled and not error:
+            if self.cache and not cancelled and not error and not r.shifted:
                 r.held = self.cache.insert(r.seq, r.held)
             if self.cache and r.held is not None:
                 self.cache.release(r.held)
@@ -316,6 +331,8 @@ class Engine:
                               f"in pages of {self.model.page_size}); restart the server with more --kv-pages")
 
     def _preempt(self, r: Request) -> None:
+        if r.shifted:
+            r.resume = r.seq.tokens + r.todo
         if self.cache and r.held is not None:
             self.cache.release(r.held)
         r.seq.close()

@@ -26,6 +26,7 @@ class Metrics:
         self.prefix_hits = Counter("kiln_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache",
                                    registry=r)
         self.preemptions = Counter("kiln_preemptions", "Running requests preempted for lack of KV pages", registry=r)
+        self.shifts = Counter("kiln_context_shifts", "Context shifts of running requests (--context-shift)", registry=r)
         self.evicted = Counter("kiln_prefix_cache_evicted_pages", "Pages evicted from the prefix cache", registry=r)
         self.ttft = Histogram("kiln_time_to_first_token_seconds", "Time from arrival to the first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
@@ -44,6 +45,9 @@ class Metrics:
     def token_emitted(self, seconds: float, first: bool) -> None:
         self.generation_tokens.inc()
         (self.ttft if first else self.itl).observe(seconds)
+
+    def shifted(self) -> None:
+        self.shifts.inc()
 
     def preempted(self) -> None:
         self.preemptions.inc()

@@ -69,6 +69,11 @@ static const kiln_kv_shape KV_SHAPE = {
 static const int KV_GROUP[N_LAYER] = { 0, 0 };
 static const size_t KV_K_OFF[N_LAYER] = { 0x0, 0x4000 }; /* within a page of the layer's group */
 static const size_t KV_V_OFF[N_LAYER] = { 0x2000, 0x6000 };
+/* how each layer's keys were made (rope base 0: not rotated by position; hadamard: held in Hadamard
+ * blocks); a context shift rotates them again */
+static const struct { float base; int neox, hadamard; } K_ROPE[N_LAYER] = { {10000.0f, 0, 0}, {10000.0f, 0, 0} };
+#define N_HEAD_KV 2
+#define HEAD_DIM 16
 
 /* ==== activations: one arena, shared by the decode and batch steps ============================== */
 #define ARENA_BYTES 28928 /* decode 2048, batch 28928 */
@@ -625,6 +630,30 @@ int kiln_seq_reset(kiln_model *m, int seq) { return kiln_seq_rollback(m, seq, 0)
 int kiln_seq_n_past(const kiln_model *m, int seq) {
     if (!m) return KILN_E_ARG;
     return kiln_kv_check(&m->kv, seq) == KILN_OK ? m->kv.n_past[seq] : KILN_E_SEQ;
+}
+
+/* kiln_seq_keep: every thread moves the rows of its share of the layers */
+typedef struct {
+    kiln_model *m;
+    int seq, first_changed, n;
+    const int32_t *keep;
+} keep_args;
+
+static void move_rows(void *arg, const kiln_thread *t) {
+    const keep_args *a = arg;
+    for (int l = t->ith; l < N_LAYER; l += t->nth)
+        kiln_kv_move_rows(&a->m->kv_view[l], a->seq, a->keep, a->first_changed, a->n, N_HEAD_KV, HEAD_DIM,
+                          K_ROPE[l].base, K_ROPE[l].neox, K_ROPE[l].hadamard);
+}
+
+int kiln_seq_keep(kiln_model *m, int seq, const int32_t *keep, int n) {
+    if (!m) return KILN_E_ARG;
+    keep_args args = {m, seq, 0, n, keep};
+    const int status = kiln_kv_keep_begin(&m->kv, seq, keep, n, &args.first_changed);
+    if (status != KILN_OK) return status;
+    if (args.first_changed < n) kiln_pool_run(m->pool, move_rows, &args);
+    kiln_kv_keep_end(&m->kv, seq, n);
+    return KILN_OK;
 }
 
 int kiln_seq_share(kiln_model *m, int seq, int first, int n_blocks, int32_t *pages) {

@@ -40,6 +40,11 @@ int kiln_seq_fork(kiln_model *m, int seq);               /* a new sequence shari
 int kiln_seq_reset(kiln_model *m, int seq);
 int kiln_seq_rollback(kiln_model *m, int seq, int n_keep); /* keep the first n_keep positions */
 int kiln_seq_n_past(const kiln_model *m, int seq);      /* positions the sequence holds */
+/* Keep n of seq's positions, keep[0] < keep[1] < ... < n_past: row r takes position keep[r]'s
+   K and V, the keys rotated to their new position (a context shift keeps the sinks and the most
+   recent rows). KILN_E_SHIFT_WINDOW: a sliding-window layer would read a position whose page it
+   no longer holds; KILN_E_KV_FULL: too few free pages for the rows shared pages make it copy. */
+int kiln_seq_keep(kiln_model *m, int seq, const int32_t *keep, int n);
 
 /* Pages a prefix cache holds outside the sequences: pages is [n_blocks][kiln_n_groups()] page
  * ids, -1 where a sliding layer group no longer keeps a block. */
