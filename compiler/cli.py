@@ -212,6 +212,35 @@ def cmd_kv_quality(a: argparse.Namespace) -> None:
         sys.stdout.write(render(rows, str(a.model), str(path)))
 
 
+def cmd_perplexity(a: argparse.Namespace) -> None:
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from . import perplexity
+    from .model import load_options
+
+    if a.mode == "stream" and not 1 <= a.batch <= a.ctx // 2:
+        raise KilnError(f"--batch must be between 1 and ctx / 2 = {a.ctx // 2}, got {a.batch}")
+    if a.discard is not None and not 1 <= a.discard < a.ctx:
+        raise KilnError(f"--discard must be between 1 and ctx - 1 = {a.ctx - 1}, got {a.discard}")
+    path = Path(a.text) if a.text else perplexity.DEFAULT_TEXT
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise KilnError(f"--text {path}: cannot read it as UTF-8 text ({e})") from None
+    source = str(path) if a.text else perplexity.DEFAULT_TEXT_SOURCE
+    o = _options(a)
+    if a.mode == "chunks":  # one chunk a step, with every row's logits
+        o = replace(o, prefill_chunk=min(o.ctx, 512), batch_tokens=min(o.ctx, 512))
+    m = load_options(a.model, o, a.threads, log=_log)
+    r = perplexity.measure(m, text, a.mode, a.sinks, a.batch, a.discard)
+    if a.json:
+        print(json.dumps({"model": str(a.model), "text": source, **r.as_json()}))
+    else:
+        sys.stdout.write(perplexity.render([r], str(a.model), source))
+
+
 def cmd_bench(a: argparse.Namespace) -> None:
     from .bench import decode_bytes_per_token, default_tests, read_bandwidth_gb_s, render, run_bench, write_json
     from .model import default_threads, load
@@ -340,6 +369,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_kv_quality)
+
+    p = sub.add_parser("perplexity", help="perplexity of a text: llama-perplexity's chunks, or streamed through "
+                                          "a fixed cache with context shift")
+    _add_model_options(p)
+    p.add_argument("--text", help="UTF-8 text file (default: a public-domain story of about 10,000 tokens)")
+    p.add_argument("--mode", choices=["chunks", "stream"], default="chunks",
+                   help="chunks: ctx-token chunks, second halves scored; stream: the whole text through one "
+                        "cache of ctx positions, shifted when full")
+    p.add_argument("--sinks", type=int, default=4,
+                   help="stream: positions a shift keeps (plus BOS, as llama.cpp); 0 for a plain window")
+    p.add_argument("--discard", type=int, default=None, help="stream: positions a shift drops (default: half)")
+    p.add_argument("--batch", type=int, default=32, help="stream: tokens read per step")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--json", action="store_true", help="one JSON object: mode, ctx, sinks, kv_dtype_k, "
+                                                       "kv_dtype_v, n_scored, ppl, nll, n_shifts, model, text")
+    p.set_defaults(run=cmd_perplexity)
 
     p = sub.add_parser("bench", help="pp/tg/tg-at-depth side by side with llama.cpp (same GGUF, same threads)")
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")

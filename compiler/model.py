@@ -163,6 +163,22 @@ class Sequence:
                 m._ffi.cast("int32_t *", m._ffi.from_buffer(pages)), seq=self)
         return pages
 
+    def save(self, path: str | os.PathLike[str]) -> int:
+        """Write the sequence's KV cache and tokens to a file (kv_file.py); returns its size in bytes.
+        m.sequence_from(path) gives them back, bit for bit."""
+        from . import kv_file
+
+        m = self.model
+        with m._lock:
+            size = int(m._lib.kiln_seq_state_size(m._m, self._live()))
+            state = bytearray(size)
+            m._check(m._lib.kiln_seq_state_save(m._m, self.id, m._ffi.from_buffer(state), size), seq=self)
+            tokens = list(self.tokens)
+        if len(tokens) != self.n_past:
+            raise ModelError(f"save: sequence {self.id} holds {self.n_past} positions but knows {len(tokens)} "
+                             "of their tokens")
+        return kv_file.write(path, m, tokens, bytes(state))
+
     def fork(self) -> "Sequence":
         """A new sequence holding the same positions: full pages are shared, a page either
         writes into is copied first."""
@@ -323,6 +339,25 @@ class Model:
             seq.close()
             raise
         seq.tokens = [int(t) for t in tokens]
+        return seq
+
+    def sequence_from(self, path: str | os.PathLike[str]) -> Sequence:
+        """A new sequence holding the KV cache a Sequence.save wrote (for this model and cache layout)."""
+        from . import kv_file
+
+        tokens, state = kv_file.read(path, self)
+        if len(state) < 4 or int.from_bytes(state[:4], "little", signed=True) != len(tokens):
+            raise kv_file.KVFileError(f"{path}: the state holds a different number of positions than its "
+                                      f"{len(tokens)} tokens")
+        if len(tokens) > self.n_ctx:
+            raise kv_file.KVFileError(f"{path}: {len(tokens)} positions do not fit in n_ctx={self.n_ctx} (--ctx)")
+        seq = self.sequence()
+        try:
+            self._call(self._lib.kiln_seq_state_load, seq.id, self._ffi.from_buffer(state), len(state), seq=seq)
+        except ModelError as e:
+            seq.close()
+            raise kv_file.KVFileError(f"{path}: {e}") from None
+        seq.tokens = tokens
         return seq
 
     def release_pages(self, pages: np.ndarray) -> None:

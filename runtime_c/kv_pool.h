@@ -81,4 +81,14 @@ int kiln_kv_release(kiln_kv *kv, const int32_t *pages, int n);
  * query must read. */
 int kiln_kv_attach(kiln_kv *kv, int seq, const int32_t *pages, int n);
 
+/* A sequence's state as bytes, for a file: n_past (int32); then for each group, one int8 per
+ * block b < ceil(n_past / page_size), 1 where the sequence holds a page; then those pages'
+ * bytes, group by group, in block order. */
+size_t kiln_kv_state_size(const kiln_kv *kv, int seq); /* 0 for a sequence that is not open */
+int kiln_kv_state_save(const kiln_kv *kv, int seq, uint8_t *buf, size_t size);
+/* An empty open sequence takes a saved state: every field is checked against this pool (the
+ * size to the byte, n_past against the context, the pages the next query reads present),
+ * and KILN_E_KV_FULL when the pools lack pages; nothing changes on failure. */
+int kiln_kv_state_load(kiln_kv *kv, int seq, const uint8_t *buf, size_t size);
+
 #endif

@@ -129,3 +129,31 @@ def test_bad_shifts_are_refused_by_name(smollm2, call, match):
     with pytest.raises(ModelError, match=match):
         call(s)
     assert s.n_past == 100
+
+
+def test_the_server_engine_shifts_a_full_sequence_and_keeps_its_pages_out_of_the_prefix_cache(smollm2):
+    """kiln serve --context-shift: a request that outgrows the context goes on to max_tokens;
+    its shifted pages never enter the prefix cache (they are not the prefix's cold pages)."""
+    import threading
+
+    from compiler.sampling import SamplingParams
+    from compiler.serving.engine import Engine, Request
+
+    m = compiler.load(smollm2, ctx=128, n_seq=2, page_size=16)
+    engine = Engine(m, context_shift=True, n_keep=4).start()
+    try:
+        events, done = [], threading.Event()
+
+        def emit(e):
+            events.append(e)
+            if e.finish_reason or e.error:
+                done.set()
+
+        prompt = m.tokenize(TEXT)[:40]
+        engine.submit(Request(prompt, SamplingParams(temperature=0.0), 200, [], emit, ignore_eos=True))
+        assert done.wait(120)
+        assert events[-1].finish_reason == "length" and events[-1].usage.completion_tokens == 200
+        assert engine.metrics.shifts._value.get() >= 2
+        assert engine.cache.pages_held == 40 // 16  # the prompt's full pages, cached as it was read; nothing after
+    finally:
+        engine.stop()

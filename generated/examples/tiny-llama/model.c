@@ -666,6 +666,14 @@ int kiln_pages_release(kiln_model *m, const int32_t *pages, int n_blocks) {
     return m ? kiln_kv_release(&m->kv, pages, n_blocks) : KILN_E_ARG;
 }
 
+size_t kiln_seq_state_size(const kiln_model *m, int seq) { return m ? kiln_kv_state_size(&m->kv, seq) : 0; }
+int kiln_seq_state_save(const kiln_model *m, int seq, uint8_t *buf, size_t size) {
+    return m ? kiln_kv_state_save(&m->kv, seq, buf, size) : KILN_E_ARG;
+}
+int kiln_seq_state_load(kiln_model *m, int seq, const uint8_t *buf, size_t size) {
+    return m ? kiln_kv_state_load(&m->kv, seq, buf, size) : KILN_E_ARG;
+}
+
 int kiln_pages_used(const kiln_model *m, int group) { return m ? kiln_kv_pages_used(&m->kv, group) : KILN_E_ARG; }
 int kiln_pages_total(int group) { return group >= 0 && group < N_GROUPS ? KV_SHAPE.n_pages[group] : KILN_E_ARG; }
 int kiln_n_groups(void) { return N_GROUPS; }

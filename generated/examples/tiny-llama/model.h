@@ -9,6 +9,7 @@
 #ifndef KILN_MODEL_H
 #define KILN_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -53,6 +54,12 @@ int kiln_seq_share(kiln_model *m, int seq, int first, int n_blocks, int32_t *pag
 /* an empty sequence takes held pages as its first n_blocks blocks */
 int kiln_seq_attach(kiln_model *m, int seq, const int32_t *pages, int n_blocks);
 int kiln_pages_release(kiln_model *m, const int32_t *pages, int n_blocks); /* drop shared references */
+
+/* A sequence's KV state as bytes (kv_pool.h has the layout), for a file; load takes it into an
+   empty sequence, checking every field against this library's pool. */
+size_t kiln_seq_state_size(const kiln_model *m, int seq);
+int kiln_seq_state_save(const kiln_model *m, int seq, uint8_t *buf, size_t size);
+int kiln_seq_state_load(kiln_model *m, int seq, const uint8_t *buf, size_t size);
 
 int kiln_pages_used(const kiln_model *m, int group);    /* pages in use in a layer group's pool */
 int kiln_pages_total(int group);
