@@ -156,6 +156,12 @@ def cmd_serve(a: argparse.Namespace) -> None:
         raise KilnError(f"--max-queue must be at least 1, got {a.max_queue}")
     o = _options(a)
     _check_keep(a)
+    slot_dir = None
+    if a.slot_save_path:
+        from pathlib import Path
+        slot_dir = Path(a.slot_save_path)
+        if not slot_dir.is_dir():
+            raise KilnError(f"--slot-save-path {slot_dir}: not a directory; create it first")
     m = load_options(a.model, o, a.threads, log=_log)
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
     engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, context_shift=a.context_shift,
@@ -164,8 +170,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
     _log(f"serving '{name}' on http://{a.host}:{a.port}/v1: {o.n_seq} sequences, ctx {m.n_ctx}, "
          f"{stats['pages_total']} KV pages of {o.page_size} positions, {m.n_threads} threads")
     try:
-        uvicorn.run(create_app(engine, name, api_key=a.api_key), host=a.host, port=a.port, log_level=a.log_level,
-                    timeout_graceful_shutdown=2)
+        uvicorn.run(create_app(engine, name, api_key=a.api_key, slot_save_path=slot_dir), host=a.host, port=a.port,
+                    log_level=a.log_level, timeout_graceful_shutdown=2)
     finally:
         engine.stop()
 
@@ -345,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-cache", action="store_true", help="do not share prompt prefixes across requests")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--slot-save-path", default=None,
+                   help="directory for POST /slots/{id}?action=save|restore (llama-server's); off without it")
     _add_shift_options(p)
     p.set_defaults(run=cmd_serve)
 

@@ -4,8 +4,9 @@
 
 The header names what the bytes mean and what they belong to: the format version, the model
 (GGUF size and header CRC32, as the library checks its weights), the KV dtypes and rotation,
-the page size and each layer group's window and page bytes, the token ids, and the state's
-length and sha256. A file is written to a temporary name and renamed, so a reader never sees
+the page size and each layer group's window and page bytes, the token ids, whether the state is
+exactly what prefilling them gives (not after a context shift), and the state's length and
+sha256. A file is written to a temporary name and renamed, so a reader never sees
 half of one. Loading refuses, by name, a file for another model or another cache layout, and
 a file whose bytes do not match their checksum.
 """
@@ -44,10 +45,11 @@ def layout_identity(model) -> dict:
     }
 
 
-def write(path: str | os.PathLike[str], model, tokens: list[int], state: bytes) -> int:
-    """Write atomically; returns the file's size."""
+def write(path: str | os.PathLike[str], model, tokens: list[int], state: bytes, exact: bool = True) -> int:
+    """Write atomically; returns the file's size. exact: the state is what prefilling the tokens
+    gives (not a shifted cache), so a prefix cache may take it."""
     header = {"format": FORMAT, "model": model.spec.path.name, **layout_identity(model), "tokens": list(tokens),
-              "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
+              "exact": bool(exact), "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
     blob = json.dumps(header, separators=(",", ":")).encode()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -64,8 +66,8 @@ def write(path: str | os.PathLike[str], model, tokens: list[int], state: bytes) 
     return len(MAGIC) + _LEN.size + len(blob) + len(state)
 
 
-def read(path: str | os.PathLike[str], model) -> tuple[list[int], bytes]:
-    """The tokens and state bytes of a file written for this model and cache layout."""
+def read(path: str | os.PathLike[str], model) -> tuple[list[int], bytes, bool]:
+    """The tokens, state bytes and exactness of a file written for this model and cache layout."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -101,4 +103,4 @@ def read(path: str | os.PathLike[str], model) -> tuple[list[int], bytes]:
         raise KVFileError(f"{path}: the KV state does not match its checksum (corrupted or truncated)")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < model.n_vocab for t in tokens):
         raise KVFileError(f"{path}: corrupted token list")
-    return tokens, state
+    return tokens, state, header.get("exact") is True

@@ -77,6 +77,7 @@ class Sequence:
     def __init__(self, model: "Model", seq_id: int):
         self.model, self.id = model, seq_id
         self.tokens: list[int] = []  # what the cache holds, for prefix reuse
+        self.exact = True  # the cache is what prefilling `tokens` gives (not after a shift); prefix caches need it
         self.closed = False
 
     def __repr__(self) -> str:
@@ -120,6 +121,7 @@ class Sequence:
     def reset(self) -> None:
         self.model._call(self.model._lib.kiln_seq_reset, self._live(), seq=self)
         self.tokens.clear()
+        self.exact = True
 
     def keep(self, positions) -> None:
         """Keep only `positions` (strictly increasing, each < n_past), in order: the sequence then
@@ -135,6 +137,7 @@ class Sequence:
         m._call(m._lib.kiln_seq_keep, self._live(), m._ffi.cast("int32_t *", m._ffi.from_buffer(keep32)),
                 keep32.size, seq=self)
         self.tokens = [self.tokens[i] for i in keep] if len(self.tokens) == n_past else []
+        self.exact = self.exact and bool(np.array_equal(keep, np.arange(keep.size)))
 
     def shift(self, n_keep: int = 4, n_discard: int | None = None) -> int:
         """A context shift (StreamingLLM, llama.cpp's --context-shift): keep the first n_keep
@@ -177,14 +180,14 @@ class Sequence:
         if len(tokens) != self.n_past:
             raise ModelError(f"save: sequence {self.id} holds {self.n_past} positions but knows {len(tokens)} "
                              "of their tokens")
-        return kv_file.write(path, m, tokens, bytes(state))
+        return kv_file.write(path, m, tokens, bytes(state), self.exact)
 
     def fork(self) -> "Sequence":
         """A new sequence holding the same positions: full pages are shared, a page either
         writes into is copied first."""
         m = self.model
         child = Sequence(m, m._call(m._lib.kiln_seq_fork, self._live(), seq=self))
-        child.tokens = list(self.tokens)
+        child.tokens, child.exact = list(self.tokens), self.exact
         return child
 
     def close(self) -> None:
@@ -345,7 +348,7 @@ class Model:
         """A new sequence holding the KV cache a Sequence.save wrote (for this model and cache layout)."""
         from . import kv_file
 
-        tokens, state = kv_file.read(path, self)
+        tokens, state, exact = kv_file.read(path, self)
         if len(state) < 4 or int.from_bytes(state[:4], "little", signed=True) != len(tokens):
             raise kv_file.KVFileError(f"{path}: the state holds a different number of positions than its "
                                       f"{len(tokens)} tokens")
@@ -357,7 +360,7 @@ class Model:
         except ModelError as e:
             seq.close()
             raise kv_file.KVFileError(f"{path}: {e}") from None
-        seq.tokens = tokens
+        seq.tokens, seq.exact = tokens, exact
         return seq
 
     def release_pages(self, pages: np.ndarray) -> None:

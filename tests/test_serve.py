@@ -275,3 +275,48 @@ def test_a_full_queue_answers_503_and_the_server_recovers(small_server):
     assert all(r.status_code == 200 for r in replies if r not in busy)
     small_server.wait_idle()
     assert httpx.post(small_server.url + "/v1/completions", json=body, headers=headers, timeout=60).status_code == 200
+
+
+# -- KV state files over HTTP (llama-server's /slots) -------------------------------------------------
+def test_slot_save_and_restore_carry_a_cache_to_another_server(tmp_path, smollm2):
+    """A request's cache saved by one server and restored into a fresh one: the same request then
+    reads its prompt from the prefix cache (cached_tokens) and answers as the first one did."""
+    prompt = "Once upon a time, in a small village at the edge of a forest, there lived an old clockmaker who " * 4
+    args = ("--ctx", "512", "--n-seq", "2", "--page-size", "16", "--slot-save-path", str(tmp_path))
+    first = Server(*args)
+    try:
+        a = first.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        r = httpx.post(first.url + "/slots/0?action=save", json={"filename": "story.kv"}, timeout=60)
+        assert r.status_code == 200, r.text
+        saved = r.json()
+        assert saved["id_slot"] == 0 and saved["filename"] == "story.kv"
+        assert saved["n_saved"] >= a.usage.prompt_tokens and saved["n_written"] == (tmp_path / "story.kv").stat().st_size
+    finally:
+        first.stop()
+    second = Server(*args)
+    try:
+        r = httpx.post(second.url + "/slots/1?action=restore", json={"filename": "story.kv"}, timeout=60)
+        assert r.status_code == 200 and r.json()["n_restored"] == saved["n_saved"], r.text
+        b = second.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        cached = b.usage.prompt_tokens_details.cached_tokens
+        assert cached >= (a.usage.prompt_tokens - 1) // 16 * 16 > 0 and b.choices[0].text == a.choices[0].text
+        bad = [("/slots/0?action=save", {"filename": "../escape.kv"}, 400, "filename"),
+               ("/slots/0?action=save", {"filename": 7}, 400, "filename"),
+               ("/slots/0?action=fly", {"filename": "x.kv"}, 400, "action"),
+               ("/slots/9?action=save", {"filename": "x.kv"}, 400, "id_slot"),
+               ("/slots/1?action=restore", {"filename": "absent.kv"}, 404, "absent.kv")]
+        for url, body, status, word in bad:
+            r = httpx.post(second.url + url, json=body, timeout=60)
+            assert r.status_code == status and word in r.json()["error"]["message"], (url, r.text)
+        (tmp_path / "broken.kv").write_bytes((tmp_path / "story.kv").read_bytes()[:-10])
+        r = httpx.post(second.url + "/slots/0?action=restore", json={"filename": "broken.kv"}, timeout=60)
+        assert r.status_code == 400 and "checksum" in r.json()["error"]["message"]
+        assert second.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage  # still serving
+    finally:
+        second.stop()
+
+
+def test_slots_are_off_without_a_save_path(server):
+    r = httpx.post(server.url + "/slots/0?action=save", json={"filename": "x.kv"},
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]

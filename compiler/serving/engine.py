@@ -17,7 +17,9 @@ import math
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -81,7 +83,6 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None
     order: int = 0  # admission order; the newest is preempted first
-    shifted: bool = False  # its sequence was shifted: its pages are not a prefix's, so the cache never takes them
     resume: list[int] | None = None  # after a preemption of a shifted sequence: the tokens it held
     decoding: Decoding | None = None  # the sampler, the penalties' history, the text and the stop rules
 
@@ -104,6 +105,7 @@ class Engine:
         self._queued = 0  # submitted and not yet admitted
         self._lock = threading.Lock()
         self._admitted = 0
+        self.slots: dict[int, list[int]] = {}  # sequence slot -> the tokens of the last request it served
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
         self.metrics.observe_engine(self)
 
@@ -131,6 +133,44 @@ class Engine:
 
     def cancel(self, r: Request) -> None:
         self._inbox.put(("cancel", r))
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run fn on the engine thread between steps (it owns the model); its result or exception."""
+        done: Future = Future()
+        self._inbox.put(("call", (fn, done)))
+        return done
+
+    # -- KV state files: llama-server's /slots save and restore --------------------------------
+    def save_slot(self, slot: int, path: Path) -> tuple[int, int]:
+        """On the engine thread: the cache of the last request slot `slot` served, rebuilt from the
+        prefix cache and a prefill of the rest, into a file. (tokens, bytes written)."""
+        tokens = self.slots.get(slot)
+        if not tokens:
+            raise KilnError(f"slot {slot} has served no request yet: nothing to save")
+        held = self.cache.match(tokens) if self.cache else None
+        seq = None
+        try:
+            seq = self._open(lambda: self.model.sequence(held.pages, held.tokens) if held else self.model.sequence())
+            if seq.n_past < len(tokens):
+                seq.prefill(tokens[seq.n_past:])
+            return len(tokens), seq.save(path)
+        finally:
+            if seq is not None:
+                seq.close()
+            if held:
+                self.cache.release(held)
+
+    def restore_slot(self, slot: int, path: Path) -> tuple[int, int]:
+        """On the engine thread: a saved cache into the prefix cache (a request that starts with its
+        tokens reads them from there), and into the slot's record. (tokens, bytes read)."""
+        seq = self._open(lambda: self.model.sequence_from(path))
+        try:
+            if self.cache and seq.exact:
+                self.cache.release(self.cache.insert(seq, None))
+            self.slots[slot] = list(seq.tokens)
+            return seq.n_past, path.stat().st_size
+        finally:
+            seq.close()
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting) requests."""
@@ -161,8 +201,24 @@ class Engine:
                     self._finish(r, error=f"internal error: {e}")
             self.metrics.observe_engine(self)
 
-    def _take(self, kind: str, r: Request) -> None:
-        if kind == "submit":
+    def _open(self, make: Callable[[], Sequence]) -> Sequence:
+        """A sequence for a slot action; QueueFull while every slot or page is taken by requests."""
+        if len(self.running) >= self.n_slots:
+            raise QueueFull(f"all {self.n_slots} sequences are serving requests")
+        try:
+            return make()
+        except PoolFullError as e:
+            raise QueueFull(str(e)) from None
+
+    def _take(self, kind: str, r) -> None:
+        if kind == "call":
+            fn, done = r
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(fn())
+                except BaseException as e:  # the caller hears it
+                    done.set_exception(e)
+        elif kind == "submit":
             self.waiting.append(r)
         elif kind == "cancel" and not r.done:
             if r in self.waiting:
@@ -213,7 +269,7 @@ class Engine:
                                           f"the pool's free pages hold; restart the server with more --kv-pages")
                 return
             self.waiting.popleft()
-            r.seq, r.held, r.todo, r.shifted = seq, held, ids[cached:], False
+            r.seq, r.held, r.todo = seq, held, ids[cached:]
             if r.cached_tokens is None:
                 r.cached_tokens = cached
                 self.metrics.prefix_query(len(ids), cached)
@@ -261,7 +317,6 @@ class Engine:
                     except PoolFullError:  # its shared pages must be copied: free some, try again
                         self._make_room([(r, r.todo)])
                         return
-                    r.shifted = True
                     self.metrics.shifted()
         budget, items = self.budget, []
         for r in sorted(self.running, key=lambda r: (len(r.todo) > 1, r.order)):  # decodes first, then oldest
@@ -299,7 +354,8 @@ class Engine:
     def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False) -> None:
         """Take r out of the engine; its sequence's full pages stay in the prefix cache."""
         if r.seq is not None:
-            if self.cache and not cancelled and not error and not r.shifted:
+            self.slots[r.seq.id] = list(r.seq.tokens)
+            if self.cache and not cancelled and not error and r.seq.exact:  # a shifted cache is no prefix's
                 r.held = self.cache.insert(r.seq, r.held)
             if self.cache and r.held is not None:
                 self.cache.release(r.held)
@@ -331,7 +387,7 @@ class Engine:
                               f"in pages of {self.model.page_size}); restart the server with more --kv-pages")
 
     def _preempt(self, r: Request) -> None:
-        if r.shifted:
+        if not r.seq.exact:
             r.resume = r.seq.tokens + r.todo
         if self.cache and r.held is not None:
             self.cache.release(r.held)

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from ..sampling import SamplingParams
 from .engine import TokenLogprob, Usage
@@ -62,6 +62,18 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class SlotRequest(_Strict):
+    """POST /slots/{id}?action=save|restore: a file name under --slot-save-path, never a path."""
+    filename: StrictStr = Field(min_length=1, max_length=255)
+
+    @field_validator("filename")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if any(c in name for c in "/\\\0") or name.startswith("."):
+            raise ValueError("must be a plain file name: no path separators, NUL, or leading dot")
+        return name
 
 
 class CompletionRequest(_Sampling):

@@ -109,9 +109,9 @@ class RadixCache:
         return held
 
     # -- updates ----------------------------------------------------------------------------
-    def insert(self, seq: Sequence, held: Match) -> Match:
+    def insert(self, seq: Sequence, held: Match | None) -> Match:
         """Cache seq's full pages (what seq.tokens holds). Returns the new match to hold, the
-        old one released: the caller now locks the whole inserted path."""
+        old one (if any) released: the caller now locks the whole inserted path."""
         ids = seq.tokens
         n_blocks = min(len(ids), seq.n_past) // self.ps
         path, n = self._walk(ids, n_blocks)
@@ -127,7 +127,9 @@ class RadixCache:
         self.release(held)
         return inserted
 
-    def release(self, held: Match) -> None:
+    def release(self, held: Match | None) -> None:
+        if held is None:
+            return
         self._lock(held.node, -1)
         held.node = None
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
+from pathlib import Path
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -19,8 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..chat import render_chat
 from ..errors import KilnError
+from ..kv_file import KVFileError
 from .engine import Engine, Event, QueueFull, Request
-from .protocol import ChatRequest, CompletionRequest, Envelope, chat_logprobs, completion_logprobs
+from .protocol import ChatRequest, CompletionRequest, Envelope, SlotRequest, chat_logprobs, completion_logprobs
 
 MAX_BODY_BYTES = 4 << 20
 
@@ -89,7 +92,7 @@ class _Events:
 
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, slot_save_path: Path | None = None) -> FastAPI:
     app = FastAPI(title="kiln", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
     model = engine.model
 
@@ -277,6 +280,37 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         message = {"role": "assistant", "content": "".join(e.text for e in got)}
         return env.wrap([{"index": 0, "message": message, "logprobs": lp_json([e.logprob for e in got if e.logprob]),
                           "finish_reason": got[-1].finish_reason}], usage=got[-1].usage)
+
+    @app.post("/slots/{slot_id}")
+    async def slots(request: HttpRequest, slot_id: str, action: str = ""):
+        """llama-server's slot save and restore: a slot's KV cache to a file under --slot-save-path,
+        or a file into the prefix cache, where requests that start with its tokens find it."""
+        authorize(request)
+        if slot_save_path is None:
+            raise ApiError(501, "slot save/restore is off: start the server with --slot-save-path DIR",
+                           kind="not_supported_error")
+        if action not in ("save", "restore"):
+            raise ApiError(400, f"action: must be 'save' or 'restore', got {action!r}", param="action")
+        if not (slot_id.isdigit() and int(slot_id) < engine.n_slots):
+            raise ApiError(400, f"id_slot: must be between 0 and {engine.n_slots - 1}, got {slot_id!r}",
+                           param="id_slot")
+        body = _validated(SlotRequest, await _read_json(request, max_body_bytes))
+        path, slot, t0 = slot_save_path / body.filename, int(slot_id), time.perf_counter()
+        work = engine.save_slot if action == "save" else engine.restore_slot
+        try:
+            n_tokens, n_bytes = await asyncio.wrap_future(engine.call(lambda: work(slot, path)))
+        except QueueFull as e:
+            raise ApiError(503, f"the server is busy: {e}; retry shortly", kind="server_error",
+                           headers={"Retry-After": "1"}) from None
+        except KilnError as e:
+            raise ApiError(404 if isinstance(e, KVFileError) and not path.exists() else 400,
+                           str(e).replace(str(slot_save_path) + "/", ""), param="filename") from None
+        ms = (time.perf_counter() - t0) * 1e3
+        if action == "save":
+            return {"id_slot": slot, "filename": body.filename, "n_saved": n_tokens, "n_written": n_bytes,
+                    "timings": {"save_ms": ms}}
+        return {"id_slot": slot, "filename": body.filename, "n_restored": n_tokens, "n_read": n_bytes,
+                "timings": {"restore_ms": ms}}
 
     @app.get("/v1/models")
     async def models(request: HttpRequest):
