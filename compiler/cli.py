@@ -240,7 +240,7 @@ def cmd_perplexity(a: argparse.Namespace) -> None:
     if a.mode == "chunks":  # one chunk a step, with every row's logits
         o = replace(o, prefill_chunk=min(o.ctx, 512), batch_tokens=min(o.ctx, 512))
     m = load_options(a.model, o, a.threads, log=_log)
-    r = perplexity.measure(m, text, a.mode, a.sinks, a.batch, a.discard)
+    r = perplexity.measure(m, text, a.mode, a.sinks, a.batch, a.discard, a.policy)
     if a.json:
         print(json.dumps({"model": str(a.model), "text": source, **r.as_json()}))
     else:
@@ -388,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sinks", type=int, default=4,
                    help="stream: positions a shift keeps (plus BOS, as llama.cpp); 0 for a plain window")
     p.add_argument("--discard", type=int, default=None, help="stream: positions a shift drops (default: half)")
+    p.add_argument("--policy", choices=["window", "h2o"], default="window",
+                   help="stream: what a full cache keeps besides the sinks: the most recent positions (window), "
+                        "or half recent, half heavy hitters by accumulated attention (h2o)")
     p.add_argument("--batch", type=int, default=32, help="stream: tokens read per step")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--json", action="store_true", help="one JSON object: mode, ctx, sinks, kv_dtype_k, "

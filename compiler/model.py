@@ -155,6 +155,19 @@ class Sequence:
         self.keep(np.r_[0:n_keep, n_keep + n_discard:n_past])
         return n_past - n_discard
 
+    def attention_mass(self) -> np.ndarray:
+        """[n_past]: the attention each position has received since it was written (summed over
+        heads, layers and queries), while m.track_attention(True) is on."""
+        m = self.model
+        with m._lock:
+            n = int(m._lib.kiln_seq_n_past(m._m, self._live()))
+            out = np.zeros(max(n, 0), np.float32)
+            status = m._lib.kiln_seq_attention(m._m, self.id, m._ffi.cast("float *", m._ffi.from_buffer(out)), n)
+        if status == m._lib.KILN_E_ARG:
+            raise ModelError("attention_mass: call m.track_attention(True) first")
+        m._check(status, seq=self)
+        return out
+
     def share(self, first_block: int, n_blocks: int) -> np.ndarray:
         """The pages of full blocks [first_block, first_block + n_blocks), [n_blocks, n_groups]
         (-1 where a sliding group has let a block go), with a reference taken on each for the
@@ -362,6 +375,11 @@ class Model:
             raise kv_file.KVFileError(f"{path}: {e}") from None
         seq.tokens, seq.exact = tokens, exact
         return seq
+
+    def track_attention(self, on: bool = True) -> None:
+        """Keep, per position, the attention it receives (for heavy-hitter eviction, h2o.py). It
+        costs a second pass over each layer's keys, so it is off until asked for."""
+        self._call(self._lib.kiln_track_attention, int(bool(on)))
 
     def release_pages(self, pages: np.ndarray) -> None:
         """Drop the references Sequence.share took."""

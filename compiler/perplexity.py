@@ -6,7 +6,9 @@ chunks: llama-perplexity's method. The text is cut into chunks of ctx tokens, ea
 stream: the whole text through one sequence of ctx positions, as a long conversation would
         go: when the cache is full it is shifted (the first `sinks` positions kept, half of
         the rest dropped), so every token after the first is scored. With sinks this is
-        StreamingLLM; with none, a plain sliding window.
+        StreamingLLM; with none, a plain sliding window. With the h2o policy the same number
+        of positions is kept, but half of them (after the sinks) are the heavy hitters, the
+        positions that have received the most attention, and half the most recent (H2O).
 
 The scoring is plain numpy over the logits, so the same functions score llama.cpp's logits
 (tests/test_perplexity.py) and kiln's.
@@ -26,6 +28,7 @@ DEFAULT_TEXT = Path(__file__).parent / "data" / "scandal_in_bohemia.txt"
 DEFAULT_TEXT_SOURCE = ("A Scandal in Bohemia, from The Adventures of Sherlock Holmes by Arthur Conan Doyle "
                        "(1891; Project Gutenberg eBook #1661, public domain)")
 MODES = ("chunks", "stream")
+POLICIES = ("window", "h2o")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Perplexity:
     n_scored: int
     nll: float  # mean negative log-likelihood per scored token, nats
     n_shifts: int = 0
+    policy: str = "window"  # stream mode: what a full cache keeps
 
     @property
     def ppl(self) -> float:
@@ -46,7 +50,7 @@ class Perplexity:
     def as_json(self) -> dict:
         return {"mode": self.mode, "ctx": self.ctx, "sinks": self.sinks, "kv_dtype_k": self.kv_dtype_k,
                 "kv_dtype_v": self.kv_dtype_v, "n_scored": self.n_scored, "ppl": self.ppl, "nll": self.nll,
-                "n_shifts": self.n_shifts}
+                "n_shifts": self.n_shifts, "policy": self.policy}
 
 
 def token_nll(logits: np.ndarray, targets: SequenceABC[int]) -> np.ndarray:
@@ -82,18 +86,34 @@ def chunks(all_logits: Callable[[list[int]], np.ndarray], ids: list[int], ctx: i
     return np.concatenate([score_chunk(all_logits(c), c) for c in chunk_inputs(ids, ctx, bos)])
 
 
-def stream(seq, ids: list[int], sinks: int, batch: int = 32, n_discard: int | None = None) -> tuple[np.ndarray, int]:
-    """Per-token NLL of ids[1:] read through `seq` (a kiln Sequence), shifting when it is full;
-    also the number of shifts. `batch` tokens are read per step."""
+def h2o_keep(mass: np.ndarray, sinks: int, n_keep: int) -> np.ndarray:
+    """H2O's choice of n_keep positions: the sinks, then half of the rest the most recent, half
+    the heavy hitters among the others (the largest accumulated attention), in order."""
+    n = mass.size
+    recent = (n_keep - sinks) // 2
+    heavy = n_keep - sinks - recent
+    middle = np.arange(sinks, n - recent)
+    hitters = middle[np.argsort(-mass[sinks:n - recent], kind="stable")[:heavy]]
+    return np.sort(np.concatenate([np.arange(sinks), hitters, np.arange(n - recent, n)]))
+
+
+def stream(seq, ids: list[int], sinks: int, batch: int = 32, n_discard: int | None = None,
+           policy: str = "window") -> tuple[np.ndarray, int]:
+    """Per-token NLL of ids[1:] read through `seq` (a kiln Sequence), evicting by `policy` when it
+    is full; also the number of evictions. `batch` tokens are read per step."""
     ctx = seq.model.n_ctx
-    if not 0 <= sinks < ctx - batch:
-        raise OptionError(f"sinks (--sinks) must be between 0 and ctx - batch = {ctx - batch - 1}, got {sinks}")
+    if not 0 <= sinks <= ctx // 2 - batch:
+        raise OptionError(f"sinks (--sinks) must be between 0 and ctx / 2 - batch = {ctx // 2 - batch}, got {sinks}")
     out, shifts = [], 0
     prev = seq.prefill(ids[:1])
     for at in range(1, len(ids), batch):
         part = ids[at:at + batch]
         if seq.n_past + len(part) > ctx:
-            seq.shift(sinks, n_discard or (seq.n_past - sinks) // 2)
+            drop = max(n_discard or (seq.n_past - sinks) // 2, seq.n_past + len(part) - ctx)
+            if policy == "h2o":
+                seq.keep(h2o_keep(seq.attention_mass(), sinks, seq.n_past - drop))
+            else:
+                seq.shift(sinks, drop)
             shifts += 1
         logits = seq.prefill(part, logits="all")
         out.append(token_nll(np.vstack([prev[None], logits[:-1]]), part))
@@ -101,10 +121,16 @@ def stream(seq, ids: list[int], sinks: int, batch: int = 32, n_discard: int | No
     return np.concatenate(out), shifts
 
 
-def measure(model, text: str, mode: str, sinks: int = 4, batch: int = 32, n_discard: int | None = None) -> Perplexity:
+def measure(model, text: str, mode: str, sinks: int = 4, batch: int = 32, n_discard: int | None = None,
+            policy: str = "window") -> Perplexity:
     """`model` is a loaded kiln Model whose n_ctx is the context to measure at."""
     if mode not in MODES:
         raise OptionError(f"mode (--mode) must be one of {', '.join(MODES)}, got {mode!r}")
+    if policy not in POLICIES:
+        raise OptionError(f"policy (--policy) must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if policy == "h2o" and any(model.windows):
+        raise OptionError(f"policy (--policy) h2o keeps positions by attention in every layer, but "
+                          f"{model.spec.path.name} has sliding-window layers, which keep only their window")
     ids = model.tokenize(text)
     kv = model.compiled.decode.layout.kv
     k, v = kv.k_dtype.label, kv.v_dtype.label
@@ -120,15 +146,19 @@ def measure(model, text: str, mode: str, sinks: int = 4, batch: int = 32, n_disc
         return Perplexity(mode, model.n_ctx, None, k, v, nll.size, float(nll.mean()))
     model.reset()
     keep = model.sinks(ids, sinks) if sinks else 0
-    nll, shifts = stream(model.default_sequence, ids, keep, batch, n_discard)
-    return Perplexity(mode, model.n_ctx, keep, k, v, nll.size, float(nll.mean()), shifts)
+    model.track_attention(policy == "h2o")
+    try:
+        nll, shifts = stream(model.default_sequence, ids, keep, batch, n_discard, policy)
+    finally:
+        model.track_attention(False)
+    return Perplexity(mode, model.n_ctx, keep, k, v, nll.size, float(nll.mean()), shifts, policy)
 
 
 def render(results: list[Perplexity], model: str, source: str) -> str:
     out = [f"perplexity: {model}, {source}",
-           f"{'mode':<7} {'ctx':>6} {'sinks':>5} {'K':<5} {'V':<5} {'scored':>7} {'shifts':>6} {'ppl':>9}"]
+           f"{'mode':<7} {'policy':<6} {'ctx':>6} {'sinks':>5} {'K':<5} {'V':<5} {'scored':>7} {'shifts':>6} {'ppl':>9}"]
     for r in results:
         sinks = "-" if r.sinks is None else str(r.sinks)
-        out.append(f"{r.mode:<7} {r.ctx:>6} {sinks:>5} {r.kv_dtype_k:<5} {r.kv_dtype_v:<5} {r.n_scored:>7} "
+        out.append(f"{r.mode:<7} {r.policy if r.mode == 'stream' else '-':<6} {r.ctx:>6} {sinks:>5} {r.kv_dtype_k:<5} {r.kv_dtype_v:<5} {r.n_scored:>7} "
                    f"{r.n_shifts:>6} {r.ppl:>9.4f}")
     return "\n".join(out) + "\n"

@@ -14,6 +14,7 @@
  * query of the pass can see read a row of zeros, so they add exactly 0 as well.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -232,6 +233,8 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
                        void *scratch, int max_spans) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
+    if (kv->mass && th->ith == 0) /* H2O's bookkeeping, when asked for: one thread, the others wait at the barrier */
+        kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale);
     if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - first_visible(kv, row[0]) / SPAN < max_spans) {
         attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, max_spans,
                      scratch);
@@ -275,6 +278,34 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
         }
         t0 += nt;
     }
+}
+
+void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
+                         int n_head, int n_head_kv, int head_dim, float scale) {
+    const int group = n_head / n_head_kv;
+    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
+    float kr[KILN_MAX_HEAD_DIM];
+    float *s = malloc(sizeof(float) * (size_t)kv->mass_stride); /* one head's scores over a history */
+    if (!s) return; /* the bookkeeping is skipped, never the attention */
+    for (int t = 0; t < n_tokens; t++) {
+        const int32_t *table = table_of(kv, seq[t]);
+        const int first = first_visible(kv, row[t]), n = row[t] - first + 1;
+        float *mass = kv->mass + (size_t)seq[t] * kv->mass_stride + first;
+        for (int h = 0; h < n_head; h++) {
+            const float *qh = q + ((size_t)t * n_head + h) * head_dim;
+            float max = -INFINITY, denom = 0.0f;
+            for (int j = 0; j < n; j++) {
+                kiln_dequantize_row_ref(kv->k_type, cache_row(kv, table, 0, h / group, first + j, k_row), kr, head_dim);
+                float dot = 0.0f;
+                for (int d = 0; d < head_dim; d++) dot += qh[d] * kr[d];
+                s[j] = dot * scale;
+                max = s[j] > max ? s[j] : max;
+            }
+            for (int j = 0; j < n; j++) denom += s[j] = expf(s[j] - max);
+            for (int j = 0; j < n; j++) mass[j] += s[j] / denom;
+        }
+    }
+    free(s);
 }
 
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,

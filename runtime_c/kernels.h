@@ -74,6 +74,8 @@ typedef struct {
     const int32_t *tables; /* [n_seq][max_blocks] */
     int max_blocks, page_size;
     int window;            /* 0: a query at p sees positions 0..p; else p - window + 1 .. p */
+    float *mass;           /* NULL, or [n_seq][mass_stride]: attention each position has received (H2O) */
+    int mass_stride;
 } kiln_kv_view;
 
 /* write k,v[n_tokens][n_head_kv][head_dim] of token t at position row[t] of sequence seq[t] */
@@ -97,6 +99,11 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
                     int max_spans);
+/* mass[seq[t]][j] += softmax(q[t][h] . K[j] * scale)[j] summed over heads, for every position j token
+   t sees: the attention each position receives, which heavy-hitter eviction (H2O) keeps the largest
+   of. kiln_attention_mt calls it after its own work when kv->mass is set. */
+void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
+                         int n_head, int n_head_kv, int head_dim, float scale);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
 void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale);

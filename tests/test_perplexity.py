@@ -81,3 +81,37 @@ def test_chunks_need_one_whole_chunk(capsys, smollm2, tmp_path):
     short.write_text("Only a few words.")
     assert main(["perplexity", str(smollm2), "--ctx", "256", "--text", str(short)]) != 0
     assert "fewer than one chunk of ctx=256 (--ctx)" in capsys.readouterr().err
+
+
+# -- heavy hitters (H2O) ---------------------------------------------------------------------------------
+def test_attention_mass_is_each_querys_softmax_summed_and_leaves_logits_alone(smollm2):
+    m = compiler.load(smollm2, ctx=256)
+    ids = m.tokenize(TEXT)[:60]
+    plain = m.prefill(ids, logits="all")
+    m.reset()
+    with pytest.raises(compiler.model.ModelError, match="track_attention"):
+        m.default_sequence.attention_mass()
+    m.track_attention(True)
+    tracked = m.prefill(ids, logits="all")
+    mass = m.default_sequence.attention_mass()
+    hp = m.spec.hparams
+    assert np.array_equal(plain, tracked)  # the bookkeeping reads the cache, it changes nothing
+    assert mass.shape == (60,) and (mass >= 0).all()
+    assert mass.sum() == pytest.approx(60 * hp.n_head * hp.n_layer, rel=1e-4)  # every query's weights sum to 1
+    assert mass[0] > mass[1:].max()  # the first position is the attention sink
+    keep = perplexity.h2o_keep(mass, 4, 30)
+    m.default_sequence.keep(keep)
+    assert np.array_equal(m.default_sequence.attention_mass(), mass[keep])
+
+
+def test_h2o_keeps_sinks_recent_and_heavy_hitters():
+    mass = np.array([9, 9, 1, 8, 1, 7, 1, 1, 1, 1, 1, 1], float)
+    assert perplexity.h2o_keep(mass, 2, 8).tolist() == [0, 1, 2, 3, 5, 9, 10, 11]  # ties: the oldest
+
+
+def test_h2o_is_refused_for_sliding_window_models(tiny, smollm2):
+    from gguf import GGMLQuantizationType as Q
+    path = tiny("gemma3", wtype=Q.Q8_0, n_layer=6, n_embd=128, n_head=4, n_head_kv=1, head_dim=64, n_ff=256,
+                sliding_window=8, tokenizer_from=smollm2)
+    with pytest.raises(OptionError, match="sliding-window"):
+        perplexity.measure(compiler.load(path, ctx=64), TEXT[:2000], "stream", policy="h2o")

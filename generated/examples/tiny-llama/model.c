@@ -87,6 +87,7 @@ struct kiln_model {
     uint8_t *arena;         /* [ARENA_BYTES] */
     kiln_pool *pool;        /* this instance's threads */
     int32_t n_new[N_SEQ];   /* a step's rows per sequence */
+    float *mass;            /* [N_SEQ][N_CTX], or NULL: attention each position has received, while tracked (H2O) */
 };
 
 /* one step's rows, laid out as the graph's inputs */
@@ -557,6 +558,7 @@ void kiln_close(kiln_model *m) {
     if (m->packed_map) munmap((void *)m->packed_map, PACKED_HEADER_BYTES + (size_t)PACKED_BYTES);
     kiln_kv_free(&m->kv);
     free(m->arena);
+    free(m->mass);
     free(m);
 }
 
@@ -586,6 +588,8 @@ int kiln_step(kiln_model *m, const kiln_batch *b, float *logits) {
         pos[i] = b->pos ? b->pos[i] : row[i];
         if (b->logits ? b->logits[i] != 0 : i == b->n - 1) out[n_logits++] = i;
     }
+    if (m->kv_view[0].mass)
+        for (int i = 0; i < b->n; i++) m->mass[(size_t)b->seq[i] * N_CTX + row[i]] = 0.0f; /* new positions start at 0 */
     step_args args = {m, b->token, pos, b->seq, row, out, b->n, n_logits, logits};
     kiln_pool_run(m->pool, b->n == 1 ? decode_step : prefill_step, &args);
     kiln_kv_advance(&m->kv, m->n_new);
@@ -652,7 +656,24 @@ int kiln_seq_keep(kiln_model *m, int seq, const int32_t *keep, int n) {
     const int status = kiln_kv_keep_begin(&m->kv, seq, keep, n, &args.first_changed);
     if (status != KILN_OK) return status;
     if (args.first_changed < n) kiln_pool_run(m->pool, move_rows, &args);
+    if (m->mass)
+        for (int r = args.first_changed; r < n; r++) m->mass[(size_t)seq * N_CTX + r] = m->mass[(size_t)seq * N_CTX + keep[r]];
     kiln_kv_keep_end(&m->kv, seq, n);
+    return KILN_OK;
+}
+
+int kiln_track_attention(kiln_model *m, int on) {
+    if (!m) return KILN_E_ARG;
+    if (on && !m->mass && !(m->mass = calloc((size_t)N_SEQ * N_CTX, sizeof(float)))) return KILN_E_NOMEM;
+    for (int l = 0; l < N_LAYER; l++) m->kv_view[l].mass = on ? m->mass : NULL, m->kv_view[l].mass_stride = N_CTX;
+    return KILN_OK;
+}
+
+int kiln_seq_attention(const kiln_model *m, int seq, float *out, int n) {
+    if (!m || !out) return KILN_E_ARG;
+    if (kiln_kv_check(&m->kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if (!m->kv_view[0].mass || n != m->kv.n_past[seq]) return KILN_E_ARG;
+    memcpy(out, m->mass + (size_t)seq * N_CTX, (size_t)n * sizeof(float));
     return KILN_OK;
 }
 

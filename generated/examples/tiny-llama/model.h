@@ -46,6 +46,11 @@ int kiln_seq_n_past(const kiln_model *m, int seq);      /* positions the sequenc
    recent rows). KILN_E_SHIFT_WINDOW: a sliding-window layer would read a position whose page it
    no longer holds; KILN_E_KV_FULL: too few free pages for the rows shared pages make it copy. */
 int kiln_seq_keep(kiln_model *m, int seq, const int32_t *keep, int n);
+/* Heavy-hitter bookkeeping (H2O): while on, every step adds to each position the attention it
+   receives (softmax weights summed over heads and layers); a keep carries it along. Off by
+   default: it costs a second pass over the keys. */
+int kiln_track_attention(kiln_model *m, int on);
+int kiln_seq_attention(const kiln_model *m, int seq, float *out, int n); /* n = n_past values */
 
 /* Pages a prefix cache holds outside the sequences: pages is [n_blocks][kiln_n_groups()] page
  * ids, -1 where a sliding layer group no longer keeps a block. */
