@@ -197,21 +197,29 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
             json.dump({"workload": vars(w), "results": rows}, f, indent=2)
 
 
+def _read_text(given: str | None, default):
+    """The --text file (or the default one) as UTF-8, and its path."""
+    from pathlib import Path
+
+    path = Path(given) if given else default
+    try:
+        return path.read_text(encoding="utf-8"), path
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else f"not UTF-8 text ({e.reason} at byte {e.start})"
+        raise KilnError(f"--text {path}: cannot read it ({reason})") from None
+
+
 def cmd_kv_quality(a: argparse.Namespace) -> None:
     import json
     from dataclasses import asdict
-    from pathlib import Path
 
-    from .kv_quality import DEFAULT_TEXT, measure, render
-    from .dtypes import parse_kv_dtype
+    from .kv_quality import DEFAULT_TEXT, measure, parse_pair, render
 
-    dtypes = [parse_kv_dtype(d).label for d in a.kv_dtype.split(",") if d.strip()]
-    path = Path(a.text) if a.text else DEFAULT_TEXT
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise KilnError(f"--text {path}: cannot read it ({e.strerror})") from None
-    rows = measure(a.model, dtypes, text, ctx=a.ctx, prefill_chunk=a.prefill_chunk, log=_log)
+    dtypes = [d for d in a.kv_dtype.split(",") if d.strip()]
+    for d in dtypes:
+        parse_pair(d)  # an unknown dtype fails before anything is compiled
+    text, path = _read_text(a.text, DEFAULT_TEXT)
+    rows = measure(a.model, dtypes, text, ctx=a.ctx, prefill_chunk=a.prefill_chunk, llamacpp=a.llamacpp, log=_log)
     if a.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
@@ -221,7 +229,6 @@ def cmd_kv_quality(a: argparse.Namespace) -> None:
 def cmd_perplexity(a: argparse.Namespace) -> None:
     import json
     from dataclasses import replace
-    from pathlib import Path
 
     from . import perplexity
     from .model import load_options
@@ -230,11 +237,7 @@ def cmd_perplexity(a: argparse.Namespace) -> None:
         raise KilnError(f"--batch must be between 1 and ctx / 2 = {a.ctx // 2}, got {a.batch}")
     if a.discard is not None and not 1 <= a.discard < a.ctx:
         raise KilnError(f"--discard must be between 1 and ctx - 1 = {a.ctx - 1}, got {a.discard}")
-    path = Path(a.text) if a.text else perplexity.DEFAULT_TEXT
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise KilnError(f"--text {path}: cannot read it as UTF-8 text ({e})") from None
+    text, path = _read_text(a.text, perplexity.DEFAULT_TEXT)
     source = str(path) if a.text else perplexity.DEFAULT_TEXT_SOURCE
     o = _options(a)
     if a.mode == "chunks":  # one chunk a step, with every row's logits
@@ -371,7 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved")
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")
-    p.add_argument("--kv-dtype", default="f16,q8_0", help="comma-separated dtypes to measure (default f16,q8_0)")
+    p.add_argument("--kv-dtype", default="f16,q8_0",
+                   help="comma-separated dtypes to measure, K/V for a pair such as q8_0/q4_0 (default f16,q8_0)")
+    p.add_argument("--llamacpp", action="store_true",
+                   help="measure llama.cpp's caches of the same types too, against its own f32 cache")
     p.add_argument("--text", help="text file to read (default: a built-in text of about 1,500 tokens)")
     p.add_argument("--ctx", type=int, default=CompileOptions.ctx, help="context; the text is cut to it")
     p.add_argument("--prefill-chunk", type=int, default=CompileOptions.prefill_chunk)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gguf import GGMLQuantizationType as Q
 
 from compiler.cli import main
@@ -31,3 +33,17 @@ def test_cli_json_and_errors(tiny, smollm2, tmp_path, capsys):
     assert "unknown KV cache dtype 'q4'" in capsys.readouterr().err
     assert main(["kv-quality", str(path), "--text", str(tmp_path / "missing.txt")]) == 1
     assert "missing.txt: cannot read it" in capsys.readouterr().err
+
+
+def test_pairs_perplexity_and_llamacpp_side_by_side(tiny, smollm2):
+    """K and V types apart ('q8_0/q4_0'), each cache's perplexity and its change from f32, and
+    llama.cpp's caches of the same types measured the same way against its own f32 cache."""
+    path = tiny("llama", wtype=Q.Q8_0, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, tokenizer_from=smollm2)
+    rows = measure(path, ["q8_0/q4_0"], "The quick brown fox jumps over the lazy dog. " * 20, ctx=256, llamacpp=True)
+    assert [(r.engine, r.dtype) for r in rows] == [("kiln", "f32"), ("kiln", "q8_0/q4_0"), ("llama.cpp", "f32"),
+                                                   ("llama.cpp", "q8_0/q4_0")]
+    kiln_f32, kiln_q, ll_f32, ll_q = rows
+    assert kiln_q.kv_bytes == kiln_f32.kv_bytes * (34 + 18) // 256 == ll_q.kv_bytes
+    assert kiln_f32.ppl > 1 and kiln_q.delta_ppl == pytest.approx(kiln_q.ppl - kiln_f32.ppl)
+    assert abs(kiln_f32.ppl / ll_f32.ppl - 1) < 0.01  # the two engines read the text alike
+    assert 0 < kiln_q.mean_kl < 0.05 and 0 < ll_q.mean_kl < 0.05
