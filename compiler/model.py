@@ -221,13 +221,16 @@ class Sequence:
         pieces = self._generate(prompt, max_tokens, params, stop_list(stop), n_keep if context_shift else None)
         return pieces if stream else "".join(pieces)
 
-    def make_room(self, n_keep: int) -> None:
+    def shift_if_full(self, n_keep: int) -> None:
         """Shift the sequence if its context is full (the decoding loops' context shift)."""
         if self.n_past >= self.model.n_ctx:
             self.shift(self.model.sinks(self.tokens, n_keep))
 
     def _reuse_prefix(self, ids: list[int]) -> list[int]:
-        """Roll back to the longest prefix the cache shares with `ids`; return what is left to prefill."""
+        """Roll back to the longest prefix the cache shares with `ids`; return what is left to prefill.
+        A shifted cache is not what prefilling its tokens gives, so it is not reused."""
+        if not self.exact:
+            self.reset()
         k = 0
         for a, b in zip(self.tokens, ids):
             if a != b:
@@ -253,7 +256,7 @@ class Sequence:
             if out.finish_reason:
                 return
             if n_keep is not None:
-                self.make_room(n_keep)
+                self.shift_if_full(n_keep)
             logits = self.decode(out.token)
 
 
@@ -534,7 +537,7 @@ class Model:
                 return
             for _, s, _, _ in step:
                 if n_keep is not None:
-                    s.make_room(n_keep)
+                    s.shift_if_full(n_keep)
             rows = self.step([(s, tok) for _, s, _, tok in step])
             running = [(i, s, run, row) for (i, s, run, _), row in zip(step, rows)]
 

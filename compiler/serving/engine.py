@@ -313,7 +313,7 @@ class Engine:
             for r in self.running:
                 if len(r.todo) == 1 and r.seq.n_past >= self.model.n_ctx:
                     try:
-                        r.seq.make_room(self.n_keep)
+                        r.seq.shift_if_full(self.n_keep)
                     except PoolFullError:  # its shared pages must be copied: free some, try again
                         self._make_room([(r, r.todo)])
                         return
