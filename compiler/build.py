@@ -1,8 +1,11 @@
 """Build C into a Python extension with cffi, cached in $KILN_CACHE/build by a content hash.
 
 The key covers everything that changes the binary: the C sources and headers, the cdef,
-the compiler flags and version, and kiln's version. A second load with the same key
-imports the cached library without compiling.
+the compiler flags and version, kiln's version, and the instruction set the flags select on
+this machine (`-march=native`: the compiler's predefined macros, __AVX512F__ and the like). A
+cache shared between hosts (an NFS home, a container image) therefore never hands a library
+built for one CPU to another: the other CPU's key differs and it builds its own. A second load
+with the same key imports the cached library without compiling.
 """
 from __future__ import annotations
 
@@ -59,18 +62,36 @@ def compile_args(sanitize: bool) -> list[str]:
     return args + ["-O3", "-march=native"]
 
 
+def _cc() -> list[str]:
+    return (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+
+
 @lru_cache(maxsize=1)
 def _compiler_identity() -> str:
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     try:
-        return subprocess.run(cc.split() + ["--version"], capture_output=True, text=True).stdout
+        return subprocess.run(_cc() + ["--version"], capture_output=True, text=True).stdout
     except OSError:
-        raise BuildError(f"no C compiler: '{cc}' cannot be run; install gcc (apt-get install gcc)") from None
+        raise BuildError(f"no C compiler: '{' '.join(_cc())}' cannot be run; install gcc (apt-get install gcc)") from None
+
+
+@lru_cache(maxsize=2)
+def target_identity(sanitize: bool) -> str:
+    """What the flags compile for on this machine: the predefined macros (the ISA extensions
+    -march=native turns on among them), sorted."""
+    try:
+        out = subprocess.run(_cc() + compile_args(sanitize) + ["-E", "-dM", "-x", "c", os.devnull],
+                             capture_output=True, text=True)
+    except OSError:
+        raise BuildError(f"no C compiler: '{' '.join(_cc())}' cannot be run; install gcc (apt-get install gcc)") from None
+    if out.returncode != 0:
+        raise BuildError(f"the C compiler rejects kiln's flags {compile_args(sanitize)}: {out.stderr.strip()[:500]}")
+    return "\n".join(sorted(out.stdout.splitlines()))
 
 
 def build_key(src: CSource) -> str:
     h = hashlib.sha256()
-    for part in (__version__, sys.version, _compiler_identity(), src.cdef, src.prelude, repr(compile_args(src.sanitize))):
+    for part in (__version__, sys.version, _compiler_identity(), target_identity(src.sanitize), src.cdef, src.prelude,
+                 repr(compile_args(src.sanitize))):
         h.update(part.encode())
         h.update(b"\0")
     for path in (*src.sources, *runtime_headers()):

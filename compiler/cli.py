@@ -131,7 +131,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     if a.chat:  # before compiling, so that a model with no template fails at once
         prompt = render_chat(read_model(resolve(a.model, _log)), [{"role": "user", "content": a.prompt}])
     m = load_options(a.model, o, a.threads, log=_log)
-    ids = m.tokenize(prompt)  # before any output, so a failure prints nothing but the error
+    ids = m.prompt_ids(prompt)  # tokenized and checked against the context before any output
     if not a.chat:
         sys.stdout.write(a.prompt)
     for piece in m.generate(ids, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,

@@ -142,6 +142,8 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
         )
     tokenizer = _read_tokenizer(meta)
     tensors = _read_tensors(path, reader, size)
+    hparams = _read_hparams(meta, arch, tokenizer)
+    _check_vocab_tensors(path, tensors, hparams)
     with open(path, "rb") as f:
         header_sha = hashlib.sha256(f.read(reader.data_offset)).hexdigest()
     return ModelSpec(
@@ -151,7 +153,7 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
         file_size=size,
         data_offset=int(reader.data_offset),
         header_sha256=header_sha,
-        hparams=_read_hparams(meta, arch, tokenizer),
+        hparams=hparams,
         tensors=tensors,
         tokenizer=tokenizer,
     )
@@ -182,6 +184,9 @@ class _Metadata:
     def get(self, key: str):
         f = self.fields.get(key)
         return None if f is None else f.contents()
+
+    def keys(self) -> list[str]:
+        return list(self.fields)
 
     def _scalar(self, key: str, default):
         v = self.get(key)
@@ -223,8 +228,70 @@ class _Metadata:
 MAX_HEAD_DIM = 512  # KILN_MAX_HEAD_DIM in runtime_c/kernels.h: the kernels' per-head stack buffers
 
 
+# Architecture keys kiln reads (_read_hparams) ...
+_KNOWN_KEYS = frozenset({
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
+})
+# ... and keys that change nothing at these values, which kiln accepts as written. A key outside
+# both would change the model's math in a way kiln does not implement: it is refused, never ignored.
+_NEUTRAL_KEYS: dict[str, tuple] = {
+    "rope.scaling.type": ("none",),
+    "rope.scaling.factor": (0.0, 1.0),
+    "rope.scale_linear": (1.0,),
+    "rope.freq_scale": (1.0,),
+    "rope.scaling.attn_factor": (1.0,),
+    "attention.logit_softcapping": (0.0,),
+    "final_logit_softcapping": (0.0,),
+    "attention.clamp_kqv": (0.0,),
+    "attention.max_alibi_bias": (0.0,),
+    "attention.causal": (True,),
+    "expert_count": (0,),
+    "expert_used_count": (0,),
+    "embedding_scale": (1.0,),
+    "residual_scale": (1.0,),
+    "logit_scale": (1.0,),
+}
+# informational only: they describe how a scaling was trained, and matter only with one
+_INFO_KEYS = frozenset({"rope.scaling.original_context_length", "rope.scaling.finetuned"})
+
+
+def _check_unimplemented(meta: _Metadata, arch: str) -> None:
+    prefix = arch + "."
+    for key in meta.keys():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):]
+        if name in _KNOWN_KEYS or name in _INFO_KEYS:
+            continue
+        value = meta.get(key)
+        if name in _NEUTRAL_KEYS and value in _NEUTRAL_KEYS[name]:
+            continue
+        shown = value if isinstance(value, (int, float, str, bool)) else type(value).__name__
+        raise ModelFileError(f"{meta.path}: metadata '{key}' = {shown!r} asks for something kiln does not implement "
+                             "(it would run the model wrong); use a GGUF without it")
+
+
+def _check_vocab_tensors(path: Path, tensors: dict, hp: HParams) -> None:
+    """A token id indexes token_embd's rows, and the LM head has one row per token."""
+    emb, out = tensors.get("token_embd.weight"), tensors.get("output.weight")
+    if emb is None:
+        raise ModelFileError(f"{path}: tensor 'token_embd.weight' is missing")
+    if emb.shape[0] < hp.n_vocab or emb.shape[1] != hp.n_embd:
+        raise ModelFileError(f"{path}: tensor 'token_embd.weight' is {list(emb.shape)} but the vocabulary has "
+                             f"{hp.n_vocab} tokens of {hp.n_embd} (rows x embedding_length); the file is inconsistent")
+    if out is not None and tuple(out.shape) != (hp.n_vocab, hp.n_embd):
+        raise ModelFileError(f"{path}: tensor 'output.weight' is {list(out.shape)} but the vocabulary has "
+                             f"{hp.n_vocab} tokens of {hp.n_embd}; its rows must match the vocabulary")
+    if "rope_freqs.weight" in tensors:
+        raise ModelFileError(f"{path}: tensor 'rope_freqs.weight' (per-dimension rope frequency factors) is not "
+                             "implemented by kiln")
+
+
 def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
     a = arch
+    _check_unimplemented(meta, arch)
     n_embd = meta.integer(f"{a}.embedding_length")
     n_head = meta.integer(f"{a}.attention.head_count")
     head_dim = meta.integer(f"{a}.attention.key_length", default=n_embd // max(n_head, 1))

@@ -246,7 +246,7 @@ class Sequence:
 
     def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str],
                   n_keep: int | None) -> Iterator[str]:
-        ids = self.model._prompt_ids(prompt)
+        ids = self.model.prompt_ids(prompt)
         logits = self.prefill(self._reuse_prefix(ids))
         run = self.model._decoding(ids, params, stops, max_tokens, context_shift=n_keep is not None)
         while True:
@@ -501,7 +501,7 @@ class Model:
         sequence still running. Each has its own sampler (seeded seed + i when a seed is given);
         more prompts than free sequences run in waves. context_shift and n_keep: as in generate."""
         prompts = list(prompts)
-        ids = [self._prompt_ids(p) for p in prompts]
+        ids = [self.prompt_ids(p) for p in prompts]
         params = [SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty,
                                  seed=None if seed is None else seed + i) for i in range(len(prompts))]
         out: list[str] = [""] * len(prompts)
@@ -567,7 +567,8 @@ class Model:
     def detokenize(self, ids, special: bool = False) -> str:
         return self.tokenizer.detokenize(ids, special)
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A prompt's token ids (text is tokenized), refused when empty or longer than the context."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise ModelError("generate: the prompt is empty")

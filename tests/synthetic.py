@@ -41,6 +41,8 @@ class TinySpec:
     metadata_arch: str | None = None  # write this as general.architecture instead of `arch`
     tokenizer_from: Path | None = None  # copy a real GGUF's tokenizer (so llama.cpp loads the model)
     tokenizer_pre: str | None = None  # override its pre-tokenizer name
+    extra_meta: dict = field(default_factory=dict)  # more '{arch}.<key>' metadata: str, bool, int or float values
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-tensor shape overrides (numpy order)
 
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
@@ -70,7 +72,7 @@ def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
         if t.post_norms:
             shapes |= {b + "post_attention_norm.weight": (s.n_embd,), b + "post_ffw_norm.weight": (s.n_embd,)}
-    return {k: v for k, v in shapes.items() if k not in s.drop}
+    return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
 
 
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
@@ -112,6 +114,10 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_bos_token_id(256)
         w.add_eos_token_id(256)
         w.add_add_bos_token(False)
+
+    for key, value in s.extra_meta.items():
+        add = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}[type(value)]
+        add(f"{arch}.{key}", value)
 
     rng = np.random.default_rng(s.seed)
     for name, shape in tensor_shapes(s, len(vocab)).items():

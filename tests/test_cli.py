@@ -106,3 +106,9 @@ def test_option_validation_is_shared_with_python_api():
     with pytest.raises(OptionError, match="must be an integer"):
         CompileOptions(ctx="2048")
     assert CompileOptions(ctx=100, prefill_chunk=256).prefill_chunk == 100
+
+
+def test_run_refuses_a_prompt_longer_than_the_context_without_echoing_it(capsys, smollm2):
+    prompt = "word " * 200
+    code, out, err = run(capsys, "run", str(smollm2), "--ctx", "64", "-p", prompt, "-n", "4")
+    assert code == 1 and out == "" and "the prompt has" in err and "n_ctx is 64 (--ctx)" in err

@@ -100,3 +100,33 @@ def test_head_dim_above_the_kernels_limit_is_refused(tiny):
     p = tiny("llama", n_embd=1024, n_head=1, n_head_kv=1, head_dim=1024, n_ff=64, n_layer=1)
     with pytest.raises(ModelFileError, match=r"head_dim 1024 \(attention\.key_length\) is above 512"):
         read_model(p)
+
+
+@pytest.mark.parametrize("meta,match", [
+    ({"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}, "llama.rope.scaling"),
+    ({"rope.scaling.type": "yarn"}, "'llama.rope.scaling.type' = 'yarn'"),
+    ({"expert_count": 8, "expert_used_count": 2}, "llama.expert_count"),
+    ({"attention.logit_softcapping": 50.0}, "llama.attention.logit_softcapping"),
+    ({"attention.layer_norm_epsilon": 1e-5}, "llama.attention.layer_norm_epsilon"),
+])
+def test_hyperparameters_kiln_does_not_implement_are_refused(tiny, meta, match):
+    with pytest.raises(ModelFileError, match=match) as e:
+        read_model(tiny("llama", extra_meta=meta))
+    assert "does not implement" in str(e.value) and "tiny-llama.gguf" in str(e.value)
+
+
+def test_neutral_values_of_those_hyperparameters_are_accepted(tiny):
+    spec = read_model(tiny("llama", extra_meta={"rope.scaling.type": "none", "rope.scaling.factor": 1.0,
+                                                "expert_count": 0, "attention.causal": True}))
+    assert spec.hparams.n_layer == 2
+
+
+@pytest.mark.parametrize("shapes,match", [
+    ({"token_embd.weight": (200, 64)}, "'token_embd.weight' is \\[200, 64\\] but the vocabulary has 259"),
+    ({"output.weight": (300, 128)}, "'output.weight' is \\[300, 128\\]"),
+])
+def test_vocabulary_tensors_must_cover_the_vocabulary(tiny, shapes, match):
+    # qwen2 writes an untied output.weight (n_embd 128 here)
+    path = tiny("qwen2", n_embd=128, shapes=shapes) if "output" in match else tiny("llama", shapes=shapes)
+    with pytest.raises(ModelFileError, match=match):
+        read_model(path)

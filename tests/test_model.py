@@ -164,3 +164,16 @@ def test_threads_give_the_same_logits(tiny, arch):
 def test_bad_thread_counts_are_refused(tiny_llama):
     with pytest.raises(OptionError, match="threads must be a positive integer"):
         compiler.load(tiny_llama, ctx=16, threads=0)
+
+
+def test_the_build_key_names_the_cpu_the_library_is_built_for(monkeypatch):
+    """A cache shared between hosts: a CPU with other ISA extensions gets another key, so it
+    builds its own library instead of loading one that may use instructions it lacks."""
+    from compiler import build
+    src = build.CSource("runtime", build.header_cdef(build.RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
+                        build.runtime_sources())
+    here = build.build_key(src)
+    assert "__SSE2__" in build.target_identity(False)
+    other_cpu = build.target_identity(False) + "\n#define __AVX10_2__ 1"  # one more extension than this CPU has
+    monkeypatch.setattr(build, "target_identity", lambda sanitize: other_cpu)
+    assert build.build_key(src) != here
