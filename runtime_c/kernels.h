@@ -18,6 +18,9 @@ enum kiln_type {
 
 /* -- quantized weights and activations ----------------------------------------------------- */
 int kiln_type_supported(int type);
+/* which of a type's kernels this build has SIMD versions of (the others run the scalar reference) */
+enum { KILN_SIMD_DOT = 1, KILN_SIMD_DEQUANT = 2, KILN_SIMD_ACT = 4, KILN_SIMD_GEMM = 8 };
+int kiln_simd_kernels(int type);
 size_t kiln_row_bytes(int type, int n);             /* bytes of n elements of type */
 size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations quantized for type */
 void kiln_quantize_act(int type, const float *x, void *dst, int n);     /* x[n] -> type's act format */

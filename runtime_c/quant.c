@@ -376,6 +376,14 @@ static dot_fn fast_dot(int type) {
     return SIMD[type].dot ? SIMD[type].dot : TYPES[type].dot;
 }
 
+int kiln_simd_kernels(int type) {
+    if (type < 0 || type >= KILN_TYPE_COUNT || !TYPES[type].dot) return 0;
+    return (fast_dot(type) != TYPES[type].dot ? KILN_SIMD_DOT : 0) |
+           (SIMD[type].dequant ? KILN_SIMD_DEQUANT : 0) |
+           (fast_quantize_act(TYPES[type].act_type) != ACT[TYPES[type].act_type].quantize ? KILN_SIMD_ACT : 0) |
+           (SIMD[type].gemm ? KILN_SIMD_GEMM : 0);
+}
+
 int kiln_type_supported(int type) {
     return type >= 0 && type < KILN_TYPE_COUNT && TYPES[type].dot != NULL;
 }

@@ -134,4 +134,6 @@ def test_synthetic_logits_match_llamacpp(tiny, smollm2, arch, qtype):
     seq = [int(t) for t in np.random.default_rng(5).integers(0, 49152, 70)]
     a = compare(ref.logits(seq), kiln.prefill(seq, logits="all"))
     print(f"\n{arch} {qtype.name}: mean KL {a.mean_kl:.2e}, top-1 {a.top1:.1%}, max|d| {a.max_abs:.4f}")
-    assert a.mean_kl <= 5e-3 and a.top1 >= 0.97
+    # measured 0.9e-6 to 4.5e-6 over these 12 cases: a bound 20x above the largest, far below the
+    # 3e-3 of real text, so a kernel or a template that drifts shows here first
+    assert a.mean_kl <= 1e-4 and a.top1 >= 0.97
