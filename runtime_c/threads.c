@@ -14,8 +14,13 @@
 
 #include "threads.h"
 
+/* A worker's stack: the kernels keep per-thread buffers there (the x8 matmuls about 68 KB), so
+ * the size is set rather than left to the platform's default (128 KB on musl). */
+#define KILN_WORKER_STACK_BYTES (4u << 20)
+
 struct kiln_pool {
-    int n;
+    int n;         /* threads of a region, the caller included; fixed before any worker starts */
+    int n_started; /* workers running, for the join: only the creating thread touches it */
     pthread_t *workers;
     pthread_mutex_t mu;
     pthread_cond_t start, done;
@@ -30,13 +35,13 @@ struct kiln_pool {
 
 typedef struct {
     kiln_pool *pool;
-    int ith;
+    int ith, nth;
 } worker_arg;
 
 static void *worker_main(void *p_) {
     worker_arg *wa = p_;
     kiln_pool *p = wa->pool;
-    const kiln_thread t = {wa->ith, p->n, p};
+    const kiln_thread t = {wa->ith, wa->nth, p};
     free(wa);
     unsigned seen = 0;
     for (;;) {
@@ -68,24 +73,23 @@ kiln_pool *kiln_pool_create(int n_threads) {
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->arrived, 0);
     atomic_init(&p->phase, 0);
-    if (!p->workers) {
+    pthread_attr_t attr;
+    if (!p->workers || pthread_attr_init(&attr) != 0) {
         kiln_pool_destroy(p);
         return NULL;
     }
-    for (int i = 1; i < n_threads; i++) {
+    int ok = pthread_attr_setstacksize(&attr, KILN_WORKER_STACK_BYTES) == 0;
+    for (int i = 1; i < n_threads && ok; i++) {
         worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) {
-            p->n = i;
-            kiln_pool_destroy(p);
-            return NULL;
-        }
-        *wa = (worker_arg){p, i};
-        if (pthread_create(&p->workers[i], NULL, worker_main, wa) != 0) {
-            free(wa);
-            p->n = i; /* join only the workers that started */
-            kiln_pool_destroy(p);
-            return NULL;
-        }
+        if (wa) *wa = (worker_arg){p, i, n_threads};
+        ok = wa && pthread_create(&p->workers[i], &attr, worker_main, wa) == 0;
+        if (ok) p->n_started = i;
+        else free(wa);
+    }
+    pthread_attr_destroy(&attr);
+    if (!ok) { /* the workers that started are stopped and joined */
+        kiln_pool_destroy(p);
+        return NULL;
     }
     return p;
 }
@@ -96,7 +100,7 @@ void kiln_pool_destroy(kiln_pool *p) {
     p->stop = 1;
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->n; i++) pthread_join(p->workers[i], NULL);
+    for (int i = 1; i <= p->n_started; i++) pthread_join(p->workers[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->start);
     pthread_cond_destroy(&p->done);

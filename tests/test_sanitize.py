@@ -69,6 +69,9 @@ SCRIPT = textwrap.dedent("""
     assert np.array_equal(r.decode(3), a.decode(3))
     r.close()
     m.track_attention(False)
+    from compiler.build import runtime_kernels  # the sanitized build's SIMD kernels, for the log
+    k = runtime_kernels(sanitize=True).lib
+    print("simd", *(k.kiln_simd_kernels(t) for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14)))
     m.reset()
     m.prefill([1] * 40)  # fills the context exactly
     lib, ffi = m._lib, m._ffi
@@ -108,4 +111,10 @@ def test_sanitized_generation_and_overflow(tiny, case, tmp_path):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(path), kv_dtype, str(tmp_path / "state.kv")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "clean 40" in r.stdout, r.stderr[-3000:]
+    # the sanitized library runs the same SIMD kernels as the real build (dots, dequantizers, gemms)
+    from compiler.build import runtime_kernels
+    lib = runtime_kernels().lib
+    simd = [int(x) for x in r.stdout.split("simd ")[1].split()[:10]]
+    assert simd == [lib.kiln_simd_kernels(t) for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14)]
+    print(f"\n{case}: sanitized SIMD kernels per type (f32 f16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_K q5_K q6_K): {simd}")
     assert "runtime error" not in r.stderr and "AddressSanitizer" not in r.stderr
