@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models test run clean llama-server
+.PHONY: setup dev models test fuzz run clean llama-server
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -53,6 +53,10 @@ models: setup
 
 test: dev models
 	$(BIN)/pytest
+
+# The GGUF front end under 100,000 mutated headers (make test runs about 2,000).
+fuzz: dev models
+	KILN_FUZZ_CASES=99000 KILN_FUZZ_REAL_CASES=1000 $(BIN)/pytest -q tests/test_fuzz_gguf.py
 
 # The main job: compile the default model (cached after the first run) and stream a greedy continuation.
 PROMPT ?= Here is a short story about a robot who learns to paint:

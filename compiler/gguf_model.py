@@ -17,6 +17,7 @@ import numpy as np
 from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
 
 from .dtypes import DType, WEIGHT_DTYPES, weight_dtype
+from .gguf_check import check_layout
 from .errors import ModelFileError
 from .templates import available_archs
 
@@ -127,6 +128,7 @@ def read_model(path: str | os.PathLike[str]) -> ModelSpec:
 @lru_cache(maxsize=8)
 def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
     _check_magic(path, size)
+    check_layout(path)  # every length, count, type and offset, before gguf-py trusts them
     try:
         reader = _Reader(path)
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
@@ -183,7 +185,13 @@ class _Metadata:
 
     def get(self, key: str):
         f = self.fields.get(key)
-        return None if f is None else f.contents()
+        return None if f is None else self._contents(key, f)
+
+    def _contents(self, key: str, f):
+        try:
+            return f.contents()
+        except (UnicodeDecodeError, ValueError, IndexError) as e:
+            raise ModelFileError(f"{self.path}: metadata key '{key}' is corrupt ({e}); fetch the file again") from None
 
     def keys(self) -> list[str]:
         return list(self.fields)
@@ -222,7 +230,7 @@ class _Metadata:
             return None
         if f.types[0] != GGUFValueType.ARRAY:
             raise ModelFileError(f"{self.path}: metadata key '{key}' should be an array")
-        return f.contents()
+        return self._contents(key, f)
 
 
 MAX_HEAD_DIM = 512  # KILN_MAX_HEAD_DIM in runtime_c/kernels.h: the kernels' per-head stack buffers

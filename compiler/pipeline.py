@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 from .builders import build_decode, build_prefill
+from .errors import GraphError
 from .gguf_model import ModelSpec, read_model
 from .ir import Graph, Mode
 from .options import CompileOptions
@@ -35,5 +36,8 @@ def plan(model: str | os.PathLike[str], opts: CompileOptions, mode: Mode = Mode.
     spec = read_model(resolve(model, log))
     tmpl = load_template(spec.arch)
     kv = plan_kv(spec.hparams, tmpl, opts)
-    graph = run_passes(build_graph(spec, tmpl, opts, mode), PassContext(spec, kv))
+    try:
+        graph = run_passes(build_graph(spec, tmpl, opts, mode), PassContext(spec, kv))
+    except GraphError as e:  # the file's tensors do not make the graph its template describes
+        raise GraphError(f"{spec.path}: {e}") if str(spec.path) not in str(e) else e from None
     return Planned(spec, tmpl, opts, graph, plan_layout(graph, spec, tmpl, opts, kv))
