@@ -145,7 +145,7 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
     tokenizer = _read_tokenizer(meta)
     tensors = _read_tensors(path, reader, size)
     hparams = _read_hparams(meta, arch, tokenizer)
-    _check_vocab_tensors(path, tensors, hparams)
+    _check_tensors_fit(path, tensors, hparams)
     with open(path, "rb") as f:
         header_sha = hashlib.sha256(f.read(reader.data_offset)).hexdigest()
     return ModelSpec(
@@ -281,8 +281,14 @@ def _check_unimplemented(meta: _Metadata, arch: str) -> None:
                              "(it would run the model wrong); use a GGUF without it")
 
 
-def _check_vocab_tensors(path: Path, tensors: dict, hp: HParams) -> None:
-    """A token id indexes token_embd's rows, and the LM head has one row per token."""
+def _check_tensors_fit(path: Path, tensors: dict, hp: HParams) -> None:
+    """The hyperparameters describe the tensors that are there: one set per block (the planner
+    loops over block_count, so it must not be larger than the file), token_embd's rows cover the
+    vocabulary, and the LM head has one row per token."""
+    blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
+    if hp.n_layer > len(blocks) or any(not b.isdigit() or int(b) >= hp.n_layer for b in blocks):
+        raise ModelFileError(f"{path}: block_count is {hp.n_layer} but the file holds tensors for {len(blocks)} "
+                             "blocks (blk.0 ..); the metadata and the tensors disagree")
     emb, out = tensors.get("token_embd.weight"), tensors.get("output.weight")
     if emb is None:
         raise ModelFileError(f"{path}: tensor 'token_embd.weight' is missing")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
 import struct
 from pathlib import Path
 
@@ -62,7 +63,9 @@ def _write(orig: Original, header: bytes, tmp: Path, size: int | None = None) ->
 
 
 def _front_end(path: Path) -> None:
-    """read_model, then the whole front end: a KilnError naming the file is the only failure allowed."""
+    """read_model, then the whole front end: a KilnError naming the file is the only failure allowed,
+    and no case may allocate by an unchecked field (the peak resident size may not jump)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         plan(path, CompileOptions(ctx=64, prefill_chunk=8), Mode.DECODE)
         plan(path, CompileOptions(ctx=64, prefill_chunk=8), Mode.PREFILL)
@@ -70,6 +73,8 @@ def _front_end(path: Path) -> None:
         assert path.name in str(e), f"the error does not name the file: {e}"
     finally:
         path.unlink(missing_ok=True)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+    assert grown < 256 << 10, f"one case raised the peak resident size by {grown >> 10} MB"
 
 
 HUGE = [2**64 - 1, 2**63, 2**62 + 7, 2**40, 2**32 + 1, 2**31, 10**12]

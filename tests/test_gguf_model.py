@@ -130,3 +130,12 @@ def test_vocabulary_tensors_must_cover_the_vocabulary(tiny, shapes, match):
     path = tiny("qwen2", n_embd=128, shapes=shapes) if "output" in match else tiny("llama", shapes=shapes)
     with pytest.raises(ModelFileError, match=match):
         read_model(path)
+
+
+def test_block_count_must_match_the_blocks_in_the_file(tiny):
+    """The planner loops over block_count: a file claiming more blocks than it holds is refused
+    before anything is sized by it."""
+    drop = tuple(f"blk.1.{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                                                 "ffn_gate", "ffn_up", "ffn_down"))
+    with pytest.raises(ModelFileError, match="block_count is 2 but the file holds tensors for 1 blocks"):
+        read_model(tiny("llama", drop=drop))
