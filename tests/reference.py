@@ -64,6 +64,10 @@ class Reference:
         self.reset()
         return self._read(ids, range(len(ids)) if rows is None else rows)
 
+    def feed(self, ids: list[int]) -> None:
+        """Append ids to what the context holds, keeping no logits."""
+        self._read(ids, [])
+
     def extend(self, ids: list[int]) -> np.ndarray:
         """Append ids to what the context holds; their logits [len(ids), vocab]."""
         return self._read(ids, range(len(ids)))

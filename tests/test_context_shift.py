@@ -27,7 +27,7 @@ def gemma_tiny_path(tiny, smollm2):
 def shifted_logits(ref: Reference, kiln, ids: list[int], n0: int, n_keep: int, n_discard: int, n_next: int):
     """Both engines read ids[:n0], shift, then read the next n_next tokens: their logits."""
     ref.reset()
-    ref.extend(ids[:n0])
+    ref.feed(ids[:n0])
     ref.shift(n_keep, n_discard)
     kiln.reset()
     kiln.prefill(ids[:n0])
