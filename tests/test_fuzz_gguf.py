@@ -141,23 +141,20 @@ def smollm2_original(smollm2):
     return Original(smollm2)
 
 
-def test_fuzzed_headers_of_a_small_llama(tiny_original, tmp_path):
-    @settings(max_examples=CASES, deadline=5000, database=None, derandomize=True,
+def _fuzz(orig: Original, tmp_path: Path, cases: int) -> None:
+    @settings(max_examples=cases, deadline=5000, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def case(data):
-        header, size = apply(tiny_original, data.draw(mutation(tiny_original)))
-        _front_end(_write(tiny_original, header, tmp_path, size))
+        header, size = apply(orig, data.draw(mutation(orig)))
+        _front_end(_write(orig, header, tmp_path, size))
 
     case()
+
+
+def test_fuzzed_headers_of_a_small_llama(tiny_original, tmp_path):
+    _fuzz(tiny_original, tmp_path, CASES)
 
 
 def test_fuzzed_headers_of_smollm2(smollm2_original, tmp_path):
-    @settings(max_examples=REAL_CASES, deadline=5000, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
-    @given(data=st.data())
-    def case(data):
-        header, size = apply(smollm2_original, data.draw(mutation(smollm2_original)))
-        _front_end(_write(smollm2_original, header, tmp_path, size))
-
-    case()
+    _fuzz(smollm2_original, tmp_path, REAL_CASES)
