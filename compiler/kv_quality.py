@@ -83,22 +83,10 @@ def compare_caches(base: _Reader, other: _Reader, ids: list[int]) -> tuple[float
 
 
 def _llamacpp(path: Path, ctx: int, k: str, v: str) -> _Reader:
-    from .bench import LLAMACPP_KV_TYPES, flash_attn_settings
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        from .errors import KilnError
-        raise KilnError("kv-quality --llamacpp needs llama-cpp-python (`make dev` installs it)") from None
-    llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=STEP, n_ubatch=STEP, logits_all=True, verbose=False,
-                type_k=LLAMACPP_KV_TYPES[k], type_v=LLAMACPP_KV_TYPES[v],
-                **({"flash_attn": True} if "fa off" not in flash_attn_settings(v) else {}))
+    from .llamacpp import LlamaCpp
 
-    def read(ids: list[int]) -> np.ndarray:
-        start = llm.n_tokens
-        llm.eval(ids)
-        return np.array(llm.scores[start:start + len(ids)], dtype=np.float32)
-
-    return _Reader(llm.reset, read)
+    llm = LlamaCpp(path, n_ctx=ctx, kv_dtype_k=k, kv_dtype_v=v, n_batch=STEP)
+    return _Reader(llm.reset, llm.extend)
 
 
 def measure(model: str | os.PathLike[str], dtypes: list[str], text: str, ctx: int = 2048,
