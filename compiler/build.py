@@ -13,6 +13,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,14 +103,11 @@ def build_key(src: CSource) -> str:
 
 def load_extension(src: CSource, log=lambda s: None) -> ModuleType:
     """Build (or reuse) the extension for `src` and import it."""
-    key = build_key(src)
-    modname = f"_kiln_{src.name}_{key}"
+    modname = f"_kiln_{src.name}_{build_key(src)}"
     if modname in sys.modules:
         return sys.modules[modname]
-    out_dir = cache_dir() / "build" / modname
-    lib = next(out_dir.glob(f"{modname}*.so"), None) if out_dir.is_dir() else None
-    if lib is None:
-        lib = _compile(src, modname, out_dir, log)
+    lib = _cached_build(cache_dir() / "build" / modname, f"{modname}*.so",
+                        lambda out: _compile_extension(src, modname, out, log))
     spec = importlib.util.spec_from_file_location(modname, lib,
                                                   loader=importlib.machinery.ExtensionFileLoader(modname, str(lib)))
     module = importlib.util.module_from_spec(spec)
@@ -118,7 +116,51 @@ def load_extension(src: CSource, log=lambda s: None) -> ModuleType:
     return module
 
 
-def _compile(src: CSource, modname: str, out_dir: Path, log) -> Path:
+def build_c_library(src: CSource, api_headers: tuple[Path, ...], log=lambda s: None) -> Path:
+    """`src` as a plain shared library, libkiln_<name>.so, cached like the extension: no cffi, no
+    Python, built by the system C compiler. Only the functions the API headers declare are
+    exported; the runtime's kernels stay internal, so they cannot clash with a program's own symbols."""
+    declarations = (re.sub(r"/\*.*?\*/", "", header_cdef(h), flags=re.S) for h in api_headers)
+    api = sorted({name for text in declarations for name in re.findall(r"\b(kiln_\w+)\s*\(", text)})
+    key = build_key(CSource(src.name, "\n".join(api), "shared-library", src.sources, src.include_dirs, src.sanitize))
+    filename = f"libkiln_{src.name}.so"
+
+    def compile_into(out: Path) -> None:
+        script = out / "exports.map"
+        script.write_text("{\n  global:\n" + "".join(f"    {n};\n" for n in api) + "  local: *;\n};\n")
+        includes = [f"-I{d}" for d in (*src.include_dirs, RUNTIME_DIR)]
+        cmd = _cc() + compile_args(src.sanitize) + ["-shared", "-fPIC", "-pthread", *includes,
+                                                    *map(str, src.sources), f"-Wl,--version-script={script}",
+                                                    "-lm", "-o", str(out / filename)]
+        log(f"cc -shared {filename}")
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BuildError(f"building {filename} failed:\n{done.stderr.strip()[:2000]}")
+
+    return _cached_build(cache_dir() / "build" / f"libkiln_{src.name}_{key}", filename, compile_into)
+
+
+def _cached_build(out_dir: Path, pattern: str, build) -> Path:
+    """The file matching `pattern` in out_dir, after build(staging_dir) has made it if it is missing.
+    The staging directory is renamed into place whole, so a concurrent build of the same key wins
+    or loses entirely and no reader sees half a library."""
+    found = next(out_dir.glob(pattern), None) if out_dir.is_dir() else None
+    if found is not None:
+        return found
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{out_dir.name}-", dir=out_dir.parent) as tmp:
+        staged = Path(tmp) / "out"
+        staged.mkdir()
+        build(staged)
+        try:
+            os.replace(staged, out_dir)
+        except OSError:
+            if not out_dir.is_dir():
+                raise
+    return next(out_dir.glob(pattern))
+
+
+def _compile_extension(src: CSource, modname: str, out: Path, log) -> None:
     import cffi  # only needed when something must be compiled
 
     ffi = cffi.FFI()
@@ -126,22 +168,12 @@ def _compile(src: CSource, modname: str, out_dir: Path, log) -> Path:
     ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(d) for d in (*src.include_dirs, RUNTIME_DIR)],
                    extra_compile_args=compile_args(src.sanitize),
                    extra_link_args=["-fsanitize=address,undefined"] if src.sanitize else [], libraries=["m"])
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{modname}-", dir=out_dir.parent) as tmp:
-        log(f"compiling {modname}")
-        try:
-            built = Path(ffi.compile(tmpdir=tmp, verbose=False))
-        except Exception as e:  # distutils/setuptools raise several unrelated types
-            raise BuildError(f"building {src.name} failed: {e}") from None
-        staged = Path(tmp) / "out"
-        staged.mkdir()
-        shutil.copy2(built, staged / built.name)
-        try:
-            os.replace(staged, out_dir)  # atomic: a concurrent build of the same key wins or loses whole
-        except OSError:
-            if not out_dir.is_dir():
-                raise
-    return next(out_dir.glob(f"{modname}*.so"))
+    log(f"compiling {modname}")
+    try:
+        built = Path(ffi.compile(tmpdir=str(out.parent / "cffi"), verbose=False))
+    except Exception as e:  # distutils/setuptools raise several unrelated types
+        raise BuildError(f"building {src.name} failed: {e}") from None
+    shutil.copy2(built, out / built.name)
 
 
 def header_cdef(header: Path) -> str:

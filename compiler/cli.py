@@ -88,35 +88,90 @@ def cmd_compile(a: argparse.Namespace) -> None:
     import time
     from pathlib import Path
 
+    from .build import RUNTIME_DIR, build_c_library
     from .model import compile_model
     from .planner.render import render_text
 
     t0 = time.perf_counter()
-    stages: list[tuple[str, float]] = []
 
     def log(msg: str) -> None:
-        stages.append((msg, time.perf_counter() - t0))
         _log(f"{time.perf_counter() - t0:6.2f}s  {msg}")
 
+    if a.c_lib and not a.output:
+        raise KilnError("--c-lib writes a directory: give it with -o DIR")
     log("plan: read GGUF, build decode and prefill graphs, run passes, plan memory")
     c = compile_model(a.model, _options(a), log=log)
     lib = Path(c.module.__file__)
+    if a.c_lib:  # the same C, built by cc alone: no cffi, no Python
+        lib = build_c_library(c.c_source, (RUNTIME_DIR / "status.h", c.source_dir / "model.h"), log)
     log(f"library ready: {lib}")
-    if a.output:
-        out = Path(a.output)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "model.c").write_text(c.source.model_c)
-        (out / "model.h").write_text(c.source.model_h)
-        (out / "layout_decode.txt").write_text(render_text(c.decode.layout))
-        (out / "layout_prefill.txt").write_text(render_text(c.prefill.layout))
-        shutil.copy2(lib, out / lib.name)
-        files = ["model.c", "model.h", "layout_decode.txt", "layout_prefill.txt", lib.name]
-        if c.packed_path:  # kiln_open(..., packed_path, ...) maps it
-            shutil.copy2(c.packed_path, out / c.packed_path.name)
-            files.append(c.packed_path.name)
-        print(f"{out}: {', '.join(files)}")
-    else:
+    if not a.output:
         print(lib)
+        return
+    out = Path(a.output)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {"model.c": c.source.model_c, "model.h": c.source.model_h,
+             "layout_decode.txt": render_text(c.decode.layout), "layout_prefill.txt": render_text(c.prefill.layout)}
+    copies = [lib] + ([c.packed_path] if c.packed_path else [])  # kiln_open(..., packed_path, ...) maps it
+    if a.c_lib:
+        copies.append(RUNTIME_DIR / "status.h")  # model.h includes it
+        texts["examples/c/generate.c"] = (RUNTIME_DIR / "examples" / "generate.c").read_text()
+    for name, text in texts.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    for path in copies:
+        shutil.copy2(path, out / path.name)
+    print(f"{out}: {', '.join([*texts, *(p.name for p in copies)])}")
+    if a.c_lib:
+        packed = c.packed_path.name if c.packed_path else "-"
+        print(f"build the example:  cd {out} && cc -O2 -I. examples/c/generate.c -L. -lkiln_model "
+              f"-Wl,-rpath,'$ORIGIN' -o generate\n"
+              f"run it:             kiln tokenize {a.model} -p 'Once upon a time' > prompt.ids && "
+              f"./generate {c.decode.spec.path} prompt.ids 32 {packed} | kiln detokenize {a.model}")
+
+
+def _tokenizer(model: str):
+    from .gguf_model import read_model
+    from .registry import resolve
+    from .tokenizer import make_tokenizer
+
+    spec = read_model(resolve(model, _log))
+    return spec, make_tokenizer(spec.tokenizer, str(spec.path))
+
+
+def _input_text(a: argparse.Namespace) -> str:
+    """-p TEXT, -f FILE, or standard input."""
+    if a.prompt is not None:
+        return a.prompt
+    if a.file:
+        return _read_text(a.file, None, "--file")[0]
+    return sys.stdin.read()
+
+
+def cmd_tokenize(a: argparse.Namespace) -> None:
+    _, tok = _tokenizer(a.model)
+    ids = tok.tokenize(_input_text(a), add_special=not a.no_bos, parse_special=not a.no_parse_special)
+    if a.pieces:  # llama-tokenize's view: one token a line
+        for i in ids:
+            print(f"{i:>6} -> {tok.token_bytes(i, True).decode('utf-8', errors='replace')!r}")
+    else:
+        print(" ".join(map(str, ids)))
+
+
+def cmd_detokenize(a: argparse.Namespace) -> None:
+    spec, tok = _tokenizer(a.model)
+    words = _input_text(a).split()
+    n_vocab = len(spec.tokenizer.tokens)
+    ids = []
+    for i, w in enumerate(words):
+        try:
+            t = int(w)
+        except ValueError:
+            t = -1
+        if not 0 <= t < n_vocab:
+            raise KilnError(f"detokenize: item {i} ({w!r}) is not a token id in [0, {n_vocab}) of {spec.path.name}")
+        ids.append(t)
+    sys.stdout.write(tok.detokenize(ids, special=a.special) + "\n")
 
 
 def cmd_run(a: argparse.Namespace) -> None:
@@ -197,8 +252,8 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
             json.dump({"workload": vars(w), "results": rows}, f, indent=2)
 
 
-def _read_text(given: str | None, default):
-    """The --text file (or the default one) as UTF-8, and its path."""
+def _read_text(given: str | None, default, option: str = "--text"):
+    """The file an option names (or the default one) as UTF-8, and its path."""
     from pathlib import Path
 
     path = Path(given) if given else default
@@ -206,7 +261,7 @@ def _read_text(given: str | None, default):
         return path.read_text(encoding="utf-8"), path
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else f"not UTF-8 text ({e.reason} at byte {e.start})"
-        raise KilnError(f"--text {path}: cannot read it ({reason})") from None
+        raise KilnError(f"{option} {path}: cannot read it ({reason})") from None
 
 
 def cmd_kv_quality(a: argparse.Namespace) -> None:
@@ -325,9 +380,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="generate C, build the shared library (cached), optionally copy it out")
     _add_model_options(p)
     p.add_argument("-o", "--output", help="directory to keep model.c, model.h, the layout maps and the library")
+    p.add_argument("--c-lib", action="store_true",
+                   help="build a plain C library instead of the Python extension: -o DIR gets libkiln_model.so, "
+                        "model.h, status.h and examples/c/generate.c")
     p.add_argument("--threads", type=int, default=None,
                    help="accepted for scripts; threads are chosen when the library is loaded (kiln run --threads)")
     p.set_defaults(run=cmd_compile)
+
+    for name, helptext in (("tokenize", "text to token ids, space-separated on one line (as examples/c/generate.c "
+                                         "reads them)"),
+                           ("detokenize", "token ids (whitespace-separated) to text")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="GGUF path or bundled model name")
+        src = p.add_mutually_exclusive_group()
+        src.add_argument("-p", "--prompt", help="the text (tokenize) or ids (detokenize); default: standard input")
+        src.add_argument("-f", "--file", help="read it from this file")
+        if name == "tokenize":
+            p.add_argument("--no-bos", action="store_true", help="do not add the BOS token the GGUF asks for")
+            p.add_argument("--no-parse-special", action="store_true",
+                           help="read special-token text such as <|im_start|> as plain text")
+            p.add_argument("--pieces", action="store_true", help="one 'id -> piece' a line (llama-tokenize's view)")
+            p.set_defaults(run=cmd_tokenize)
+        else:
+            p.add_argument("--special", action="store_true", help="render special tokens as their text")
+            p.set_defaults(run=cmd_detokenize)
 
     p = sub.add_parser("run", help="generate text, streaming it (the model is compiled on first use, then cached)")
     _add_model_options(p)

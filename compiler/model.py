@@ -47,6 +47,7 @@ class Compiled:
     prefill: Planned
     source: Generated
     source_dir: Path
+    c_source: CSource  # what the extension was built from; build_c_library builds the same C without Python
     module: ModuleType
     packed_path: Path | None  # the packed weights file the library maps; None: every weight from the GGUF
 
@@ -64,10 +65,11 @@ def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize:
             tmp.write_text(text)
             os.replace(tmp, src_dir / name)
     cdef = header_cdef(RUNTIME_DIR / "status.h") + "\n" + header_cdef(src_dir / "model.h")
-    module = load_extension(CSource("model", cdef, '#include "model.h"', (src_dir / "model.c", *runtime_sources()),
-                                    (src_dir,), sanitize), log)
+    c_source = CSource("model", cdef, '#include "model.h"', (src_dir / "model.c", *runtime_sources()), (src_dir,),
+                       sanitize)
+    module = load_extension(c_source, log)
     packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), log)
-    return Compiled(decode, prefill, src, src_dir, module, packed)
+    return Compiled(decode, prefill, src, src_dir, c_source, module, packed)
 
 
 class Sequence:

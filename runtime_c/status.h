@@ -21,4 +21,7 @@ enum kiln_status {
     KILN_E_SHIFT_WINDOW = -14    /* a shift would make a sliding window read positions its pages no longer hold */
 };
 
+/* the status's name and meaning, for a C program's messages ("unknown status" for any other value) */
+const char *kiln_strerror(int status);
+
 #endif
