@@ -39,6 +39,15 @@ def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_se
                        help="which step graph to show")
 
 
+def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
 def _add_shift_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-shift", action="store_true",
                    help="when a sequence fills its context, drop half of it after the sinks and go on "
@@ -195,6 +204,24 @@ def cmd_run(a: argparse.Namespace) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+
+
+def cmd_chat(a: argparse.Namespace) -> None:
+    from .chat import chat_template
+    from .chat_session import ChatSession, repl
+    from .gguf_model import read_model
+    from .model import load_options
+    from .registry import resolve
+    from .sampling import SamplingParams
+
+    if a.n < 1:
+        raise KilnError(f"-n must be at least 1, got {a.n}")
+    template = chat_template(read_model(resolve(a.model, _log)))  # before compiling: no template fails at once
+    m = load_options(a.model, _options(a), a.threads, log=_log)
+    session = ChatSession(m, SamplingParams(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed=a.seed), a.n)
+    session.system = a.system or ""
+    repl(session, f"kiln chat: {m.path.name}, ctx {m.n_ctx}, chat template from {template.origin}. "
+                  "/help for commands, Ctrl-C stops a reply, Ctrl-D leaves.")
 
 
 def cmd_serve(a: argparse.Namespace) -> None:
@@ -409,16 +436,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("-p", "--prompt", required=True, help="the prompt text")
     p.add_argument("-n", type=int, default=128, help="tokens to generate at most")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    _add_sampling_options(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template: the GGUF's own, or the architecture's built-in one")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     _add_shift_options(p)
     p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("chat", help="an interactive conversation in the model's chat template; each turn "
+                                    "prefills only the new message")
+    _add_model_options(p)
+    _add_sampling_options(p)
+    p.add_argument("-n", type=int, default=512, help="tokens a reply may take at most")
+    p.add_argument("--system", default=None, help="the system message to start with (/system changes it)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching and a prefix cache")
     _add_model_options(p, n_seq=8)
