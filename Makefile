@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models test fuzz run clean llama-server
+.PHONY: setup dev models browser test fuzz run clean llama-server
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -51,7 +51,15 @@ $(BIN)/llama-server: $(VENV)/.setup-stamp
 models: setup
 	$(BIN)/kiln models fetch --all
 
-test: dev models
+# Debian's Chromium, for the test that renders `kiln layout --html` in a real browser. Where it
+# cannot be installed (no apt-get, not root) the make goes on and that test skips, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ; } || \
+	  echo "make: no chromium (needs apt-get as root); the browser test of kiln layout --html will skip"
+
+test: dev models browser
 	$(BIN)/pytest
 
 # The GGUF front end under 100,000 mutated headers (make test runs about 2,000).

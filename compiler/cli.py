@@ -89,6 +89,16 @@ def cmd_models(a: argparse.Namespace) -> None:
 
 def cmd_layout(a: argparse.Namespace) -> None:
     p = plan(a.model, _options(a), Mode(a.mode), _log)
+    if a.html:
+        from .planner.html import render_html
+
+        try:
+            with open(a.html, "w", encoding="utf-8") as f:
+                f.write(render_html(p.layout))
+        except OSError as e:
+            raise KilnError(f"--html {a.html}: cannot write it ({e.strerror})") from None
+        print(a.html)
+        return
     sys.stdout.write(render_json(p.layout) if a.json else render_text(p.layout))
 
 
@@ -401,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("layout", help="print the planned memory layout")
     _add_model_options(p, with_mode=True)
-    p.add_argument("--json", action="store_true", help="emit JSON instead of the text map")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="emit JSON instead of the text map")
+    fmt.add_argument("--html", metavar="FILE", help="write the map drawn to scale as one self-contained HTML page")
     p.set_defaults(run=cmd_layout)
 
     p = sub.add_parser("compile", help="generate C, build the shared library (cached), optionally copy it out")

@@ -15,6 +15,7 @@ from compiler.codegen import generate
 from compiler.ir import Mode, format_graph
 from compiler.options import CompileOptions
 from compiler.pipeline import plan
+from compiler.planner.html import render_html
 from compiler.planner.render import render_json, render_text
 from synthetic import TinySpec, write_tiny_model
 
@@ -29,6 +30,7 @@ def render_examples(workdir: Path) -> dict[str, str]:
         out[f"ir_{mode.value}.txt"] = format_graph(p.graph)
         out[f"layout_{mode.value}.txt"] = render_text(p.layout)
         out[f"layout_{mode.value}.json"] = render_json(p.layout)
+    out["layout_decode.html"] = render_html(planned[Mode.DECODE].layout)
     src = generate(planned[Mode.DECODE], planned[Mode.PREFILL])
     out["model.c"], out["model.h"] = src.model_c, src.model_h
     return out
