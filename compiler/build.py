@@ -26,6 +26,7 @@ from types import ModuleType
 
 from . import __version__
 from .errors import KilnError
+from .progress import as_progress
 from .registry import cache_dir
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime_c"
@@ -104,10 +105,12 @@ def build_key(src: CSource) -> str:
 def load_extension(src: CSource, log=lambda s: None) -> ModuleType:
     """Build (or reuse) the extension for `src` and import it."""
     modname = f"_kiln_{src.name}_{build_key(src)}"
+    progress = as_progress(log)
+    progress.note(f"cached: {modname}")
     if modname in sys.modules:
         return sys.modules[modname]
     lib = _cached_build(cache_dir() / "build" / modname, f"{modname}*.so",
-                        lambda out: _compile_extension(src, modname, out, log))
+                        lambda out: _compile_extension(src, modname, out, progress))
     spec = importlib.util.spec_from_file_location(modname, lib,
                                                   loader=importlib.machinery.ExtensionFileLoader(modname, str(lib)))
     module = importlib.util.module_from_spec(spec)
@@ -132,7 +135,7 @@ def build_c_library(src: CSource, api_headers: tuple[Path, ...], log=lambda s: N
         cmd = _cc() + compile_args(src.sanitize) + ["-shared", "-fPIC", "-pthread", *includes,
                                                     *map(str, src.sources), f"-Wl,--version-script={script}",
                                                     "-lm", "-o", str(out / filename)]
-        log(f"cc -shared {filename}")
+        as_progress(log).work(f"cc -shared {filename}")
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise BuildError(f"building {filename} failed:\n{done.stderr.strip()[:2000]}")
@@ -168,7 +171,7 @@ def _compile_extension(src: CSource, modname: str, out: Path, log) -> None:
     ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(d) for d in (*src.include_dirs, RUNTIME_DIR)],
                    extra_compile_args=compile_args(src.sanitize),
                    extra_link_args=["-fsanitize=address,undefined"] if src.sanitize else [], libraries=["m"])
-    log(f"compiling {modname}")
+    log.work(f"compiling {modname}: {len(src.sources)} C files, {' '.join(compile_args(src.sanitize))}")
     try:
         built = Path(ffi.compile(tmpdir=str(out.parent / "cffi"), verbose=False))
     except Exception as e:  # distutils/setuptools raise several unrelated types
@@ -181,7 +184,7 @@ def header_cdef(header: Path) -> str:
     return "\n".join(line for line in header.read_text().splitlines() if not line.lstrip().startswith("#"))
 
 
-def runtime_kernels(sanitize: bool = False) -> ModuleType:
-    """The runtime's kernels alone, for kernel tests."""
+def runtime_kernels(sanitize: bool = False, log=lambda s: None) -> ModuleType:
+    """The runtime's kernels alone, for kernel tests and the packer."""
     return load_extension(CSource("runtime", header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
-                                  runtime_sources(), sanitize=sanitize))
+                                  runtime_sources(), sanitize=sanitize), log)

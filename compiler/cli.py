@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
 
 from . import __version__
 from .dtypes import KV_DTYPES
@@ -16,6 +17,26 @@ from .registry import BUNDLED, DEFAULT_MODEL, cache_dir, fetch, is_cached, looku
 
 def _log(msg: str) -> None:
     print(f"kiln: {msg}", file=sys.stderr)
+
+
+@contextmanager
+def _progress(every_stage: bool):
+    """The stages of making a model ready, shown on standard error (progress.py): all of them
+    (kiln compile), or only when one does real work (run, serve, chat: a cached start is quiet)."""
+    from .progress import reporter
+
+    p = reporter(every_stage)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _load(a: argparse.Namespace, opts: CompileOptions):
+    from .model import load_options
+
+    with _progress(every_stage=False) as p:
+        return load_options(a.model, opts, a.threads, log=p)
 
 
 def _add_model_options(p: argparse.ArgumentParser, with_mode: bool = False, n_seq: int = 1) -> None:
@@ -75,7 +96,8 @@ def cmd_models(a: argparse.Namespace) -> None:
         for name in names:
             m = lookup(name)
             was_cached = is_cached(m)
-            path = fetch(m, _log)
+            with _progress(every_stage=True) as p, p.stage("fetch"):
+                path = fetch(m, p)
             print(f"{name}: {path}" + (" (already cached)" if was_cached else ""))
         return
     print(f"cache: {cache_dir()}")
@@ -104,26 +126,21 @@ def cmd_layout(a: argparse.Namespace) -> None:
 
 def cmd_compile(a: argparse.Namespace) -> None:
     import shutil
-    import time
     from pathlib import Path
 
     from .build import RUNTIME_DIR, build_c_library
     from .model import compile_model
     from .planner.render import render_text
 
-    t0 = time.perf_counter()
-
-    def log(msg: str) -> None:
-        _log(f"{time.perf_counter() - t0:6.2f}s  {msg}")
-
     if a.c_lib and not a.output:
         raise KilnError("--c-lib writes a directory: give it with -o DIR")
-    log("plan: read GGUF, build decode and prefill graphs, run passes, plan memory")
-    c = compile_model(a.model, _options(a), log=log)
-    lib = Path(c.module.__file__)
-    if a.c_lib:  # the same C, built by cc alone: no cffi, no Python
-        lib = build_c_library(c.c_source, (RUNTIME_DIR / "status.h", c.source_dir / "model.h"), log)
-    log(f"library ready: {lib}")
+    with _progress(every_stage=True) as p:
+        c = compile_model(a.model, _options(a), log=p)
+        lib = Path(c.module.__file__)
+        if a.c_lib:  # the same C, built by cc alone: no cffi, no Python
+            with p.stage("cc -shared"):
+                lib = build_c_library(c.c_source, (RUNTIME_DIR / "status.h", c.source_dir / "model.h"), p)
+                p.note(str(lib))
     if not a.output:
         print(lib)
         return
@@ -196,7 +213,6 @@ def cmd_detokenize(a: argparse.Namespace) -> None:
 def cmd_run(a: argparse.Namespace) -> None:
     from .chat import render_chat
     from .gguf_model import read_model
-    from .model import load_options
     from .registry import resolve
 
     o = _options(a)
@@ -204,7 +220,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     prompt = a.prompt
     if a.chat:  # before compiling, so that a model with no template fails at once
         prompt = render_chat(read_model(resolve(a.model, _log)), [{"role": "user", "content": a.prompt}])
-    m = load_options(a.model, o, a.threads, log=_log)
+    m = _load(a, o)
     ids = m.prompt_ids(prompt)  # tokenized and checked against the context before any output
     if not a.chat:
         sys.stdout.write(a.prompt)
@@ -220,14 +236,13 @@ def cmd_chat(a: argparse.Namespace) -> None:
     from .chat import chat_template
     from .chat_session import ChatSession, repl
     from .gguf_model import read_model
-    from .model import load_options
     from .registry import resolve
     from .sampling import SamplingParams
 
     if a.n < 1:
         raise KilnError(f"-n must be at least 1, got {a.n}")
     template = chat_template(read_model(resolve(a.model, _log)))  # before compiling: no template fails at once
-    m = load_options(a.model, _options(a), a.threads, log=_log)
+    m = _load(a, _options(a))
     session = ChatSession(m, SamplingParams(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed=a.seed), a.n)
     session.system = a.system or ""
     repl(session, f"kiln chat: {m.path.name}, ctx {m.n_ctx}, chat template from {template.origin}. "
@@ -237,7 +252,6 @@ def cmd_chat(a: argparse.Namespace) -> None:
 def cmd_serve(a: argparse.Namespace) -> None:
     import uvicorn
 
-    from .model import load_options
     from .registry import BUNDLED
     from .serving.engine import Engine
     from .serving.server import create_app
@@ -254,7 +268,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
         slot_dir = Path(a.slot_save_path)
         if not slot_dir.is_dir():
             raise KilnError(f"--slot-save-path {slot_dir}: not a directory; create it first")
-    m = load_options(a.model, o, a.threads, log=_log)
+    m = _load(a, o)
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
     engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, context_shift=a.context_shift,
                     n_keep=a.keep).start()
@@ -323,7 +337,6 @@ def cmd_perplexity(a: argparse.Namespace) -> None:
     from dataclasses import replace
 
     from . import perplexity
-    from .model import load_options
 
     if a.mode == "stream" and not 1 <= a.batch <= a.ctx // 2:
         raise KilnError(f"--batch must be between 1 and ctx / 2 = {a.ctx // 2}, got {a.batch}")
@@ -334,7 +347,7 @@ def cmd_perplexity(a: argparse.Namespace) -> None:
     o = _options(a)
     if a.mode == "chunks":  # one chunk a step, with every row's logits
         o = replace(o, prefill_chunk=min(o.ctx, 512), batch_tokens=min(o.ctx, 512))
-    m = load_options(a.model, o, a.threads, log=_log)
+    m = _load(a, o)
     r = perplexity.measure(m, text, a.mode, a.sinks, a.batch, a.discard, a.policy)
     if a.json:
         print(json.dumps({"model": str(a.model), "text": source, **r.as_json()}))

@@ -27,7 +27,8 @@ from .ir import Mode
 from .options import CompileOptions
 from .packing import packed_file
 from .pipeline import Planned, plan
-from .registry import cache_dir
+from .progress import as_progress
+from .registry import cache_dir, resolve
 from .sampling import SamplingParams
 from .tokenizer import make_tokenizer
 
@@ -54,21 +55,34 @@ class Compiled:
 
 def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize: bool = False,
                   log=lambda s: None) -> Compiled:
-    decode, prefill = plan(model, opts, Mode.DECODE, log), plan(model, opts, Mode.PREFILL, log)
-    src = generate(decode, prefill)
-    digest = hashlib.sha256((src.model_c + src.model_h).encode()).hexdigest()[:24]
-    src_dir = cache_dir() / "src" / digest
-    if not (src_dir / "model.c").is_file():
-        src_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in (("model.h", src.model_h), ("model.c", src.model_c)):
-            tmp = src_dir / f".{name}.{os.getpid()}"
-            tmp.write_text(text)
-            os.replace(tmp, src_dir / name)
+    """Plan, generate, build and pack `model`; each stage cached. `log` is a message callable
+    or a progress.Progress, which then shows the stages."""
+    p = as_progress(log)
+    with p.stage("fetch"):
+        path = resolve(model, p)
+    with p.stage("plan"):
+        decode, prefill = plan(path, opts, Mode.DECODE, p), plan(path, opts, Mode.PREFILL, p)
+        p.note(f"decode {len(decode.graph.nodes)} ops, prefill {len(prefill.graph.nodes)} ops, "
+               f"arena {decode.layout.activation_bytes + prefill.layout.activation_bytes:,} bytes, "
+               f"KV pool {decode.layout.kv.total_bytes:,} bytes")
+    with p.stage("generate"):
+        src = generate(decode, prefill)
+        digest = hashlib.sha256((src.model_c + src.model_h).encode()).hexdigest()[:24]
+        src_dir = cache_dir() / "src" / digest
+        if not (src_dir / "model.c").is_file():
+            src_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in (("model.h", src.model_h), ("model.c", src.model_c)):
+                tmp = src_dir / f".{name}.{os.getpid()}"
+                tmp.write_text(text)
+                os.replace(tmp, src_dir / name)
+        p.note(f"model.c {src.model_c.count(chr(10)):,} lines in {src_dir}")
     cdef = header_cdef(RUNTIME_DIR / "status.h") + "\n" + header_cdef(src_dir / "model.h")
     c_source = CSource("model", cdef, '#include "model.h"', (src_dir / "model.c", *runtime_sources()), (src_dir,),
                        sanitize)
-    module = load_extension(c_source, log)
-    packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), log)
+    with p.stage("cc"):
+        module = load_extension(c_source, p)
+    with p.stage("pack"):
+        packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), p)
     return Compiled(decode, prefill, src, src_dir, c_source, module, packed)
 
 

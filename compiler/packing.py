@@ -21,6 +21,7 @@ import numpy as np
 from .build import RUNTIME_DIR, runtime_kernels
 from .gguf_model import ModelSpec
 from .planner.packed import PackedWeight, packed_bytes
+from .progress import as_progress
 
 MAGIC = b"KILNX8\x00\x01"
 HEADER = struct.Struct("<8sQIIQ")  # magic, GGUF bytes, GGUF header CRC32, 0, packed bytes
@@ -35,8 +36,10 @@ def header_crc32(spec: ModelSpec) -> int:
 
 def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, log=lambda s: None) -> Path | None:
     """The packed file for these weights, written if missing; None where nothing is packed."""
-    lib = runtime_kernels().lib
+    progress = as_progress(log)
+    lib = runtime_kernels(log=progress).lib  # the packer is the runtime's own
     if not packed or not lib.kiln_x8_supported(packed[0].dtype.value.value, packed[0].n_out, packed[0].n_in):
+        progress.note("nothing to pack: every matmul reads the GGUF's rows on this build")
         return None
     crc = header_crc32(spec)
     plan = [(p.tensor, p.dtype.label, p.n_out, p.n_in, p.src, p.offset, p.size) for p in packed]
@@ -45,8 +48,10 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, 
     path = cache / "packed" / f"{spec.path.stem}-{key}.x8"
     total = HEADER_BYTES + packed_bytes(packed)
     if path.is_file() and path.stat().st_size == total:
+        progress.note(f"cached: {path}")
         return path
-    log(f"packing {len(packed)} weight matrices ({packed_bytes(packed) / 2**20:.1f} MiB) into {path.name}")
+    progress.work(f"{len(packed)} weight matrices ({packed_bytes(packed) / 2**20:.1f} MiB) into {path}")
+    advance = progress.bar(packed_bytes(packed), "pack")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     gguf = np.memmap(spec.path, dtype=np.uint8, mode="r")
@@ -59,6 +64,7 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, 
             lib.kiln_pack_x8(p.dtype.value.value, ffi.from_buffer(src), ffi.from_buffer(dst), p.n_out, p.n_in)
             f.seek(HEADER_BYTES + p.offset)
             f.write(dst.tobytes())
+            advance(p.size)
         f.truncate(total)
     os.replace(tmp, path)  # atomic: a reader sees the whole file or none
     return path

