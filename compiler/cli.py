@@ -567,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C outside a chat reply: leave quietly, as a shell command does
+        print(file=sys.stderr)
+        return 130
     return 0
 
 
