@@ -46,9 +46,10 @@ class BenchResult:
         return {k: statistics.median(v) for k, v in self.llamacpp_runs.items()}
 
 
-def default_tests(pp: int = 512, tg: int = 128, depth: int = 1024) -> list[BenchTest]:
-    return [BenchTest(f"pp{pp}", pp, 0, 0), BenchTest(f"tg{tg}", 0, tg, 0),
-            BenchTest(f"tg{tg}@d{depth}", 0, tg, depth)]
+def default_tests(pp: int = 512, tg: int = 128, depth: int = 1024, pp_depth: int = 0) -> list[BenchTest]:
+    """pp, tg and tg at depth; pp at depth too when pp_depth is given."""
+    return [BenchTest(f"pp{pp}", pp, 0, 0), *([BenchTest(f"pp{pp}@d{pp_depth}", pp, 0, pp_depth)] if pp_depth else []),
+            BenchTest(f"tg{tg}", 0, tg, 0), BenchTest(f"tg{tg}@d{depth}", 0, tg, depth)]
 
 
 class _Engine:

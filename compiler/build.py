@@ -46,6 +46,7 @@ class CSource:
     sources: tuple[Path, ...]
     include_dirs: tuple[Path, ...] = ()
     sanitize: bool = False
+    defines: tuple[str, ...] = ()  # -D macros, e.g. KILN_PROFILE
 
 
 def runtime_sources() -> tuple[Path, ...]:
@@ -90,10 +91,14 @@ def target_identity(sanitize: bool) -> str:
     return "\n".join(sorted(out.stdout.splitlines()))
 
 
+def _defines(src: CSource) -> list[str]:
+    return [f"-D{d}" for d in src.defines]
+
+
 def build_key(src: CSource) -> str:
     h = hashlib.sha256()
     for part in (__version__, sys.version, _compiler_identity(), target_identity(src.sanitize), src.cdef, src.prelude,
-                 repr(compile_args(src.sanitize))):
+                 repr(compile_args(src.sanitize) + _defines(src))):
         h.update(part.encode())
         h.update(b"\0")
     for path in (*src.sources, *runtime_headers()):
@@ -125,14 +130,15 @@ def build_c_library(src: CSource, api_headers: tuple[Path, ...], log=lambda s: N
     exported; the runtime's kernels stay internal, so they cannot clash with a program's own symbols."""
     declarations = (re.sub(r"/\*.*?\*/", "", header_cdef(h), flags=re.S) for h in api_headers)
     api = sorted({name for text in declarations for name in re.findall(r"\b(kiln_\w+)\s*\(", text)})
-    key = build_key(CSource(src.name, "\n".join(api), "shared-library", src.sources, src.include_dirs, src.sanitize))
+    key = build_key(CSource(src.name, "\n".join(api), "shared-library", src.sources, src.include_dirs, src.sanitize,
+                            src.defines))
     filename = f"libkiln_{src.name}.so"
 
     def compile_into(out: Path) -> None:
         script = out / "exports.map"
         script.write_text("{\n  global:\n" + "".join(f"    {n};\n" for n in api) + "  local: *;\n};\n")
         includes = [f"-I{d}" for d in (*src.include_dirs, RUNTIME_DIR)]
-        cmd = _cc() + compile_args(src.sanitize) + ["-shared", "-fPIC", "-pthread", *includes,
+        cmd = _cc() + compile_args(src.sanitize) + _defines(src) + ["-shared", "-fPIC", "-pthread", *includes,
                                                     *map(str, src.sources), f"-Wl,--version-script={script}",
                                                     "-lm", "-o", str(out / filename)]
         as_progress(log).work(f"cc -shared {filename}")
@@ -169,7 +175,7 @@ def _compile_extension(src: CSource, modname: str, out: Path, log) -> None:
     ffi = cffi.FFI()
     ffi.cdef(src.cdef)
     ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(d) for d in (*src.include_dirs, RUNTIME_DIR)],
-                   extra_compile_args=compile_args(src.sanitize),
+                   extra_compile_args=compile_args(src.sanitize) + _defines(src),
                    extra_link_args=["-fsanitize=address,undefined"] if src.sanitize else [], libraries=["m"])
     log.work(f"compiling {modname}: {len(src.sources)} C files, {' '.join(compile_args(src.sanitize))}")
     try:

@@ -365,6 +365,19 @@ def cmd_bench(a: argparse.Namespace) -> None:
     batches = _batch_sizes(a.batch) if a.batch else []
     meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype}
     results = []
+    if a.pp_depth < 0 or a.pp < 1:
+        raise KilnError("--pp must be at least 1 and --pp-depth at least 0")
+    if a.profile:
+        import json
+
+        from . import profile
+
+        p = profile.run_profile(a.model, threads, a.pp, a.pp_depth, a.reps, a.kv_dtype, log=_log)
+        sys.stdout.write(profile.render(p))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(profile.as_json(p), f, indent=1)
+        return
     if a.page_sizes:
         from .bench_batch import render_page_sizes, run_page_size_sweep
 
@@ -373,7 +386,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
         sys.stdout.write(render_page_sizes(sweep, str(a.model), threads, a.tg, a.kv_dtype))
         meta["page_sizes"] = {str(k): {str(d): v for d, v in row.items()} for k, row in sweep.items()}
     elif not a.batch_only:
-        tests = default_tests(a.pp, a.tg, a.depth)
+        tests = default_tests(a.pp, a.tg, a.depth, a.pp_depth)
         results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=_log)
         m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
         meta["decode_bytes_per_token"], meta["read_bandwidth_gb_s"] = decode_bytes_per_token(m), read_bandwidth_gb_s(threads)
@@ -543,6 +556,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=512, help="prompt tokens for the pp test")
     p.add_argument("--tg", type=int, default=128, help="generated tokens for the tg tests")
     p.add_argument("--depth", type=int, default=1024, help="tokens already in the cache for the tg@depth test")
+    p.add_argument("--pp-depth", type=int, default=0,
+                   help="also time the pp test on top of this many cached tokens (with --profile: profile that)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead, time each kernel of kiln's prefill (a profiling build) against the int8 peak "
+                        "that runtime_c/bench/vnni_peak.c measures")
     p.add_argument("--batch", help="also decode B sequences at once for each B of this list (e.g. 1,2,4,8,16), "
                                    "against llama.cpp's batched decode")
     p.add_argument("--batch-depth", type=int, default=128, help="tokens in each sequence before the batched decode")

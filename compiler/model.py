@@ -54,9 +54,10 @@ class Compiled:
 
 
 def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize: bool = False,
-                  log=lambda s: None) -> Compiled:
+                  log=lambda s: None, profile: bool = False) -> Compiled:
     """Plan, generate, build and pack `model`; each stage cached. `log` is a message callable
-    or a progress.Progress, which then shows the stages."""
+    or a progress.Progress, which then shows the stages. `profile` builds the library that
+    times every op (Model.op_seconds)."""
     p = as_progress(log)
     with p.stage("fetch"):
         path = resolve(model, p)
@@ -78,7 +79,7 @@ def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize:
         p.note(f"model.c {src.model_c.count(chr(10)):,} lines in {src_dir}")
     cdef = header_cdef(RUNTIME_DIR / "status.h") + "\n" + header_cdef(src_dir / "model.h")
     c_source = CSource("model", cdef, '#include "model.h"', (src_dir / "model.c", *runtime_sources()), (src_dir,),
-                       sanitize)
+                       sanitize, ("KILN_PROFILE",) if profile else ())
     with p.stage("cc"):
         module = load_extension(c_source, p)
     with p.stage("pack"):
@@ -568,6 +569,18 @@ class Model:
         bos = self.spec.tokenizer.bos_id
         return n_keep + (1 if bos is not None and self.spec.tokenizer.add_bos and tokens[:1] == [bos] else 0)
 
+    def op_seconds(self, mode: Mode = Mode.PREFILL) -> np.ndarray:
+        """Each op of a step graph's wall time summed since the last call ([n_ops] seconds), in a
+        library built with profile=True; the sums start again from zero."""
+        nodes = (self.compiled.decode if mode is Mode.DECODE else self.compiled.prefill).graph.nodes
+        out = np.zeros(len(nodes), np.float64)
+        with self._lock:
+            status = self._lib.kiln_profile(self._m, 0 if mode is Mode.DECODE else 1,
+                                            self._ffi.cast("double *", self._ffi.from_buffer(out)), len(nodes))
+        if status < 0:
+            raise ModelError("op_seconds: this library does not time its ops; load it with profile=True")
+        return out
+
     # -- text -----------------------------------------------------------------------------
     @property
     def tokenizer(self):
@@ -608,11 +621,11 @@ def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", 
 
 
 def load_options(model: str | os.PathLike[str], opts: CompileOptions, threads: int | None = None,
-                 sanitize: bool = False, log=lambda s: None) -> Model:
+                 sanitize: bool = False, log=lambda s: None, profile: bool = False) -> Model:
     """`load` with the options already checked (the CLI builds them once for every command)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise OptionError(f"threads must be a positive integer, got {threads!r}")
-    return Model(compile_model(model, opts, sanitize, log), threads=threads)
+    return Model(compile_model(model, opts, sanitize, log, profile), threads=threads)
 
 
 def default_threads() -> int:

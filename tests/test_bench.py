@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from gguf import GGMLQuantizationType as Q
 
 from compiler.bench import BenchTest, default_tests
@@ -47,3 +48,36 @@ def test_batched_decode_against_llamacpp(tiny, smollm2, tmp_path, capsys):
     rows = json.loads(out.read_text())["batched"]
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(r["kiln_tok_s"] > 0 and set(r["llamacpp_tok_s"]) == {"fa off", "fa on"} for r in rows)
+
+
+def test_pp_at_depth_is_a_test():
+    assert [t.name for t in default_tests(pp_depth=4096)] == ["pp512", "pp512@d4096", "tg128", "tg128@d1024"]
+    assert default_tests(pp_depth=4096)[1] == BenchTest("pp512@d4096", 512, 0, 4096)
+
+
+def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsys):
+    """kiln bench --profile on a tiny llama: every op of the prefill graph is charged, the ops add up
+    to the wall time, and the matmuls' multiply-adds are their shapes times the rows (no timing asserted)."""
+    from compiler import load
+    from compiler.errors import KilnError
+    from compiler.ir import Op
+    from compiler.profile import run_profile
+
+    path = tiny("llama", wtype=Q.Q8_0, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, tokenizer_from=smollm2)
+    p = run_profile(str(path), 1, 40, 8, 1, "f32")
+    m = load(path, ctx=49)
+    nodes = m.compiled.prefill.graph.nodes
+    assert sum(k.count for k in p.kernels) == len(nodes)
+    assert 0 < sum(k.seconds for k in p.kernels) <= p.seconds * 1.05
+    matmul_macs = sum(n.inputs[1].shape[0] * n.inputs[1].shape[1] * 40 for n in nodes if n.op is Op.MATMUL)
+    assert sum(k.macs for k in p.kernels if k.op == "matmul") == matmul_macs
+    assert p.peak.macs_per_s > 0 and p.peak.isa != "none"
+    # attention: each of 40 queries at positions 8..47 reads its causal history, for 4 heads of 32
+    assert sum(k.macs for k in p.kernels if k.op == "attention") == 2 * 4 * 32 * sum(range(9, 49)) * 2
+    with pytest.raises(KilnError, match="profile=True"):
+        m.op_seconds()
+    out = tmp_path / "profile.json"
+    assert main(["bench", str(path), "--profile", "--threads", "1", "--reps", "1", "--pp", "16", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "matmul" in text and "q8_0" in text and "of peak" in text and "int8 peak" in text
+    assert json.loads(out.read_text())["int8_macs"] > 0

@@ -31,7 +31,7 @@ def _shape_comment(shape: tuple[int, ...]) -> str:
     return "[" + " x ".join(["n", *map(str, shape[1:])]) + "]" if len(shape) > 1 else f"[{shape[0]} bytes]"
 
 
-def _node_lines(n: Node, offsets: dict[str, int], ctx: EmitContext) -> list[str]:
+def _node_lines(n: Node, index: int, step: str, offsets: dict[str, int], ctx: EmitContext) -> list[str]:
     lines = [f"    /* {n.label}: {n.kernel} */"]
     written = [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + ([n.scratch] if n.scratch else [])
     for v in written:
@@ -39,7 +39,7 @@ def _node_lines(n: Node, offsets: dict[str, int], ctx: EmitContext) -> list[str]
         cast = "" if ctype == "void" else f"({ctype} *)"
         lines.append(f"    {ctype} *{c_name(v)} = {cast}A({offsets[v.name]:#x}); /* {_shape_comment(v.shape)} */")
     lines.append(f"    {statement(n, ctx)}")
-    lines.append("    kiln_barrier(t);")
+    lines.append(f"    OP_DONE({step}, {index});")
     return lines
 
 
@@ -49,12 +49,13 @@ STEP_INPUTS = ("inp_tokens", "inp_pos", "inp_seq", "inp_row", "inp_out")
 def _step(p: Planned, ctx: EmitContext) -> dict:
     offsets = {b.name: b.offset for b in p.layout.region("activations")}
     body, layer = [], None
-    for n in p.graph.nodes:
+    step = f"STEP_{p.graph.mode.name}"
+    for i, n in enumerate(p.graph.nodes):
         if n.layer != layer:
             layer = n.layer
             title = f"layer {layer}" if layer is not None else "output"
             body.append(f"\n    /* ---- {title} ---- */")
-        body += _node_lines(n, offsets, ctx)
+        body += _node_lines(n, i, step, offsets, ctx)
     return {
         "mode": p.graph.mode.value,
         "n_tokens": p.graph.n_tokens,
@@ -105,6 +106,7 @@ def generate(decode: Planned, prefill: Planned) -> Generated:
         "arena_bytes": arena, "decode_bytes": decode.layout.activation_bytes,
         "prefill_bytes": prefill.layout.activation_bytes,
         "steps": [_step(decode, emit_ctx), _step(prefill, emit_ctx)],
+        "n_ops_max": max(len(decode.graph.nodes), len(prefill.graph.nodes)),
         "packed_bytes": decode.layout.packed_bytes,
         "packed_header_bytes": HEADER_BYTES,
         "packed": [{"type": f"KILN_{pw.dtype.name}", "n_out": pw.n_out, "n_in": pw.n_in, "src": f"{pw.src:#x}",

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels_mt.h"
@@ -20,6 +21,7 @@
 #define N_CTX 64
 #define N_LAYER 2
 #define PREFILL_CHUNK 16 /* tokens of one sequence per step in kiln_eval */
+#define N_OPS_MAX 36 /* ops of the longer step graph */
 
 /* ==== the weights: the GGUF file, mmapped read-only ============================================ */
 #define GGUF_BYTES 102720LL
@@ -88,6 +90,10 @@ struct kiln_model {
     kiln_pool *pool;        /* this instance's threads */
     int32_t n_new[N_SEQ];   /* a step's rows per sequence */
     float *mass;            /* [N_SEQ][N_CTX], or NULL: attention each position has received, while tracked (H2O) */
+#ifdef KILN_PROFILE
+    double op_seconds[2][N_OPS_MAX]; /* per step kind and op: wall time summed over steps (kiln bench --profile) */
+    struct timespec op_clock;        /* when the last op ended */
+#endif
 };
 
 /* one step's rows, laid out as the graph's inputs */
@@ -101,6 +107,24 @@ typedef struct {
 #define W(off) ((const void *)(m->weights + (off)))
 #define P(off) ((const void *)(m->packed ? m->packed + (off) : NULL))
 #define A(off) ((void *)(m->arena + (off)))
+
+/* An op ends when every thread has passed the barrier after it. A profiling build (-DKILN_PROFILE)
+   also charges the wall time since the previous op's end to this op. */
+enum { STEP_DECODE, STEP_PREFILL };
+#ifdef KILN_PROFILE
+static double seconds_since(struct timespec *last) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const double dt = (double)(now.tv_sec - last->tv_sec) + 1e-9 * (double)(now.tv_nsec - last->tv_nsec);
+    *last = now;
+    return dt;
+}
+#define OPS_START() do { if (t->ith == 0) seconds_since(&m->op_clock); } while (0)
+#define OP_DONE(step, i) do { kiln_barrier(t); if (t->ith == 0) m->op_seconds[step][i] += seconds_since(&m->op_clock); } while (0)
+#else
+#define OPS_START() ((void)0)
+#define OP_DONE(step, i) kiln_barrier(t)
+#endif
 
 /* ==== decode step: up to 1 row(s), 36 ops ===================================== */
 /* every thread of the pool runs this; kernels split their work by t->ith / t->nth */
@@ -121,171 +145,172 @@ static void decode_step(void *arg, const kiln_thread *t) {
         memcpy(inp_out, s->out, (size_t)n_logits * sizeof(int32_t));
     }
     kiln_barrier(t);
+    OPS_START();
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
     float *inp_embd = (float *)A(0x140); /* [n x 64] */
     kiln_embed_mt(t, KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 0);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
     float *attn_norm_0 = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 1);
     /* q-0: matmul_x8_q8_0 */
     float *q_0 = (float *)A(0x240); /* [n x 4 x 16] */
     void *q_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x0), W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 2);
     /* k-0: matmul_x8_q8_0 */
     float *k_0 = (float *)A(0x440); /* [n x 2 x 16] */
     void *k_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1100), W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 3);
     /* v-0: matmul_x8_q8_0 */
     float *v_0 = (float *)A(0x4c0); /* [n x 2 x 16] */
     void *v_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1980), W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 4);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x340); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 5);
     /* k_rope-0: rope_pairwise_f32 */
     float *k_rope_0 = (float *)A(0x0); /* [n x 2 x 16] */
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 6);
     /* kv_store-0: kv_store_f32 */
     kiln_kv_store_mt(t, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 7);
     /* attn-0: attention_decode_f32 */
     float *attn_0 = (float *)A(0x240); /* [n x 64] */
     void *attn_0_spans = A(0x0); /* [288 bytes] */
     kiln_attention_mt(t, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 8);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_0_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x2200), W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 9);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x600); /* [n x 64] */
     kiln_add_mt(t, ffn_inp_0, attn_out_0, inp_embd, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 10);
     /* ffn_norm-0: rms_norm_f32 */
     float *ffn_norm_0 = (float *)A(0x400); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 11);
     /* ffn_gate-0: matmul_x8_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_0_act = A(0x200); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x3300), W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 12);
     /* ffn_up-0: matmul_x8_q8_0 */
     float *ffn_up_0 = (float *)A(0x200); /* [n x 128] */
     void *ffn_up_0_act = A(0x500); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x5500), W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 13);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x400); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 14);
     /* ffn_out-0: matmul_x8_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_0_act = A(0x100); /* [136 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x7700), W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 15);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x140); /* [n x 64] */
     kiln_add_mt(t, l_out_0, ffn_out_0, ffn_inp_0, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 16);
 
     /* ---- layer 1 ---- */
     /* attn_norm-1: rms_norm_f32 */
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 17);
     /* q-1: matmul_x8_q8_0 */
     float *q_1 = (float *)A(0x240); /* [n x 4 x 16] */
     void *q_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x9900), W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 18);
     /* k-1: matmul_x8_q8_0 */
     float *k_1 = (float *)A(0x440); /* [n x 2 x 16] */
     void *k_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xaa00), W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 19);
     /* v-1: matmul_x8_q8_0 */
     float *v_1 = (float *)A(0x4c0); /* [n x 2 x 16] */
     void *v_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xb280), W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 20);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x340); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 21);
     /* k_rope-1: rope_pairwise_f32 */
     float *k_rope_1 = (float *)A(0x0); /* [n x 2 x 16] */
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 22);
     /* kv_store-1: kv_store_f32 */
     kiln_kv_store_mt(t, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 23);
     /* attn-1: attention_decode_f32 */
     float *attn_1 = (float *)A(0x240); /* [n x 64] */
     void *attn_1_spans = A(0x0); /* [288 bytes] */
     kiln_attention_mt(t, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 24);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x340); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xbb00), W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 25);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x600); /* [n x 64] */
     kiln_add_mt(t, ffn_inp_1, attn_out_1, l_out_0, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 26);
     /* ffn_norm-1: rms_norm_f32 */
     float *ffn_norm_1 = (float *)A(0x400); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 27);
     /* ffn_gate-1: matmul_x8_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_1_act = A(0x200); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xcc00), W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 28);
     /* ffn_up-1: matmul_x8_q8_0 */
     float *ffn_up_1 = (float *)A(0x200); /* [n x 128] */
     void *ffn_up_1_act = A(0x500); /* [68 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xee00), W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 29);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x400); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 30);
     /* ffn_out-1: matmul_x8_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_1_act = A(0x100); /* [136 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x11000), W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 31);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x100); /* [n x 64] */
     kiln_add_mt(t, l_out_1, ffn_out_1, ffn_inp_1, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 32);
 
     /* ---- output ---- */
     /* result_norm: rms_norm_f32 */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 33);
     /* result_rows: select_rows_f32 */
     float *result_rows = (float *)A(0x100); /* [n x 64] */
     kiln_select_rows_mt(t, result_rows, result_norm, inp_out, n_logits, 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 34);
     /* result_output: logits_q8_0 */
     void *result_output_act = A(0x0); /* [68 bytes] */
     kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_rows, n_logits, result_output, result_output_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_DECODE, 35);
 }
 
 /* ==== prefill step: up to 16 row(s), 36 ops ===================================== */
@@ -307,171 +332,172 @@ static void prefill_step(void *arg, const kiln_thread *t) {
         memcpy(inp_out, s->out, (size_t)n_logits * sizeof(int32_t));
     }
     kiln_barrier(t);
+    OPS_START();
     float *result_output = s->logits; /* [n_logits x N_VOCAB], the caller's */
     /* inp_embd: embed_q8_0 */
     float *inp_embd = (float *)A(0x0); /* [n x 64] */
     kiln_embed_mt(t, KILN_Q8_0, inp_embd, W(0x1560), inp_tokens, n, 64, 1.0f);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 0);
 
     /* ---- layer 0 ---- */
     /* attn_norm-0: rms_norm_f32 */
     float *attn_norm_0 = (float *)A(0x1000); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_0, inp_embd, (const float *)W(0x5b40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 1);
     /* q-0: matmul_x8_q8_0 */
     float *q_0 = (float *)A(0x2000); /* [n x 4 x 16] */
     void *q_0_act = A(0x3000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x0), W(0x5c40), NULL, 64, 64, attn_norm_0, n, q_0, q_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 2);
     /* k-0: matmul_x8_q8_0 */
     float *k_0 = (float *)A(0x3000); /* [n x 2 x 16] */
     void *k_0_act = A(0x3800); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1100), W(0x6d40), NULL, 32, 64, attn_norm_0, n, k_0, k_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 3);
     /* v-0: matmul_x8_q8_0 */
     float *v_0 = (float *)A(0x3800); /* [n x 2 x 16] */
     void *v_0_act = A(0x4000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x1980), W(0x75c0), NULL, 32, 64, attn_norm_0, n, v_0, v_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 4);
     /* q_rope-0: rope_pairwise_f32 */
     float *q_rope_0 = (float *)A(0x1000); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_0, q_0, inp_pos, n, 4, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 5);
     /* k_rope-0: rope_pairwise_f32 */
     float *k_rope_0 = (float *)A(0x2000); /* [n x 2 x 16] */
     kiln_rope_mt(t, k_rope_0, k_0, inp_pos, n, 2, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 6);
     /* kv_copy-0: kv_batch_copy_f32 */
     kiln_kv_store_mt(t, &m->kv_view[0], k_rope_0, v_0, inp_seq, inp_row, n, 2, 16);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 7);
     /* attn-0: attention_prefill_f32 */
     float *attn_0 = (float *)A(0x2000); /* [n x 64] */
     void *attn_0_spans = A(0x3000); /* [288 bytes] */
     kiln_attention_mt(t, attn_0, q_rope_0, inp_seq, inp_row, n, &m->kv_view[0], 4, 2, 16, 0.25f, attn_0_spans, 1);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 8);
     /* attn_out-0: matmul_x8_q8_0 */
     float *attn_out_0 = (float *)A(0x1000); /* [n x 64] */
     void *attn_out_0_act = A(0x3000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x2200), W(0x7e40), NULL, 64, 64, attn_0, n, attn_out_0, attn_out_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 9);
     /* ffn_inp-0: add_f32 */
     float *ffn_inp_0 = (float *)A(0x6000); /* [n x 64] */
     kiln_add_mt(t, ffn_inp_0, attn_out_0, inp_embd, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 10);
     /* ffn_norm-0: rms_norm_f32 */
     float *ffn_norm_0 = (float *)A(0x4000); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_0, ffn_inp_0, (const float *)W(0x8f40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 11);
     /* ffn_gate-0: matmul_x8_q8_0 */
     float *ffn_gate_0 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_0_act = A(0x2000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x3300), W(0x9040), NULL, 128, 64, ffn_norm_0, n, ffn_gate_0, ffn_gate_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 12);
     /* ffn_up-0: matmul_x8_q8_0 */
     float *ffn_up_0 = (float *)A(0x2000); /* [n x 128] */
     void *ffn_up_0_act = A(0x5000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x5500), W(0xb240), NULL, 128, 64, ffn_norm_0, n, ffn_up_0, ffn_up_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 13);
     /* ffn_glu-0: swiglu_f32 */
     float *ffn_glu_0 = (float *)A(0x4000); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_0, ffn_gate_0, ffn_up_0, n * 128);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 14);
     /* ffn_out-0: matmul_x8_q8_0 */
     float *ffn_out_0 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_0_act = A(0x1000); /* [2176 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x7700), W(0xd440), NULL, 64, 128, ffn_glu_0, n, ffn_out_0, ffn_out_0_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 15);
     /* l_out-0: add_f32 */
     float *l_out_0 = (float *)A(0x1000); /* [n x 64] */
     kiln_add_mt(t, l_out_0, ffn_out_0, ffn_inp_0, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 16);
 
     /* ---- layer 1 ---- */
     /* attn_norm-1: rms_norm_f32 */
     float *attn_norm_1 = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, attn_norm_1, l_out_0, (const float *)W(0xf640), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 17);
     /* q-1: matmul_x8_q8_0 */
     float *q_1 = (float *)A(0x2000); /* [n x 4 x 16] */
     void *q_1_act = A(0x3000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x9900), W(0xf740), NULL, 64, 64, attn_norm_1, n, q_1, q_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 18);
     /* k-1: matmul_x8_q8_0 */
     float *k_1 = (float *)A(0x3000); /* [n x 2 x 16] */
     void *k_1_act = A(0x3800); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xaa00), W(0x10840), NULL, 32, 64, attn_norm_1, n, k_1, k_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 19);
     /* v-1: matmul_x8_q8_0 */
     float *v_1 = (float *)A(0x3800); /* [n x 2 x 16] */
     void *v_1_act = A(0x4000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xb280), W(0x110c0), NULL, 32, 64, attn_norm_1, n, v_1, v_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 20);
     /* q_rope-1: rope_pairwise_f32 */
     float *q_rope_1 = (float *)A(0x0); /* [n x 4 x 16] */
     kiln_rope_mt(t, q_rope_1, q_1, inp_pos, n, 4, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 21);
     /* k_rope-1: rope_pairwise_f32 */
     float *k_rope_1 = (float *)A(0x2000); /* [n x 2 x 16] */
     kiln_rope_mt(t, k_rope_1, k_1, inp_pos, n, 2, 16, 10000.0f, 0);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 22);
     /* kv_copy-1: kv_batch_copy_f32 */
     kiln_kv_store_mt(t, &m->kv_view[1], k_rope_1, v_1, inp_seq, inp_row, n, 2, 16);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 23);
     /* attn-1: attention_prefill_f32 */
     float *attn_1 = (float *)A(0x2000); /* [n x 64] */
     void *attn_1_spans = A(0x3000); /* [288 bytes] */
     kiln_attention_mt(t, attn_1, q_rope_1, inp_seq, inp_row, n, &m->kv_view[1], 4, 2, 16, 0.25f, attn_1_spans, 1);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 24);
     /* attn_out-1: matmul_x8_q8_0 */
     float *attn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *attn_out_1_act = A(0x3000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xbb00), W(0x11940), NULL, 64, 64, attn_1, n, attn_out_1, attn_out_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 25);
     /* ffn_inp-1: add_f32 */
     float *ffn_inp_1 = (float *)A(0x6000); /* [n x 64] */
     kiln_add_mt(t, ffn_inp_1, attn_out_1, l_out_0, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 26);
     /* ffn_norm-1: rms_norm_f32 */
     float *ffn_norm_1 = (float *)A(0x4000); /* [n x 64] */
     kiln_rms_norm_mt(t, ffn_norm_1, ffn_inp_1, (const float *)W(0x12a40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 27);
     /* ffn_gate-1: matmul_x8_q8_0 */
     float *ffn_gate_1 = (float *)A(0x0); /* [n x 128] */
     void *ffn_gate_1_act = A(0x2000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xcc00), W(0x12b40), NULL, 128, 64, ffn_norm_1, n, ffn_gate_1, ffn_gate_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 28);
     /* ffn_up-1: matmul_x8_q8_0 */
     float *ffn_up_1 = (float *)A(0x2000); /* [n x 128] */
     void *ffn_up_1_act = A(0x5000); /* [1088 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0xee00), W(0x14d40), NULL, 128, 64, ffn_norm_1, n, ffn_up_1, ffn_up_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 29);
     /* ffn_glu-1: swiglu_f32 */
     float *ffn_glu_1 = (float *)A(0x4000); /* [n x 128] */
     kiln_swiglu_mt(t, ffn_glu_1, ffn_gate_1, ffn_up_1, n * 128);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 30);
     /* ffn_out-1: matmul_x8_q8_0 */
     float *ffn_out_1 = (float *)A(0x0); /* [n x 64] */
     void *ffn_out_1_act = A(0x1000); /* [2176 bytes] */
     kiln_matmul_x8_mt(t, KILN_Q8_0, P(0x11000), W(0x16f40), NULL, 64, 128, ffn_glu_1, n, ffn_out_1, ffn_out_1_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 31);
     /* l_out-1: add_f32 */
     float *l_out_1 = (float *)A(0x1000); /* [n x 64] */
     kiln_add_mt(t, l_out_1, ffn_out_1, ffn_inp_1, n * 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 32);
 
     /* ---- output ---- */
     /* result_norm: rms_norm_f32 */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, result_norm, l_out_1, (const float *)W(0x5a40), 0.0f, 9.99999997e-07f, 64, n);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 33);
     /* result_rows: select_rows_f32 */
     float *result_rows = (float *)A(0x1000); /* [n x 64] */
     kiln_select_rows_mt(t, result_rows, result_norm, inp_out, n_logits, 64);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 34);
     /* result_output: logits_q8_0 */
     void *result_output_act = A(0x0); /* [1088 bytes] */
     kiln_matmul_mt(t, KILN_Q8_0, W(0x1560), NULL, 259, 64, result_rows, n_logits, result_output, result_output_act);
-    kiln_barrier(t);
+    OP_DONE(STEP_PREFILL, 35);
 }
 
 /* ==== the API ================================================================================= */
@@ -705,3 +731,15 @@ int kiln_n_threads(const kiln_model *m) { return m ? kiln_pool_size(m->pool) : K
 int kiln_n_ctx(void) { return N_CTX; }
 int kiln_n_vocab(void) { return N_VOCAB; }
 long long kiln_weights_size(void) { return GGUF_BYTES; }
+
+int kiln_profile(kiln_model *m, int step, double *seconds, int n) {
+#ifdef KILN_PROFILE
+    if (!m || (step != STEP_DECODE && step != STEP_PREFILL) || !seconds || n < 0 || n > N_OPS_MAX) return KILN_E_ARG;
+    memcpy(seconds, m->op_seconds[step], (size_t)n * sizeof(double));
+    memset(m->op_seconds[step], 0, sizeof m->op_seconds[step]);
+    return KILN_OK;
+#else
+    (void)m, (void)step, (void)seconds, (void)n;
+    return KILN_E_ARG; /* not a profiling build */
+#endif
+}

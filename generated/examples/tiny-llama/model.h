@@ -77,4 +77,9 @@ int kiln_n_ctx(void);
 int kiln_n_vocab(void);
 long long kiln_weights_size(void);
 
+/* A profiling build (-DKILN_PROFILE; kiln bench --profile) sums each op's wall time over the steps
+   it runs: seconds gets the first n ops' of step 0 (decode) or 1 (prefill), which are then reset.
+   KILN_E_ARG in any other build. */
+int kiln_profile(kiln_model *m, int step, double *seconds, int n);
+
 #endif
