@@ -177,21 +177,45 @@ static void attend_span(const attn_state st[], const float *const q[], const int
     prefetch_rows(kv, table, 0, h, row_bytes[0], lo, hi); /* every line requested at once */
     prefetch_rows(kv, table, 1, h, row_bytes[1], lo, hi); /* V loads while K is scored */
     cache_rows(kv, table, 0, h, row_bytes[0], j0, n, lo, hi, buf, hd, rows);
-    for (int i = 0; i < nq; i++) {
-        if (!live[i]) continue;
-        /* the first query pulls the rows in; each call names its row format as a constant */
-        if (k_half) kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 1);
-        else kiln_vdots(s[i], q[i], rows, n, hd, scale, i == 0, 0);
-        for (int j = 0; j < n; j++)
-            if (j0 + j < first[i] || j0 + j > last[i]) s[i][j] = -INFINITY;
+    /* scores: the first query pulls the rows in (each call names its row format as a constant),
+       the others go in pairs that share each row load; every score is summed in one order */
+    int order[ATTN_MAX_Q], n_live = 0;
+    for (int i = 0; i < nq; i++)
+        if (live[i]) order[n_live++] = i;
+    for (int o = 0; o < n_live;) {
+        const int i = order[o];
+        if (o == 0 || o + 1 == n_live) {
+            if (k_half) kiln_vdots(s[i], q[i], rows, n, hd, scale, o == 0, 1);
+            else kiln_vdots(s[i], q[i], rows, n, hd, scale, o == 0, 0);
+            o++;
+        } else {
+            const int i2 = order[o + 1];
+            if (k_half) kiln_vdots2(s[i], s[i2], q[i], q[i2], rows, n, hd, scale, 1);
+            else kiln_vdots2(s[i], s[i2], q[i], q[i2], rows, n, hd, scale, 0);
+            o += 2;
+        }
+    }
+    for (int o = 0; o < n_live; o++) {
+        const int i = order[o];
+        if (j0 < first[i] || j0 + n - 1 > last[i]) /* the span's edge: rows this query cannot see */
+            for (int j = 0; j < n; j++)
+                if (j0 + j < first[i] || j0 + j > last[i]) s[i][j] = -INFINITY;
         *st[i].max = kiln_vmax(s[i], n);
         *st[i].denom = kiln_vexp_sum(s[i], *st[i].max, n); /* exp(-inf) = 0 for the rows it cannot see */
     }
     cache_rows(kv, table, 1, h, row_bytes[1], j0, n, lo, hi, buf, hd, rows);
-    for (int i = 0; i < nq; i++) {
-        if (!live[i]) continue;
-        if (v_half) kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 1);
-        else kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 0);
+    for (int o = 0; o < n_live;) {
+        const int i = order[o];
+        if (o + 1 == n_live) {
+            if (v_half) kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 1);
+            else kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 0);
+            o++;
+        } else {
+            const int i2 = order[o + 1];
+            if (v_half) kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], rows, n, hd, 1);
+            else kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], rows, n, hd, 0);
+            o += 2;
+        }
     }
 }
 

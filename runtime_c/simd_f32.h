@@ -139,6 +139,82 @@ static inline __attribute__((always_inline)) void kiln_vaxpys(float *acc, const 
     for (int j = 0; j < n && d < hd; j++) kiln_vaxpy(acc + d, w[j], (const float *)rows[j] + d, hd - d);
 }
 
+/* kiln_vdots for two queries over the same rows, from cache: each row load serves both, and each
+ * (query, row) score is summed in exactly kiln_vdots' order, so the bits are those of two calls. */
+static inline __attribute__((always_inline)) void kiln_vdots2(float *s0, float *s1, const float *q0, const float *q1,
+                                                              const void *const rows[], int n, int hd, float scale,
+                                                              int half) {
+    const int es = half ? 2 : 4;
+    int j = 0;
+    if (hd % 8 == 0)
+        for (; j + 8 <= n; j += 8) {
+            __m256 a[8], b[8];
+            for (int k = 0; k < 8; k++) a[k] = b[k] = _mm256_setzero_ps();
+            for (int d = 0; d < hd; d += 8) {
+                const __m256 qa = _mm256_loadu_ps(q0 + d), qb = _mm256_loadu_ps(q1 + d);
+                for (int k = 0; k < 8; k++) {
+                    const __m256 r = kiln_load8((const char *)rows[j + k] + d * es, half);
+                    a[k] = _mm256_fmadd_ps(qa, r, a[k]);
+                    b[k] = _mm256_fmadd_ps(qb, r, b[k]);
+                }
+            }
+            _mm256_storeu_ps(s0 + j, _mm256_mul_ps(kiln_reduce8(a), _mm256_set1_ps(scale)));
+            _mm256_storeu_ps(s1 + j, _mm256_mul_ps(kiln_reduce8(b), _mm256_set1_ps(scale)));
+        }
+    for (; j < n; j++) {
+        s0[j] = kiln_vdot(q0, (const float *)rows[j], hd) * scale;
+        s1[j] = kiln_vdot(q1, (const float *)rows[j], hd) * scale;
+    }
+}
+
+/* kiln_vaxpys for two queries' weights over the same rows: each column adds its rows in
+ * kiln_vaxpys' order, so the bits are those of two calls. */
+static inline __attribute__((always_inline)) void kiln_vaxpys2(float *acc0, float *acc1, const float *w0,
+                                                               const float *w1, const void *const rows[], int n,
+                                                               int hd, int half) {
+    const int es = half ? 2 : 4;
+    int d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        __m256 a[8], b[8];
+        for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(acc0 + d + 8 * k), b[k] = _mm256_loadu_ps(acc1 + d + 8 * k);
+        for (int j = 0; j < n; j++) {
+            const __m256 wa = _mm256_set1_ps(w0[j]), wb = _mm256_set1_ps(w1[j]);
+            for (int k = 0; k < 8; k++) {
+                const __m256 r = kiln_load8((const char *)rows[j] + (d + 8 * k) * es, half);
+                a[k] = _mm256_fmadd_ps(wa, r, a[k]);
+                b[k] = _mm256_fmadd_ps(wb, r, b[k]);
+            }
+        }
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps(acc0 + d + 8 * k, a[k]), _mm256_storeu_ps(acc1 + d + 8 * k, b[k]);
+    }
+    for (; d + 8 <= hd; d += 8) {
+        __m256 a = _mm256_loadu_ps(acc0 + d), b = _mm256_loadu_ps(acc1 + d);
+        for (int j = 0; j < n; j++) {
+            const __m256 r = kiln_load8((const char *)rows[j] + d * es, half);
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w0[j]), r, a);
+            b = _mm256_fmadd_ps(_mm256_set1_ps(w1[j]), r, b);
+        }
+        _mm256_storeu_ps(acc0 + d, a), _mm256_storeu_ps(acc1 + d, b);
+    }
+    for (int j = 0; j < n && d < hd; j++) {
+        kiln_vaxpy(acc0 + d, w0[j], (const float *)rows[j] + d, hd - d);
+        kiln_vaxpy(acc1 + d, w1[j], (const float *)rows[j] + d, hd - d);
+    }
+}
+
+/* the largest of x[0..n) (-inf for none); max is exact, so any order gives the same value */
+static inline float kiln_vmax(const float *x, int n) {
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float m = _mm_cvtss_f32(m4);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 #else
 
 static inline float kiln_vdot(const float *a, const float *b, int n) {
@@ -169,16 +245,28 @@ static inline void kiln_vaxpys(float *acc, const float *w, const void *const row
     for (int j = 0; j < n; j++) kiln_vaxpy(acc, w[j], (const float *)rows[j], hd);
 }
 
-#endif
+static inline void kiln_vdots2(float *s0, float *s1, const float *q0, const float *q1, const void *const rows[],
+                               int n, int hd, float scale, int half) {
+    kiln_vdots(s0, q0, rows, n, hd, scale, 0, half);
+    kiln_vdots(s1, q1, rows, n, hd, scale, 0, half);
+}
 
-static inline void kiln_vscale(float *y, float a, int n) {
-    for (int i = 0; i < n; i++) y[i] *= a;
+static inline void kiln_vaxpys2(float *acc0, float *acc1, const float *w0, const float *w1, const void *const rows[],
+                                int n, int hd, int half) {
+    kiln_vaxpys(acc0, w0, rows, n, hd, half);
+    kiln_vaxpys(acc1, w1, rows, n, hd, half);
 }
 
 static inline float kiln_vmax(const float *x, int n) {
     float m = -INFINITY;
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
+}
+
+#endif
+
+static inline void kiln_vscale(float *y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
 }
 
 #endif
