@@ -42,7 +42,7 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, 
         progress.note("nothing to pack: every matmul reads the GGUF's rows on this build")
         return None
     crc = header_crc32(spec)
-    plan = [(p.tensor, p.dtype.label, p.n_out, p.n_in, p.src, p.offset, p.size) for p in packed]
+    plan = [(p.tensor, p.dtype.label, p.n_out, p.n_in, p.src, p.offset, p.size, p.src_size) for p in packed]
     packer = (RUNTIME_DIR / "pack_x8.c").read_bytes()
     key = hashlib.sha256(repr((spec.file_size, crc, plan)).encode() + packer).hexdigest()[:24]
     path = cache / "packed" / f"{spec.path.stem}-{key}.x8"
@@ -59,7 +59,7 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, 
     with open(tmp, "wb") as f:
         f.write(HEADER.pack(MAGIC, spec.file_size, crc, 0, packed_bytes(packed)).ljust(HEADER_BYTES, b"\0"))
         for p in packed:
-            src = np.ascontiguousarray(gguf[p.src:p.src + p.size])
+            src = np.ascontiguousarray(gguf[p.src:p.src + p.src_size])
             dst = np.empty(p.size, np.uint8)
             lib.kiln_pack_x8(p.dtype.value.value, ffi.from_buffer(src), ffi.from_buffer(dst), p.n_out, p.n_in)
             f.seek(HEADER_BYTES + p.offset)

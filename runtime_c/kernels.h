@@ -35,7 +35,8 @@ void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in
 /* Weights interleaved by eight rows (pack_x8.c). kiln_x8_supported says whether this build has
  * the x8 kernel for a matrix; if not, nothing needs packing and kiln_matmul_x8 reads w. */
 int kiln_x8_supported(int type, int n_out, int n_in);
-void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* same size as src */
+void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* into kiln_x8_bytes */
+size_t kiln_x8_bytes(int type, int n_out, int n_in); /* the packed matrix: src's size but for Q4_K/Q5_K */
 /* kiln_matmul on the packed copy where the build supports it (packed != NULL), else on w */
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);

@@ -109,6 +109,10 @@ static float dot_k4(const uint8_t *w, size_t block_bytes, k4_value_fn value, con
     return sum;
 }
 
+int kiln_q4k_value(const void *block, int l) { return q4k_value(block, l); }
+int kiln_q5k_value(const void *block, int l) { return q5k_value(block, l); }
+int kiln_q6k_value(const void *block, int l) { return q6k_value(block, l); }
+
 void kiln_dequant_q4_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q4_K), q4k_at, dst, n); }
 void kiln_dequant_q5_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q5_K), q5k_at, dst, n); }
 float kiln_dot_q4_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q4_K), q4k_at, act, n); }

@@ -20,6 +20,16 @@
  * which is exactly as many bytes as the eight GGUF blocks it replaces. The compiler packs with
  * kiln_pack_x8 into a file (compiler/packing.py) that the model library maps.
  *
+ * The K-quants go the same way a 256-weight super-block at a time (kx8 blocks): the 8 rows'
+ * scales first, unpacked to one byte each and arranged [sub-block][row] so that a sub-block's 8
+ * scales are one 8-byte load; then each 32-weight chunk in the 32-weight layout above:
+ *   Q4_K, Q5_K: d[8], dmin[8] f16; sc[8][8], m[8][8] u8; 8 x ([Q5_K: qh[8] u32] qs[128])
+ *               (32 bytes a group more than GGUF's: the 6-bit scales as bytes)
+ *   Q6_K:       d[8] f16; sc[16][8] i8; 8 x (qh4[8] u32, qh5[8] u32, qs[128]), u = q + 32 in
+ *               0..63, its fifth and sixth bits as two planes (exactly GGUF's bytes)
+ * Their integer sums are the references' (kquants.c): sum over sub-blocks of scale x sum(u * y),
+ * Q4_K's minimum from q8_K's sums, Q6_K's -32 offset seeding each sub-block's sum.
+ *
  * Integer sums are those of the scalar references in quant.c (tests compare against them);
  * only the float accumulation order differs.
  */
@@ -32,9 +42,27 @@
 
 #define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
 
+static int is_k(int type) { return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K; }
+
+/* bytes of one kx8 block: a super-block of 8 rows */
+static size_t kx8_bytes(int type) {
+    switch (type) {
+    case KILN_Q4_K: return 32 + 128 + 8 * 128;
+    case KILN_Q5_K: return 32 + 128 + 8 * (32 + 128);
+    case KILN_Q6_K: return 16 + 128 + 8 * (64 + 128);
+    default: return 0;
+    }
+}
+
+size_t kiln_x8_bytes(int type, int n_out, int n_in) {
+    if (is_k(type)) return (size_t)(n_out / 8) * (size_t)(n_in / QK_K) * kx8_bytes(type);
+    return (size_t)n_out * kiln_row_bytes(type, n_in);
+}
+
 int kiln_x8_supported(int type, int n_out, int n_in) {
 #ifdef KILN_HAVE_VNNI
     kiln_b32 f;
+    if (is_k(type)) return n_out % 8 == 0 && n_in % QK_K == 0 && n_in / 32 <= X8_MAX_BLOCKS;
     return kiln_b32_of(type, &f) && n_out % 8 == 0 && n_in % 32 == 0 && n_in / 32 <= X8_MAX_BLOCKS;
 #else
     (void)type, (void)n_out, (void)n_in;
@@ -50,8 +78,78 @@ static int block_weight(const kiln_b32 *f, const uint8_t *blk, int j) {
     return u;
 }
 
+/* One 32-weight chunk of 8 rows in the 32-weight x8 layout: u[r][j] as nibbles in qs, bit 4
+ * (and bit 5) as planes qh4 (qh5); NULL planes are not written. */
+static void put_chunk(const uint8_t u[8][32], uint32_t *qh4, uint32_t *qh5, uint8_t *qs) {
+    for (int r = 0; r < 8; r++)
+        for (int j = 0; j < 32; j++) {
+            const int v = j / 8, hi = (j / 4) % 2;
+            qs[32 * v + 4 * r + j % 4] |= (uint8_t)((u[r][j] & 0x0F) << (hi ? 4 : 0));
+            if (qh4 && (u[r][j] & 0x10)) qh4[j / 4] |= 1u << (4 * r + j % 4);
+            if (qh5 && (u[r][j] & 0x20)) qh5[j / 4] |= 1u << (4 * r + j % 4);
+        }
+}
+
+/* 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block */
+static void k4_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m) {
+    int s[8], mm[8];
+    kiln_k4_scales(q, s, mm);
+    *sc = (uint8_t)s[j], *m = (uint8_t)mm[j];
+}
+
+static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int n_in) {
+    const int nb = n_in / QK_K;
+    const size_t block = type == KILN_Q4_K ? sizeof(block_q4_K) : type == KILN_Q5_K ? sizeof(block_q5_K)
+                                                                                      : sizeof(block_q6_K);
+    const size_t row_bytes = (size_t)nb * block, out_bytes = kx8_bytes(type);
+    for (int g = 0; g < n_out / 8; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *out = dst + ((size_t)g * nb + b) * out_bytes, u[8][32];
+            memset(out, 0, out_bytes);
+            const uint8_t *blk[8];
+            for (int r = 0; r < 8; r++) blk[r] = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * block;
+            if (type == KILN_Q6_K) {
+                uint8_t *sc = out + 16, *chunk = out + 16 + 128;
+                for (int r = 0; r < 8; r++) {
+                    const block_q6_K *x = (const block_q6_K *)blk[r];
+                    memcpy(out + 2 * r, &x->d, 2);
+                    for (int j = 0; j < 16; j++) sc[8 * j + r] = (uint8_t)x->scales[j];
+                }
+                for (int c = 0; c < 8; c++, chunk += 192) {
+                    for (int r = 0; r < 8; r++)
+                        for (int j = 0; j < 32; j++) u[r][j] = (uint8_t)(kiln_q6k_value(blk[r], 32 * c + j) + 32);
+                    put_chunk(u, (uint32_t *)chunk, (uint32_t *)(chunk + 32), chunk + 64);
+                }
+                continue;
+            }
+            uint8_t *sc = out + 32, *m = out + 96, *chunk = out + 160;
+            for (int r = 0; r < 8; r++) {
+                memcpy(out + 2 * r, blk[r], 2);       /* d */
+                memcpy(out + 16 + 2 * r, blk[r] + 2, 2); /* dmin */
+                for (int j = 0; j < 8; j++) k4_scale_min(blk[r] + 4, j, &sc[8 * j + r], &m[8 * j + r]);
+            }
+            for (int c = 0; c < 8; c++) {
+                for (int r = 0; r < 8; r++)
+                    for (int j = 0; j < 32; j++)
+                        u[r][j] = (uint8_t)(type == KILN_Q4_K ? kiln_q4k_value(blk[r], 32 * c + j)
+                                                              : kiln_q5k_value(blk[r], 32 * c + j));
+                if (type == KILN_Q5_K) {
+                    put_chunk(u, (uint32_t *)chunk, NULL, chunk + 32);
+                    chunk += 160;
+                } else {
+                    put_chunk(u, NULL, NULL, chunk);
+                    chunk += 128;
+                }
+            }
+        }
+}
+
 void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
     kiln_b32 f;
+    if (is_k(type) && n_out % 8 == 0 && n_in % QK_K == 0) {
+        pack_kx8(type, src_, dst_, n_out, n_in);
+        return;
+    }
     if (!kiln_b32_of(type, &f) || n_out % 8 != 0) return;
     const uint8_t *src = src_;
     uint8_t *dst = dst_;
@@ -177,10 +275,125 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
     }
 }
 
+/* 8 bytes of each of two groups (a, a + apart) widened to 16 int32 lanes, signed or not */
+INLINE __m512i x16_bytes32(const uint8_t *a, size_t apart, int is_signed) {
+    const __m128i b = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)(a + apart)));
+    return is_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+}
+
+/* The kx8 twin of x8_rows: C activation rows of q8_K super-blocks against groups [g0, g1).
+ * Per super-block and row lane: isum = sum_j sc_j * sum(u * y) over its sub-blocks (Q6_K's
+ * sums seeded with -32 * sum(y)), and for Q4_K/Q5_K msum = sum_j m_j * (y's sum over sub-block
+ * j) by vpdpwssd on (m_2p, m_2p+1) pairs; then acc += isum * (d * y.d), mins += msum * (dmin * y.d). */
+INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                     size_t a_row, float *y, size_t y_row) {
+    const size_t kb = kx8_bytes(type);
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K;
+    const size_t chunk_bytes = q6 ? 192 : q5 ? 160 : 128, head = q6 ? 16 + 128 : 32 + 128;
+    int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][4]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
+    for (int c = 0; c < C; c++)
+        for (int b = 0; b < nb; b++) {
+            const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+            for (int p = 0; p < 4; p++) {
+                const int lo = yb->bsums[4 * p] + yb->bsums[4 * p + 1], hi = yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
+                mpair[c][b][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+            }
+        }
+    for (int g = g0; g < g1; g += 2) {
+        const int pair = g + 1 < g1;
+        const size_t apart = pair ? (size_t)nb * kb : 0;
+        const uint8_t *blk = w + (size_t)g * nb * kb;
+        __m512 acc[X8_TOKENS], mins[X8_TOKENS];
+        for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++, blk += kb) {
+            __m512i isum[X8_TOKENS];
+            for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+            const uint8_t *chunk = blk + head;
+            for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
+                __m512i u[8];
+                const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
+                x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
+                if (q5 || q6) {
+                    const uint32_t *h4 = (const uint32_t *)chunk, *h4b = (const uint32_t *)(chunk + apart);
+                    const __m512i five = _mm512_set1_epi8(0x10), six = _mm512_set1_epi8(0x20);
+                    for (int k = 0; k < 8; k++) {
+                        u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, five));
+                        if (q6)
+                            u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[8 + k] | (uint64_t)h4b[8 + k] << 32, six));
+                    }
+                }
+                if (q6) { /* two sub-blocks of 16, each with its own scale */
+                    const __m512i sa = x16_bytes32(blk + 16 + 8 * (2 * j), apart, 1);
+                    const __m512i sb = x16_bytes32(blk + 16 + 8 * (2 * j + 1), apart, 1);
+                    for (int c = 0; c < C; c++) {
+                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+                        const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
+                        __m512i s0 = _mm512_set1_epi32(-32 * yb->bsums[2 * j]);
+                        __m512i s1 = _mm512_set1_epi32(-32 * yb->bsums[2 * j + 1]);
+                        for (int k = 0; k < 4; k++) {
+                            int32_t v0, v1;
+                            memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 16 + 4 * k, 4);
+                            s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
+                            s1 = _mm512_dpbusd_epi32(s1, u[4 + k], _mm512_set1_epi32(v1));
+                        }
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(s0, sa),
+                                                                             _mm512_mullo_epi32(s1, sb)));
+                    }
+                } else {
+                    const __m512i sc = x16_bytes32(blk + 32 + 8 * j, apart, 0);
+                    for (int c = 0; c < C; c++) {
+                        const uint8_t *y4 = (const uint8_t *)((const block_q8_K *)(act + c * a_row) + b)->qs + 32 * j;
+                        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                        for (int k = 0; k < 8; k += 2) {
+                            int32_t v0, v1;
+                            memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 4 * k + 4, 4);
+                            s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
+                            s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
+                        }
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                    }
+                }
+            }
+            const __m512 d = x16_half(blk, apart);
+            __m512i mp[4];
+            if (!q6) /* (m_2p, m_2p+1) of each row lane as two int16 */
+                for (int p = 0; p < 4; p++) {
+                    const uint8_t *m = blk + 96 + 16 * p;
+                    const __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)m),
+                                                        _mm_loadl_epi64((const __m128i *)(m + 8)));
+                    const __m128i bb = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(m + apart)),
+                                                         _mm_loadl_epi64((const __m128i *)(m + 8 + apart)));
+                    mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(bb, a));
+                }
+            for (int c = 0; c < C; c++) {
+                const float yd = ((const block_q8_K *)(act + c * a_row) + b)->d;
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(yd)), acc[c]);
+                if (!q6) {
+                    __m512i msum = _mm512_setzero_si512();
+                    for (int p = 0; p < 4; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[c][b][p]));
+                    mins[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum),
+                                              _mm512_mul_ps(x16_half(blk + 16, apart), _mm512_set1_ps(yd)), mins[c]);
+                }
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const __m512 out = _mm512_sub_ps(acc[c], mins[c]);
+            if (pair) _mm512_storeu_ps(y + c * y_row + 8 * g, out);
+            else _mm256_storeu_ps(y + c * y_row + 8 * g, _mm512_castps512_ps256(out));
+        }
+    }
+}
+
 /* every activation row, X8_TOKENS at a time */
 INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     int c = 0;
+    if (is_k(type)) {
+        for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
+            kx8_rows(type, X8_TOKENS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        return;
+    }
     for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
         x8_rows(type, X8_TOKENS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
     for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
@@ -196,12 +409,16 @@ X8_FOR(q4_1, KILN_Q4_1)
 X8_FOR(q5_0, KILN_Q5_0)
 X8_FOR(q5_1, KILN_Q5_1)
 X8_FOR(q8_0, KILN_Q8_0)
+X8_FOR(q4_K, KILN_Q4_K)
+X8_FOR(q5_K, KILN_Q5_K)
+X8_FOR(q6_K, KILN_Q6_K)
 
 typedef void (*x8_fn)(const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a, float *y,
                       size_t y_row);
 static const x8_fn X8[KILN_TYPE_COUNT] = {
     [KILN_Q4_0] = x8_gemm_q4_0, [KILN_Q4_1] = x8_gemm_q4_1, [KILN_Q5_0] = x8_gemm_q5_0,
-    [KILN_Q5_1] = x8_gemm_q5_1, [KILN_Q8_0] = x8_gemm_q8_0,
+    [KILN_Q5_1] = x8_gemm_q5_1, [KILN_Q8_0] = x8_gemm_q8_0, [KILN_Q4_K] = x8_gemm_q4_K,
+    [KILN_Q5_K] = x8_gemm_q5_K, [KILN_Q6_K] = x8_gemm_q6_K,
 };
 #endif
 

@@ -42,6 +42,10 @@ void kiln_dequant_q6_K(const void *src, float *dst, int n);
 float kiln_dot_q4_K(int n, const void *w, const void *act);
 float kiln_dot_q5_K(int n, const void *w, const void *act);
 float kiln_dot_q6_K(int n, const void *w, const void *act);
+/* weight l of a super-block as its integer: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 (for the packer) */
+int kiln_q4k_value(const void *block, int l);
+int kiln_q5k_value(const void *block, int l);
+int kiln_q6k_value(const void *block, int l);
 
 /* the 6-bit scales and mins of a Q4_K/Q5_K super-block's eight sub-blocks, for the SIMD kernels */
 static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {

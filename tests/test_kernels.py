@@ -466,23 +466,29 @@ def test_geglu_table_equals_direct_evaluation():
     assert np.array_equal(fast, ref)
 
 
-X8_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+X8_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 @pytest.mark.parametrize("t", X8_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_out,rows", [(8, 1), (48, 1), (48, 6)])
+@pytest.mark.parametrize("n_out,rows", [(8, 1), (48, 1), (48, 6), (24, 19)])
 def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
     """Weights interleaved by eight rows at load, against one activation row (decode) or a
-    chunk (4 rows share each unpacked block, then the remainder): the integer sums are the
-    scalar references', only float order differs. The packed copy is as large as the GGUF rows."""
-    if not lib.kiln_x8_supported(int(t), n_out, 576):
+    chunk (8 rows share each unpacked block, then the remainder): the integer sums are the
+    scalar references', only float order differs. The packed copy is as large as the GGUF rows,
+    or, for Q4_K and Q5_K, 32 bytes a super-block of 8 rows larger (dtypes.x8_bytes)."""
+    from compiler.dtypes import DType, x8_bytes
+
+    n_in = 768 if t in K_TYPES else 576
+    if not lib.kiln_x8_supported(int(t), n_out, n_in):
         pytest.skip("this build has no x8 kernel (needs AVX-512 VNNI)")
     rng = np.random.default_rng(600 + int(t) + n_out + rows)
-    n_in = 576
     _, w = quantized(rng, n_out, n_in, t)
-    packed = np.zeros_like(w)
+    size = lib.kiln_x8_bytes(int(t), n_out, n_in)
+    assert size == x8_bytes(DType[t.name], n_out, n_in) == w.size + (32 * n_out // 8 * n_in // 256 if t in (
+        Q.Q4_K, Q.Q5_K) else 0)
+    packed = np.zeros(size, np.uint8)
     lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
-    assert not np.array_equal(packed, w)
+    assert not np.array_equal(packed[:w.size], w.reshape(-1))
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
     y = np.zeros((rows, n_out), np.float32)

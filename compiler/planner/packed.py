@@ -2,14 +2,15 @@
 (x8, runtime_c/pack_x8.c) read a copy at an offset fixed here, in a file the compiler
 writes (compiler/packing.py).
 
-An x8 copy has exactly the bytes of the GGUF rows it replaces; a weight used by several x8
-matmuls (none today) is packed once. Offsets are 64-byte aligned, in order of first use.
+An x8 copy has the bytes of the GGUF rows it replaces (Q4_K and Q5_K a few more: dtypes.x8_bytes);
+a weight used by several x8 matmuls (none today) is packed once. Offsets are 64-byte aligned, in
+order of first use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dtypes import DType
+from ..dtypes import DType, x8_bytes
 from ..ir import Graph, ValueKind
 from ..passes.kernel_select import X8_KERNELS
 from .kv_plan import align
@@ -23,8 +24,9 @@ class PackedWeight:
     n_in: int
     src: int  # offset of the tensor in the GGUF file
     offset: int  # offset in the packed region
-    size: int
+    size: int  # of the x8 copy
     first_op: int
+    src_size: int = 0  # of the GGUF rows it is made from
 
 
 def plan_packed(g: Graph) -> tuple[PackedWeight, ...]:
@@ -37,8 +39,9 @@ def plan_packed(g: Graph) -> tuple[PackedWeight, ...]:
         t = w.tensor
         if t.name in out:
             continue
-        out[t.name] = PackedWeight(t.name, w.dtype, w.shape[0], w.shape[1], t.offset, end, t.nbytes, i)
-        end = align(end + t.nbytes)
+        size = x8_bytes(w.dtype, w.shape[0], w.shape[1])
+        out[t.name] = PackedWeight(t.name, w.dtype, w.shape[0], w.shape[1], t.offset, end, size, i, t.nbytes)
+        end = align(end + size)
     return tuple(out.values())
 
 
