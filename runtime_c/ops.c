@@ -10,8 +10,16 @@
 
 void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
     for (int r = 0; r < rows; r++, x += n, y += n) {
-        double ss = 0.0; /* double, as ggml accumulates: long rows of large values lose bits in f32 */
-        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        /* double, as ggml accumulates: long rows of large values lose bits in f32. Eight partial
+           sums, element i into sum i % 8, then added in order: one fixed order per row that the
+           compiler can run eight lanes wide, where one running sum was a chain of dependent adds */
+        double part[8] = {0};
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) part[k] += (double)x[i + k] * x[i + k];
+        for (; i < n; i++) part[i % 8] += (double)x[i] * x[i];
+        double ss = 0.0;
+        for (int k = 0; k < 8; k++) ss += part[k];
         const float scale = 1.0f / sqrtf((float)(ss / n) + eps);
         for (int i = 0; i < n; i++) y[i] = x[i] * scale * (w[i] + w_offset);
     }
