@@ -219,6 +219,19 @@ INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, si
 
 #define X8_TOKENS 8        /* activation rows that share each unpacked weight block */
 
+/* seed + sum(u * y) over a 32-weight chunk for 16 row lanes: u[k] holds weights 4k..4k+3 of
+ * each row, y4 the activation's 32 bytes, 4 of them broadcast a vpdpbusd, in two chains */
+INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
+    __m512i s0 = seed, s1 = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+        int32_t v0, v1;
+        memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 4 * k + 4, 4);
+        s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
+        s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
 /* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
  * act. The activation rows' scales, and for offset types -offset * sum(y) per block, are
  * unpacked once per call; each weight block is unpacked once for the C rows. Groups go two at
@@ -255,14 +268,8 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             for (int c = 0; c < C; c++) {
                 /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
                 const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
-                __m512i s0 = _mm512_set1_epi32(seed[c][b]), s1 = _mm512_setzero_si512();
-                for (int k = 0; k < 8; k += 2) {
-                    int32_t v0, v1;
-                    memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 4 * k + 4, 4);
-                    s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
-                    s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
-                }
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                const __m512i sum = chunk_dot(u, y4, _mm512_set1_epi32(seed[c][b]));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
                                          _mm512_mul_ps(d, _mm512_set1_ps(yd[c][b])), acc[c]);
                 if (f.has_min) mins[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ys[c][b]), mins[c]);
             }
@@ -343,14 +350,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                     const __m512i sc = x16_bytes32(blk + 32 + 8 * j, apart, 0);
                     for (int c = 0; c < C; c++) {
                         const uint8_t *y4 = (const uint8_t *)((const block_q8_K *)(act + c * a_row) + b)->qs + 32 * j;
-                        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-                        for (int k = 0; k < 8; k += 2) {
-                            int32_t v0, v1;
-                            memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 4 * k + 4, 4);
-                            s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
-                            s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
-                        }
-                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, y4, _mm512_setzero_si512()), sc));
                     }
                 }
             }
