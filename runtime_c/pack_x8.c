@@ -90,13 +90,6 @@ static void put_chunk(const uint8_t u[8][32], uint32_t *qh4, uint32_t *qh5, uint
         }
 }
 
-/* 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block */
-static void k4_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m) {
-    int s[8], mm[8];
-    kiln_k4_scales(q, s, mm);
-    *sc = (uint8_t)s[j], *m = (uint8_t)mm[j];
-}
-
 static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int n_in) {
     const int nb = n_in / QK_K;
     const size_t block = type == KILN_Q4_K ? sizeof(block_q4_K) : type == KILN_Q5_K ? sizeof(block_q5_K)
@@ -126,7 +119,9 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
             for (int r = 0; r < 8; r++) {
                 memcpy(out + 2 * r, blk[r], 2);       /* d */
                 memcpy(out + 16 + 2 * r, blk[r] + 2, 2); /* dmin */
-                for (int j = 0; j < 8; j++) k4_scale_min(blk[r] + 4, j, &sc[8 * j + r], &m[8 * j + r]);
+                int scales[8], mins[8]; /* the 6-bit scales and mins after d and dmin */
+                kiln_k4_scales(blk[r] + 4, scales, mins);
+                for (int j = 0; j < 8; j++) sc[8 * j + r] = (uint8_t)scales[j], m[8 * j + r] = (uint8_t)mins[j];
             }
             for (int c = 0; c < 8; c++) {
                 for (int r = 0; r < 8; r++)

@@ -20,3 +20,10 @@ def screenshot(page: Path, png: Path, width: int = 1500, height: int = 3000) -> 
     with tempfile.TemporaryDirectory(prefix="kiln-chromium-") as profile:
         subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
                         f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, timeout=120, check=True)
+
+
+def rendered_dom(page: Path) -> str:
+    """The page's DOM after Chromium has loaded it and run its scripts."""
+    with tempfile.TemporaryDirectory(prefix="kiln-chromium-") as profile:
+        return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
