@@ -8,10 +8,15 @@
  * however many threads run it. So every query's history is cut at fixed positions, multiples
  * of KILN_ATTN_SPAN: a span's softmax state (max, denominator, weighted V sum) is computed on its
  * own, from a fresh state, and the spans are folded in ascending order by one function. Inside
- * a span, rows are taken in groups of eight aligned to absolute positions, so a score always
- * lands in the same lane of the same vector sum. Queries that share a pass over a kv head's rows
- * only share the loads: rows a query cannot see score -inf and weigh exactly 0, and rows no
- * query of the pass can see read a row of zeros, so they add exactly 0 as well.
+ * a span, rows are staged in groups aligned to absolute positions, so a score always lands in
+ * the same lane of the same vector sum. Queries that share a span only share its loads: rows a
+ * query cannot see score -inf and weigh exactly 0, and rows no query of the pass can see read a
+ * row of zeros, so they add exactly 0 as well.
+ *
+ * Shape. A span is staged once (K transposed, with AVX-512, so a vector holds 16 keys' scores
+ * and each score is one fma chain over the head dimension) and then taken by every query that
+ * sees it: one token's query heads in decode, a block of up to ATTN_ITEM_Q queries in prefill,
+ * where the span is read from memory once for the block instead of once per few tokens.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +29,8 @@
 
 #define SPAN KILN_ATTN_SPAN
 #define ATTN_MAX_Q 16 /* queries that share one pass over a kv head's rows */
+#define ATTN_ITEM_Q 256 /* queries of one prefill item, which take each span of their history in turn */
+#define ATTN_ITEM_FLOATS 16384 /* their running softmax states: [queries][head_dim], 64 KB of stack */
 
 static const float ZERO_ROW[KILN_MAX_HEAD_DIM];
 
@@ -153,48 +160,74 @@ static void clear(attn_state st, int hd) {
     memset(st.acc, 0, (size_t)hd * sizeof(float));
 }
 
-/* The span at s0 for queries q[i] (i < nq, one sequence, one kv head h), query i seeing
- * positions first[i] .. last[i]: each query's state for this span alone, from empty. The K
- * rows are scored by every query, then the V rows weighted into every query: each row is read
- * (or dequantized) once for all of them. */
-static void attend_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
-                        const kiln_kv_view *kv, const int32_t *table, int h, const size_t row_bytes[2], int hd,
-                        float scale, int s0) {
-    float s[ATTN_MAX_Q][SPAN];
+/* Rows are staged in whole groups aligned to positions, so a score always comes out of the same
+ * lanes: 16 keys a vector for the transposed-key kernel (AVX-512), 8 rows a reduction otherwise. */
+#ifdef KILN_ATTN_WIDE
+#define GROUP 16
+#else
+#define GROUP 8
+#endif
+
+/* One span's rows of one kv head as the kernels take them: positions j0 .. j0+n-1 (whole
+ * groups), of which lo .. hi are visible to some query and the rest read zeros. */
+typedef struct {
+    int j0, n;
+    const void *k[SPAN], *v[SPAN]; /* in place, or dequantized into the caller's buffers */
+    int k_half, v_half;            /* the rows in place are f16 */
+#ifdef KILN_ATTN_WIDE
+    float kt[KILN_MAX_HEAD_DIM * SPAN]; /* K transposed: kt[d * SPAN + j - j0] */
+#endif
+} span_rows;
+
+static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_view *kv, const int32_t *table, int h,
+                       const size_t row_bytes[2], int hd, int lo, int hi) {
     const int k_direct = in_place(kv->k_type, hd), v_direct = in_place(kv->v_type, hd);
-    const int k_half = k_direct && kv->k_type == KILN_F16, v_half = v_direct && kv->v_type == KILN_F16;
-    float buf[k_direct && v_direct ? 1 : SPAN * hd]; /* dequantized rows of the span: K's, then V's */
-    const void *rows[SPAN];
-    int lo = s0 + SPAN, hi = s0 - 1, live[ATTN_MAX_Q];
+    sp->k_half = k_direct && kv->k_type == KILN_F16, sp->v_half = v_direct && kv->v_type == KILN_F16;
+    sp->j0 = lo & ~(GROUP - 1), sp->n = ((hi | (GROUP - 1)) + 1) - sp->j0;
+    cache_rows(kv, table, 0, h, row_bytes[0], sp->j0, sp->n, lo, hi, kbuf, hd, sp->k);
+    cache_rows(kv, table, 1, h, row_bytes[1], sp->j0, sp->n, lo, hi, vbuf, hd, sp->v);
+#ifdef KILN_ATTN_WIDE
+    if (sp->k_half) kiln_transpose_rows(sp->kt, SPAN, sp->k, sp->n, hd, 1);
+    else kiln_transpose_rows(sp->kt, SPAN, sp->k, sp->n, hd, 0);
+#endif
+}
+
+/* Queries q[i] (i < nq, one sequence, one kv head), query i seeing positions first[i] .. last[i]:
+ * each query's state for the staged span alone, from empty. Every query's scores, then its
+ * weighted V rows, the queries sharing each row load; each score and each column is summed
+ * in one order whoever shares it. */
+static void score_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
+                       const span_rows *sp, int hd, float scale) {
+    float s[ATTN_MAX_Q][SPAN];
+    const int j0 = sp->j0, n = sp->n;
+    int order[ATTN_MAX_Q], n_live = 0;
     for (int i = 0; i < nq; i++) {
         clear(st[i], hd);
-        const int a = first[i] > s0 ? first[i] : s0, b = last[i] < s0 + SPAN - 1 ? last[i] : s0 + SPAN - 1;
-        live[i] = a <= b;
-        if (live[i]) lo = a < lo ? a : lo, hi = b > hi ? b : hi;
+        if (first[i] <= j0 + n - 1 && last[i] >= j0) order[n_live++] = i;
     }
-    if (lo > hi) return;
-    const int j0 = lo & ~7, n = ((hi | 7) + 1) - j0; /* whole groups of eight, aligned to positions */
-    prefetch_rows(kv, table, 0, h, row_bytes[0], lo, hi); /* every line requested at once */
-    prefetch_rows(kv, table, 1, h, row_bytes[1], lo, hi); /* V loads while K is scored */
-    cache_rows(kv, table, 0, h, row_bytes[0], j0, n, lo, hi, buf, hd, rows);
-    /* scores: the first query pulls the rows in (each call names its row format as a constant),
-       the others go in pairs that share each row load; every score is summed in one order */
-    int order[ATTN_MAX_Q], n_live = 0;
-    for (int i = 0; i < nq; i++)
-        if (live[i]) order[n_live++] = i;
-    for (int o = 0; o < n_live;) {
+#ifdef KILN_ATTN_WIDE
+    for (int o = 0; o < n_live; o += KILN_ATTN_WIDE) {
+        const int m = n_live - o < KILN_ATTN_WIDE ? n_live - o : KILN_ATTN_WIDE;
+        float *so[KILN_ATTN_WIDE];
+        const float *qo[KILN_ATTN_WIDE];
+        for (int k = 0; k < m; k++) so[k] = s[order[o + k]], qo[k] = q[order[o + k]];
+        kiln_tdots(so, qo, m, sp->kt, SPAN, n, hd, scale);
+    }
+#else
+    for (int o = 0; o < n_live;) { /* pairs share each row load */
         const int i = order[o];
-        if (o == 0 || o + 1 == n_live) {
-            if (k_half) kiln_vdots(s[i], q[i], rows, n, hd, scale, o == 0, 1);
-            else kiln_vdots(s[i], q[i], rows, n, hd, scale, o == 0, 0);
+        if (o + 1 == n_live) {
+            if (sp->k_half) kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 0, 1);
+            else kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 0, 0);
             o++;
         } else {
             const int i2 = order[o + 1];
-            if (k_half) kiln_vdots2(s[i], s[i2], q[i], q[i2], rows, n, hd, scale, 1);
-            else kiln_vdots2(s[i], s[i2], q[i], q[i2], rows, n, hd, scale, 0);
+            if (sp->k_half) kiln_vdots2(s[i], s[i2], q[i], q[i2], sp->k, n, hd, scale, 1);
+            else kiln_vdots2(s[i], s[i2], q[i], q[i2], sp->k, n, hd, scale, 0);
             o += 2;
         }
     }
+#endif
     for (int o = 0; o < n_live; o++) {
         const int i = order[o];
         if (j0 < first[i] || j0 + n - 1 > last[i]) /* the span's edge: rows this query cannot see */
@@ -203,20 +236,48 @@ static void attend_span(const attn_state st[], const float *const q[], const int
         *st[i].max = kiln_vmax(s[i], n);
         *st[i].denom = kiln_vexp_sum(s[i], *st[i].max, n); /* exp(-inf) = 0 for the rows it cannot see */
     }
-    cache_rows(kv, table, 1, h, row_bytes[1], j0, n, lo, hi, buf, hd, rows);
+#ifdef KILN_ATTN_WIDE
+    if (hd % 16 == 0) {
+        for (int o = 0; o < n_live; o += KILN_ATTN_WIDE) {
+            const int m = n_live - o < KILN_ATTN_WIDE ? n_live - o : KILN_ATTN_WIDE;
+            float *acc[KILN_ATTN_WIDE];
+            const float *w[KILN_ATTN_WIDE];
+            for (int k = 0; k < m; k++) acc[k] = st[order[o + k]].acc, w[k] = s[order[o + k]];
+            if (sp->v_half) kiln_vaxpys_wide(acc, w, m, sp->v, n, hd, 1);
+            else kiln_vaxpys_wide(acc, w, m, sp->v, n, hd, 0);
+        }
+        return;
+    }
+#endif
     for (int o = 0; o < n_live;) {
         const int i = order[o];
         if (o + 1 == n_live) {
-            if (v_half) kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 1);
-            else kiln_vaxpys(st[i].acc, s[i], rows, n, hd, 0);
+            if (sp->v_half) kiln_vaxpys(st[i].acc, s[i], sp->v, n, hd, 1);
+            else kiln_vaxpys(st[i].acc, s[i], sp->v, n, hd, 0);
             o++;
         } else {
             const int i2 = order[o + 1];
-            if (v_half) kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], rows, n, hd, 1);
-            else kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], rows, n, hd, 0);
+            if (sp->v_half) kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], sp->v, n, hd, 1);
+            else kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], sp->v, n, hd, 0);
             o += 2;
         }
     }
+}
+
+/* The visible positions of span s0 for queries seeing first[i] .. last[i]: lo > hi when none */
+static void span_bounds(const int first[], const int last[], int nq, int s0, int *lo, int *hi) {
+    *lo = s0 + SPAN, *hi = s0 - 1;
+    for (int i = 0; i < nq; i++) {
+        const int a = first[i] > s0 ? first[i] : s0, b = last[i] < s0 + SPAN - 1 ? last[i] : s0 + SPAN - 1;
+        if (a <= b) *lo = a < *lo ? a : *lo, *hi = b > *hi ? b : *hi;
+    }
+}
+
+/* Fetch a span's visible K and V rows ahead of their use */
+static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, const size_t row_bytes[2], int lo,
+                          int hi) {
+    prefetch_rows(kv, table, 0, h, row_bytes[0], lo, hi);
+    prefetch_rows(kv, table, 1, h, row_bytes[1], lo, hi);
 }
 
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
@@ -237,7 +298,18 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
             st[i] = (attn_state){slot + 2, slot, slot + 1};
             qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = p;
         }
-        attend_span(st, qs, lo, hi, group, kv, table, g, row_bytes, hd, scale, (sp0 + sp) * SPAN);
+        int a, b;
+        span_bounds(lo, hi, group, (sp0 + sp) * SPAN, &a, &b);
+        if (a > b) {
+            for (int i = 0; i < group; i++) clear(st[i], hd);
+            continue;
+        }
+        prefetch_span(kv, table, g, row_bytes, a, b); /* every line requested at once */
+        const size_t nb = in_place(kv->k_type, hd) && in_place(kv->v_type, hd) ? 0 : (size_t)SPAN * hd;
+        float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
+        span_rows rows;
+        stage_span(&rows, buf, buf + nb, kv, table, g, row_bytes, hd, a, b);
+        score_span(st, qs, lo, hi, group, &rows, hd, scale);
     }
     kiln_barrier(th);
     for (int h = th->ith; h < n_head; h += th->nth) {
@@ -249,6 +321,62 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
             fold(r, slot + 2, slot[0], slot[1], hd);
         }
         for (int d = 0; d < hd; d++) oh[d] /= denom;
+    }
+}
+
+/* Tokens ta..tb-1 of one sequence, query heads h0..h0+heads-1 of kv head g: their history a span
+ * at a time, in order. A span's rows come from memory once (fetched while the span before is
+ * scored) and stay in cache while the block's queries that see them take them, ATTN_MAX_Q at a
+ * time; each query folds its spans in order, as on every path. */
+static void attend_block(float *out, const float *q, int seq, const int32_t *row, int ta, int tb,
+                         const kiln_kv_view *kv, const size_t row_bytes[2], int h0, int heads, int g, int n_head,
+                         int hd, float scale) {
+    float acc[ATTN_ITEM_FLOATS], max[ATTN_ITEM_Q], denom[ATTN_ITEM_Q];
+    float pacc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], pmax[ATTN_MAX_Q], pdenom[ATTN_MAX_Q];
+    const float *qs[ATTN_ITEM_Q];
+    int first[ATTN_ITEM_Q], last[ATTN_ITEM_Q], lo = row[ta], hi = row[ta];
+    const int32_t *table = table_of(kv, seq);
+    const int nq = (tb - ta) * heads;
+    for (int i = 0; i < nq; i++) {
+        const int t = ta + i / heads;
+        first[i] = first_visible(kv, row[t]), last[i] = row[t];
+        lo = first[i] < lo ? first[i] : lo, hi = last[i] > hi ? last[i] : hi;
+        qs[i] = q + ((size_t)t * n_head + h0 + i % heads) * hd;
+        clear((attn_state){acc + (size_t)i * hd, &max[i], &denom[i]}, hd);
+    }
+    const size_t nb = in_place(kv->k_type, hd) && in_place(kv->v_type, hd) ? 0 : (size_t)SPAN * hd;
+    float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
+    span_rows rows;
+    int a, b;
+    span_bounds(first, last, nq, lo / SPAN * SPAN, &a, &b);
+    prefetch_span(kv, table, g, row_bytes, a, b);
+    for (int s0 = lo / SPAN * SPAN; s0 <= hi; s0 += SPAN) {
+        span_bounds(first, last, nq, s0, &a, &b);
+        if (a > b) continue;
+        stage_span(&rows, buf, buf + nb, kv, table, g, row_bytes, hd, a, b);
+        int na, nb_;
+        span_bounds(first, last, nq, s0 + SPAN, &na, &nb_);
+        if (na <= nb_) prefetch_span(kv, table, g, row_bytes, na, nb_); /* the next span, while this one is scored */
+        for (int i0 = 0; i0 < nq;) {
+            const float *sq[ATTN_MAX_Q];
+            attn_state ps[ATTN_MAX_Q];
+            int sf[ATTN_MAX_Q], sl[ATTN_MAX_Q], idx[ATTN_MAX_Q], n = 0;
+            for (; i0 < nq && n < ATTN_MAX_Q; i0++)
+                if (first[i0] <= b && last[i0] >= a) {
+                    sq[n] = qs[i0], sf[n] = first[i0], sl[n] = last[i0], idx[n] = i0;
+                    ps[n] = (attn_state){pacc[n], &pmax[n], &pdenom[n]};
+                    n++;
+                }
+            if (!n) break;
+            score_span(ps, sq, sf, sl, n, &rows, hd, scale);
+            for (int k = 0; k < n; k++)
+                fold((attn_state){acc + (size_t)idx[k] * hd, &max[idx[k]], &denom[idx[k]]}, pacc[k], pmax[k],
+                     pdenom[k], hd);
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        float *oh = out + ((size_t)(ta + i / heads) * n_head + h0 + i % heads) * hd;
+        for (int d = 0; d < hd; d++) oh[d] = acc[(size_t)i * hd + d] / denom[i];
     }
 }
 
@@ -265,42 +393,25 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
         return;
     }
     /* An item is a block of consecutive tokens of one sequence, with the query heads of one kv
-     * head (single heads when a group is too large to share a pass). Blocks are cut where the
-     * sequence changes or a block is full; that only decides who shares loads, never a result. */
-    const int heads = group <= ATTN_MAX_Q ? group : 1, block = ATTN_MAX_Q / heads, per_block = n_head / heads;
+     * head (single heads when a group is too large to share a pass). A run of one sequence's
+     * tokens is cut into equal blocks that fit ATTN_ITEM_Q queries and ATTN_ITEM_FLOATS of state;
+     * that only decides who shares loads, never a result. */
+    const int heads = group <= ATTN_MAX_Q ? group : 1, per_block = n_head / heads;
+    const int max_q = ATTN_ITEM_FLOATS / head_dim < ATTN_ITEM_Q ? ATTN_ITEM_FLOATS / head_dim : ATTN_ITEM_Q;
+    const int block = max_q / heads > 1 ? max_q / heads : 1;
     int item = 0;
-    for (int t0 = 0; t0 < n_tokens; item += per_block) {
-        int nt = 1;
-        while (t0 + nt < n_tokens && nt < block && seq[t0 + nt] == seq[t0]) nt++;
-        for (int hb = 0; hb < per_block; hb++) {
-            if ((item + hb) % th->nth != th->ith) continue;
-            const int h0 = hb * heads, g = h0 / group;
-            const float *qs[ATTN_MAX_Q];
-            float acc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], max[ATTN_MAX_Q], denom[ATTN_MAX_Q];
-            float pacc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], pmax[ATTN_MAX_Q], pdenom[ATTN_MAX_Q];
-            attn_state st[ATTN_MAX_Q], ps[ATTN_MAX_Q];
-            int first[ATTN_MAX_Q], last[ATTN_MAX_Q], nq = 0, lo = row[t0], hi = row[t0];
-            for (int t = t0; t < t0 + nt; t++)
-                for (int h = h0; h < h0 + heads; h++, nq++) {
-                    first[nq] = first_visible(kv, row[t]), last[nq] = row[t];
-                    lo = first[nq] < lo ? first[nq] : lo, hi = last[nq] > hi ? last[nq] : hi;
-                    qs[nq] = q + ((size_t)t * n_head + h) * head_dim;
-                    st[nq] = (attn_state){acc[nq], &max[nq], &denom[nq]};
-                    ps[nq] = (attn_state){pacc[nq], &pmax[nq], &pdenom[nq]};
-                    clear(st[nq], head_dim);
-                }
-            for (int s0 = lo / SPAN * SPAN; s0 <= hi; s0 += SPAN) {
-                attend_span(ps, qs, first, last, nq, kv, table_of(kv, seq[t0]), g, row_bytes, head_dim, scale, s0);
-                for (int i = 0; i < nq; i++) fold(st[i], pacc[i], pmax[i], pdenom[i], head_dim);
-            }
-            nq = 0;
-            for (int t = t0; t < t0 + nt; t++)
-                for (int h = h0; h < h0 + heads; h++, nq++) {
-                    float *oh = out + ((size_t)t * n_head + h) * head_dim;
-                    for (int d = 0; d < head_dim; d++) oh[d] = acc[nq][d] / denom[nq];
-                }
+    for (int t0 = 0; t0 < n_tokens;) {
+        int run = 1;
+        while (t0 + run < n_tokens && seq[t0 + run] == seq[t0]) run++;
+        const int n_blocks = (run + block - 1) / block;
+        for (int b = 0; b < n_blocks; b++, item += per_block) {
+            const int ta = t0 + (int)((long)run * b / n_blocks), tb = t0 + (int)((long)run * (b + 1) / n_blocks);
+            for (int hb = 0; hb < per_block; hb++)
+                if ((item + hb) % th->nth == th->ith)
+                    attend_block(out, q, seq[ta], row, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
+                                 n_head, head_dim, scale);
         }
-        t0 += nt;
+        t0 += run;
     }
 }
 

@@ -5,6 +5,7 @@
 #define KILN_SIMD_F32_H
 
 #include <math.h>
+#include <stdint.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KILN_SIMD_F16_ROWS 1 /* kiln_vdots and kiln_vaxpys read f16 rows in place */
@@ -201,6 +202,129 @@ static inline __attribute__((always_inline)) void kiln_vaxpys2(float *acc0, floa
         kiln_vaxpy(acc1 + d, w1[j], (const float *)rows[j] + d, hd - d);
     }
 }
+
+#ifdef __AVX512F__
+#define KILN_ATTN_WIDE 4 /* AVX-512 attention: keys transposed (kiln_tdots), values kiln_vaxpys_wide; queries a call */
+/* 16 floats of a row stored as f32, or as f16 (`half`) */
+static inline __attribute__((always_inline)) __m512 kiln_load16(const void *p, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_loadu_ps((const float *)p);
+}
+
+/* r[k][j] = r[j][k]: a 16x16 block transposed in registers */
+static inline __attribute__((always_inline)) void kiln_transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int k = 0; k < 16; k += 2) t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]), t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    for (int k = 0; k < 16; k += 4) {
+        r[k] = _mm512_shuffle_ps(t[k], t[k + 2], 0x44), r[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], 0xEE);
+        r[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0x44), r[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_f32x4(r[k], r[k + 4], 0x88), t[k + 4] = _mm512_shuffle_f32x4(r[k], r[k + 4], 0xDD);
+        t[k + 8] = _mm512_shuffle_f32x4(r[k + 8], r[k + 12], 0x88), t[k + 12] = _mm512_shuffle_f32x4(r[k + 8], r[k + 12], 0xDD);
+    }
+    for (int k = 0; k < 8; k++) r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88), r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
+}
+
+/* kt[d * ld + j] = rows[j][d] for j < n (a multiple of 16) and d < hd: rows as in kiln_vdots */
+static inline __attribute__((always_inline)) void kiln_transpose_rows(float *kt, int ld, const void *const rows[], int n,
+                                                                      int hd, int half) {
+    const int es = half ? 2 : 4;
+    for (int j = 0; j < n; j += 16) {
+        int d = 0;
+        for (; d + 16 <= hd; d += 16) {
+            __m512 r[16];
+            for (int k = 0; k < 16; k++) r[k] = kiln_load16((const char *)rows[j + k] + d * es, half);
+            kiln_transpose16(r);
+            for (int k = 0; k < 16; k++) _mm512_storeu_ps(kt + (size_t)(d + k) * ld + j, r[k]);
+        }
+        for (; d < hd; d++)
+            for (int k = 0; k < 16; k++)
+                kt[(size_t)d * ld + j + k] = half ? _cvtsh_ss(((const uint16_t *)rows[j + k])[d]) : ((const float *)rows[j + k])[d];
+    }
+}
+
+/* s[i][16v + l] = scale * (q[i] . key 16v + l) for i < nq <= 4 and v < nv <= 4, the keys
+ * transposed in kt (kt[d * ld + j]): each score one fma chain over d in order, from zero. */
+static inline __attribute__((always_inline)) void kiln_tdots_n(float *const s[], const float *const q[], const int nq,
+                                                               const float *kt, int ld, const int nv, int hd,
+                                                               float scale) {
+    __m512 a[4][4];
+    for (int i = 0; i < nq; i++)
+        for (int v = 0; v < nv; v++) a[i][v] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const float *k = kt + (size_t)d * ld;
+        __m512 kv[4];
+        for (int v = 0; v < nv; v++) kv[v] = _mm512_loadu_ps(k + 16 * v);
+        for (int i = 0; i < nq; i++) {
+            const __m512 qi = _mm512_set1_ps(q[i][d]);
+            for (int v = 0; v < nv; v++) a[i][v] = _mm512_fmadd_ps(qi, kv[v], a[i][v]);
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int i = 0; i < nq; i++)
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(s[i] + 16 * v, _mm512_mul_ps(a[i][v], sc));
+}
+
+#define KILN_TDOTS_CASE(nq, nv) \
+    case (nq) * 4 + (nv): kiln_tdots_n(s, q, nq, kt, ld, nv, hd, scale); break;
+/* kiln_tdots_n for any nq <= 4 and n = 16 nv <= 64 keys, each shape its own unrolled body */
+static inline void kiln_tdots(float *const s[], const float *const q[], int nq, const float *kt, int ld, int n, int hd,
+                              float scale) {
+    switch (nq * 4 + n / 16) {
+        KILN_TDOTS_CASE(1, 1) KILN_TDOTS_CASE(1, 2) KILN_TDOTS_CASE(1, 3) KILN_TDOTS_CASE(1, 4)
+        KILN_TDOTS_CASE(2, 1) KILN_TDOTS_CASE(2, 2) KILN_TDOTS_CASE(2, 3) KILN_TDOTS_CASE(2, 4)
+        KILN_TDOTS_CASE(3, 1) KILN_TDOTS_CASE(3, 2) KILN_TDOTS_CASE(3, 3) KILN_TDOTS_CASE(3, 4)
+        KILN_TDOTS_CASE(4, 1) KILN_TDOTS_CASE(4, 2) KILN_TDOTS_CASE(4, 3) KILN_TDOTS_CASE(4, 4)
+    }
+}
+#undef KILN_TDOTS_CASE
+
+/* kiln_vaxpys for nq <= 4 queries' weights over the same rows, 16 columns a register and 64 at a
+ * time for all of them: each row load serves every query, and each column still adds its rows
+ * in order, so the bits are those of nq calls of kiln_vaxpys. hd is a multiple of 16. */
+static inline __attribute__((always_inline)) void kiln_vaxpys_wide_n(float *const acc[], const float *const w[],
+                                                                     const int nq, const void *const rows[], int n,
+                                                                     int hd, int half) {
+    const int es = half ? 2 : 4;
+    int d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        __m512 a[4][4];
+        for (int i = 0; i < nq; i++)
+            for (int c = 0; c < 4; c++) a[i][c] = _mm512_loadu_ps(acc[i] + d + 16 * c);
+        for (int j = 0; j < n; j++) {
+            const char *row = (const char *)rows[j] + d * es;
+            const __m512 r0 = kiln_load16(row, half), r1 = kiln_load16(row + 16 * es, half),
+                         r2 = kiln_load16(row + 32 * es, half), r3 = kiln_load16(row + 48 * es, half);
+            for (int i = 0; i < nq; i++) {
+                const __m512 wi = _mm512_set1_ps(w[i][j]);
+                a[i][0] = _mm512_fmadd_ps(wi, r0, a[i][0]), a[i][1] = _mm512_fmadd_ps(wi, r1, a[i][1]);
+                a[i][2] = _mm512_fmadd_ps(wi, r2, a[i][2]), a[i][3] = _mm512_fmadd_ps(wi, r3, a[i][3]);
+            }
+        }
+        for (int i = 0; i < nq; i++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[i] + d + 16 * c, a[i][c]);
+    }
+    for (; d < hd; d += 16) {
+        __m512 a[4];
+        for (int i = 0; i < nq; i++) a[i] = _mm512_loadu_ps(acc[i] + d);
+        for (int j = 0; j < n; j++) {
+            const __m512 r = kiln_load16((const char *)rows[j] + d * es, half);
+            for (int i = 0; i < nq; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i][j]), r, a[i]);
+        }
+        for (int i = 0; i < nq; i++) _mm512_storeu_ps(acc[i] + d, a[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void kiln_vaxpys_wide(float *const acc[], const float *const w[], int nq,
+                                                                   const void *const rows[], int n, int hd, int half) {
+    switch (nq) { /* each count its own unrolled body */
+    case 1: kiln_vaxpys_wide_n(acc, w, 1, rows, n, hd, half); break;
+    case 2: kiln_vaxpys_wide_n(acc, w, 2, rows, n, hd, half); break;
+    case 3: kiln_vaxpys_wide_n(acc, w, 3, rows, n, hd, half); break;
+    default: kiln_vaxpys_wide_n(acc, w, 4, rows, n, hd, half); break;
+    }
+}
+#endif
 
 /* the largest of x[0..n) (-inf for none); max is exact, so any order gives the same value */
 static inline float kiln_vmax(const float *x, int n) {
