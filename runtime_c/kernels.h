@@ -37,6 +37,10 @@ void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in
 int kiln_x8_supported(int type, int n_out, int n_in);
 void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* into kiln_x8_bytes */
 size_t kiln_x8_bytes(int type, int n_out, int n_in); /* the packed matrix: src's size but for Q4_K/Q5_K */
+/* Whether the x8 matmuls take their integer sums from AMX tiles (prefill, 8 rows at a time), where
+   the build (-march with AMX-INT8) and the OS allow it: enable -1 asks, 0 turns AMX off, 1 back on.
+   The sums are exact either way, so the results are the same bits. */
+int kiln_amx(int enable);
 /* kiln_matmul on the packed copy where the build supports it (packed != NULL), else on w */
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);

@@ -31,7 +31,9 @@
  * Q4_K's minimum from q8_K's sums, Q6_K's -32 offset seeding each sub-block's sum.
  *
  * Integer sums are those of the scalar references in quant.c (tests compare against them);
- * only the float accumulation order differs.
+ * only the float accumulation order differs. In prefill, where the CPU and the OS allow AMX,
+ * the 32-weight types take those sums from tile multiplies instead (amx_rows): the same
+ * integers, then the same float steps, so the same bits.
  */
 #include <string.h>
 
@@ -181,6 +183,7 @@ void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
 #include <immintrin.h>
 
 #define INLINE static inline __attribute__((always_inline))
+#define X8_TOKENS 8 /* activation rows that share each unpacked weight block */
 
 /* Two x8 blocks side by side in one 512-bit vector: lanes 0..7 hold group g's rows, lanes
  * 8..15 those of the group at a + `apart` bytes. Every lane does exactly the arithmetic of a
@@ -212,8 +215,6 @@ INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, si
     }
 }
 
-#define X8_TOKENS 8        /* activation rows that share each unpacked weight block */
-
 /* seed + sum(u * y) over a 32-weight chunk for 16 row lanes: u[k] holds weights 4k..4k+3 of
  * each row, y4 the activation's 32 bytes, 4 of them broadcast a vpdpbusd, in two chains */
 INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
@@ -227,6 +228,27 @@ INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
     return _mm512_add_epi32(s0, s1);
 }
 
+/* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
+ * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
+ * + offset; each array's rows are `stride` apart. */
+INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int rows, int nb, float *yd, float *ys,
+                       int32_t *seed, int stride) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
+    for (int c = 0; c < rows; c++)
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
+            kiln_half h[2];
+            memcpy(h, ab, q_at);
+            const size_t at = (size_t)c * stride + b;
+            yd[at] = kiln_fp16_to_fp32(h[0]), ys[at] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32 && f.offset; j++) sum += (int8_t)ab[q_at + j];
+            seed[at] = -f.offset * sum;
+        }
+}
+
 /* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
  * act. The activation rows' scales, and for offset types -offset * sum(y) per block, are
  * unpacked once per call; each weight block is unpacked once for the C rows. Groups go two at
@@ -238,17 +260,8 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
     float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
-    int32_t seed[X8_TOKENS][X8_MAX_BLOCKS]; /* weights are stored + offset: start from -offset * sum(y) */
-    for (int c = 0; c < C; c++)
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
-            kiln_half h[2];
-            memcpy(h, ab, q_at);
-            yd[c][b] = kiln_fp16_to_fp32(h[0]), ys[c][b] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
-            int sum = 0;
-            for (int j = 0; j < 32; j++) sum += (int8_t)ab[q_at + j];
-            seed[c][b] = -f.offset * sum;
-        }
+    int32_t seed[X8_TOKENS][X8_MAX_BLOCKS];
+    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS);
     for (int g = g0; g < g1; g += 2) {
         const int pair = g + 1 < g1;
         const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
@@ -275,6 +288,145 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             else _mm256_storeu_ps(y + c * y_row + 8 * g, _mm512_castps512_ps256(out));
         }
     }
+}
+
+/* AMX (Sapphire Rapids on): tile multiplies take the integer sums of an x8 block pair for
+ * AMX_M activation rows at once, where the VNNI path spends 8 vpdpbusd a row. A group pair's
+ * blocks are unpacked to bytes once, into the weight tiles' layout, for every activation row of
+ * the step; the sums are exact, and every float step after them is x8_rows', in the same order,
+ * so the results are the same bits with AMX on or off. Linux hands out the tile registers only
+ * on request (ARCH_REQ_XCOMP_PERM). */
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define KILN_HAVE_AMX 1
+#define AMX_MAX_BLOCKS 128 /* a group pair's unpacked blocks, 512 bytes each, on the stack: n_in <= 4096 */
+#define AMX_ROWS 64        /* activation rows that share a group pair's unpacked blocks */
+#define AMX_M 16           /* activation rows a tile multiply */
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int amx_state; /* 0: not asked yet; 1: in use; -1: the kernel refused; -2: turned off */
+
+static int amx_on(void) {
+    int st = __atomic_load_n(&amx_state, __ATOMIC_RELAXED);
+    if (st == 0) { /* racing threads both ask; the answer is the same */
+        st = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0 ? 1 : -1;
+        __atomic_store_n(&amx_state, st, __ATOMIC_RELAXED);
+    }
+    return st == 1;
+}
+
+/* Tiles: 0-3 the sums [row][16 lanes] of successive blocks; 4-5 the activations [row][32 bytes];
+ * 6-7 the weights [4-byte group k][16 lanes x 4 bytes], which is what x16_unpack's u[k] holds. */
+static void amx_begin(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg = {.palette = 1};
+    for (int t = 0; t < 4; t++) cfg.rows[t] = AMX_M, cfg.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) cfg.rows[t] = AMX_M, cfg.colsb[t] = 32;
+    for (int t = 6; t < 8; t++) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* tile `sum` = activations (tile `a`, from y, a_row apart) x weights (tile `w`, from wt) */
+#define AMX_MUL(sum, a, w, y, a_row, wt) \
+    do {                               \
+        _tile_loadd(a, y, a_row);      \
+        _tile_loadd(w, wt, 64);        \
+        _tile_zero(sum);               \
+        _tile_dpbsud(sum, a, w);       \
+    } while (0)
+
+/* x8_rows for the activation rows [0, n_a - n_a % AMX_M) with AMX, AMX_ROWS of them at a time:
+ * their scales once for every group, a group pair's blocks unpacked once for all of them. The
+ * minimums' sums go in a loop of their own, which leaves each chain of float steps as it was. */
+INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
+                     int n_a, float *y, size_t y_row) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t q_at = f.has_min ? 4 : 2;
+    _Alignas(64) uint8_t wt[AMX_MAX_BLOCKS][8][64]; /* the pair's blocks as weight tiles */
+    _Alignas(64) float wd[AMX_MAX_BLOCKS][16], wm[AMX_MAX_BLOCKS][16];
+    _Alignas(64) int32_t sums[2][AMX_M][16];
+    float yd[AMX_ROWS][AMX_MAX_BLOCKS], ys[AMX_ROWS][AMX_MAX_BLOCKS];
+    int32_t seed[AMX_ROWS][AMX_MAX_BLOCKS];
+    amx_begin();
+    for (int r0 = 0; r0 + AMX_M <= n_a; r0 += AMX_ROWS) {
+        const int nr = (n_a - r0 < AMX_ROWS ? n_a - r0 : AMX_ROWS) / AMX_M * AMX_M;
+        act_scales(type, act + (size_t)r0 * a_row, a_row, nr, nb, yd[0], ys[0], seed[0], AMX_MAX_BLOCKS);
+        for (int g = g0; g < g1; g += 2) {
+            const int pair = g + 1 < g1;
+            const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
+            const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
+            for (int b = 0; b < nb; b++, blk += x8_bytes) {
+                const uint8_t *p = blk + (f.has_min ? 32 : 16);
+                __m512i u[8];
+                x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
+                for (int k = 0; k < 8; k++) _mm512_store_si512(wt[b][k], u[k]);
+                _mm512_store_ps(wd[b], x16_half(blk, apart));
+                if (f.has_min) _mm512_store_ps(wm[b], x16_half(blk + 16, apart));
+            }
+            for (int c0 = 0; c0 < nr; c0 += AMX_M) {
+                const uint8_t *a0 = act + (size_t)(r0 + c0) * a_row + q_at;
+                __m512 acc[AMX_M];
+                for (int c = 0; c < AMX_M; c++) acc[c] = _mm512_setzero_ps();
+                /* a pipeline two blocks deep: block b's tiles are multiplied while block b-1's sums
+                   are stored and block b-2's are read back */
+                for (int b = 0; b < nb + 2; b++) {
+                    const uint8_t *ab = a0 + (size_t)b * a_bytes;
+                    if (b < nb) switch (b & 3) { /* sums in tiles 0-3, activations 4-5, weights 6-7 */
+                        case 0: AMX_MUL(0, 4, 6, ab, a_row, wt[b]); break;
+                        case 1: AMX_MUL(1, 5, 7, ab, a_row, wt[b]); break;
+                        case 2: AMX_MUL(2, 4, 6, ab, a_row, wt[b]); break;
+                        default: AMX_MUL(3, 5, 7, ab, a_row, wt[b]); break;
+                        }
+                    if (b >= 1 && b <= nb) switch ((b - 1) & 3) {
+                        case 0: _tile_stored(0, sums[0], 64); break;
+                        case 1: _tile_stored(1, sums[1], 64); break;
+                        case 2: _tile_stored(2, sums[0], 64); break;
+                        default: _tile_stored(3, sums[1], 64); break;
+                        }
+                    if (b < 2) continue;
+                    const int e = b - 2;
+                    const __m512 d = _mm512_load_ps(wd[e]);
+                    for (int c = 0; c < AMX_M; c++) {
+                        const __m512i sum = _mm512_add_epi32(_mm512_load_si512(sums[e % 2][c]),
+                                                             _mm512_set1_epi32(seed[c0 + c][e]));
+                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(yd[c0 + c][e])),
+                                                 acc[c]);
+                    }
+                }
+                if (f.has_min)
+                    for (int c = 0; c < AMX_M; c++) {
+                        __m512 mins = _mm512_setzero_ps();
+                        for (int e = 0; e < nb; e++)
+                            mins = _mm512_fmadd_ps(_mm512_load_ps(wm[e]), _mm512_set1_ps(ys[c0 + c][e]), mins);
+                        acc[c] = _mm512_add_ps(acc[c], mins);
+                    }
+                for (int c = 0; c < AMX_M; c++) {
+                    const __m512 out = acc[c];
+                    float *yc = y + (size_t)(r0 + c0 + c) * y_row + 8 * g;
+                    if (pair) _mm512_storeu_ps(yc, out);
+                    else _mm256_storeu_ps(yc, _mm512_castps512_ps256(out));
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+int kiln_amx(int enable) {
+#ifdef KILN_HAVE_AMX
+    if (enable == 0) __atomic_store_n(&amx_state, -2, __ATOMIC_RELAXED);
+    if (enable == 1 && __atomic_load_n(&amx_state, __ATOMIC_RELAXED) == -2) __atomic_store_n(&amx_state, 0, __ATOMIC_RELAXED);
+    return amx_on();
+#else
+    (void)enable;
+    return 0;
+#endif
 }
 
 /* 8 bytes of each of two groups (a, a + apart) widened to 16 int32 lanes, signed or not */
@@ -389,6 +541,12 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
         for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
         return;
     }
+#ifdef KILN_HAVE_AMX
+    if (n_a >= AMX_M && nb <= AMX_MAX_BLOCKS && amx_on()) {
+        amx_rows(type, w, g0, g1, nb, act, a_row, n_a, y, y_row);
+        c = n_a - n_a % AMX_M;
+    }
+#endif
     for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
         x8_rows(type, X8_TOKENS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
     for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);

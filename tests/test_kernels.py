@@ -501,6 +501,35 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0], ids=lambda t: t.name)
+def test_x8_matmul_takes_the_same_bits_with_amx_on_or_off(t):
+    """Where the CPU and the OS allow AMX, prefill's integer sums come from tile multiplies (16
+    rows at a time, the rest by VNNI); every float step after them is the VNNI path's, so the
+    results must be the same bits either way, rows of a full tile and of the remainder alike."""
+    if not lib.kiln_amx(-1):
+        pytest.skip("no AMX here (this build, the CPU or the OS)")
+    rng = np.random.default_rng(800 + int(t))
+    n_out, n_in, rows = 48, 1536, 41  # two tiles of 16, then 8 rows and single rows by VNNI
+    _, w = quantized(rng, n_out, n_in, t)
+    packed = np.zeros(lib.kiln_x8_bytes(int(t), n_out, n_in), np.uint8)
+    lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    y = np.zeros((2, rows, n_out), np.float32)
+    try:
+        for i, amx in enumerate((1, 0)):
+            lib.kiln_amx(amx)
+            lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
+                               ptr(y[i], "float *"), ptr(scratch))
+    finally:
+        lib.kiln_amx(1)
+    assert np.array_equal(y[0], y[1])
+    act = quantized_rows(t, x)
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                     for r in range(rows)], np.float32)
+    np.testing.assert_allclose(y[0], want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
 def test_x8_matmul_without_a_packed_copy_reads_the_gguf_rows():
     rng = np.random.default_rng(700)
     n_out, n_in, rows = 16, 256, 3
