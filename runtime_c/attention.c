@@ -217,8 +217,8 @@ static void score_span(const attn_state st[], const float *const q[], const int 
     for (int o = 0; o < n_live;) { /* pairs share each row load */
         const int i = order[o];
         if (o + 1 == n_live) {
-            if (sp->k_half) kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 0, 1);
-            else kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 0, 0);
+            if (sp->k_half) kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 1);
+            else kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 0);
             o++;
         } else {
             const int i2 = order[o + 1];

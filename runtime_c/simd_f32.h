@@ -88,29 +88,21 @@ static inline __attribute__((always_inline)) __m256 kiln_load8(const void *p, in
 }
 
 /* s[j] = scale * (q . rows[j]) for j < n, eight rows at a time sharing one lane reduction;
- * rows hold f32, or f16 when `half` (then n and hd are multiples of 8).
- * `stream`: rows come from memory, so each is read front to back before the next (rows are
- * usually adjacent, and the hardware prefetcher follows that order but not eight rows read
- * side by side). Otherwise rows are in cache and each load of q serves eight rows. */
+ * rows hold f32, or f16 when `half` (then n and hd are multiples of 8); each load of q serves
+ * eight rows. */
 static inline __attribute__((always_inline)) void kiln_vdots(float *s, const float *q, const void *const rows[], int n,
-                                                             int hd, float scale, int stream, int half) {
+                                                             int hd, float scale, int half) {
     const int es = half ? 2 : 4; /* bytes per element */
     int j = 0;
     if (hd % 8 == 0)
         for (; j + 8 <= n; j += 8) {
             __m256 a[8];
             for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
-            if (stream)
+            for (int d = 0; d < hd; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
                 for (int k = 0; k < 8; k++)
-                    for (int d = 0; d < hd; d += 8)
-                        a[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
-                                               kiln_load8((const char *)rows[j + k] + d * es, half), a[k]);
-            else
-                for (int d = 0; d < hd; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(q + d);
-                    for (int k = 0; k < 8; k++)
-                        a[k] = _mm256_fmadd_ps(qv, kiln_load8((const char *)rows[j + k] + d * es, half), a[k]);
-                }
+                    a[k] = _mm256_fmadd_ps(qv, kiln_load8((const char *)rows[j + k] + d * es, half), a[k]);
+            }
             _mm256_storeu_ps(s + j, _mm256_mul_ps(kiln_reduce8(a), _mm256_set1_ps(scale)));
         }
     for (; j < n; j++) s[j] = kiln_vdot(q, (const float *)rows[j], hd) * scale;
@@ -359,8 +351,8 @@ static inline float kiln_vexp_sum(float *x, float m, int n) {
 
 /* rows are f32 here: without F16C the attention dequantizes f16 rows first (half is 0) */
 static inline void kiln_vdots(float *s, const float *q, const void *const rows[], int n, int hd, float scale,
-                              int stream, int half) {
-    (void)stream, (void)half;
+                              int half) {
+    (void)half;
     for (int j = 0; j < n; j++) s[j] = kiln_vdot(q, (const float *)rows[j], hd) * scale;
 }
 
@@ -371,8 +363,8 @@ static inline void kiln_vaxpys(float *acc, const float *w, const void *const row
 
 static inline void kiln_vdots2(float *s0, float *s1, const float *q0, const float *q1, const void *const rows[],
                                int n, int hd, float scale, int half) {
-    kiln_vdots(s0, q0, rows, n, hd, scale, 0, half);
-    kiln_vdots(s1, q1, rows, n, hd, scale, 0, half);
+    kiln_vdots(s0, q0, rows, n, hd, scale, half);
+    kiln_vdots(s1, q1, rows, n, hd, scale, half);
 }
 
 static inline void kiln_vaxpys2(float *acc0, float *acc1, const float *w0, const float *w1, const void *const rows[],
