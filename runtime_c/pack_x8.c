@@ -230,9 +230,9 @@ INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
 
 /* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
  * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
- * + offset; each array's rows are `stride` apart. */
+ * + offset; each array holds (c, b) at c * c_step + b * b_step. */
 INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int rows, int nb, float *yd, float *ys,
-                       int32_t *seed, int stride) {
+                       int32_t *seed, int c_step, int b_step) {
     kiln_b32 f = {0};
     kiln_b32_of(type, &f);
     const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
@@ -241,7 +241,7 @@ INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int row
             const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
             kiln_half h[2];
             memcpy(h, ab, q_at);
-            const size_t at = (size_t)c * stride + b;
+            const size_t at = (size_t)c * c_step + (size_t)b * b_step;
             yd[at] = kiln_fp16_to_fp32(h[0]), ys[at] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
             int sum = 0;
             for (int j = 0; j < 32 && f.offset; j++) sum += (int8_t)ab[q_at + j];
@@ -261,7 +261,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
     float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
     int32_t seed[X8_TOKENS][X8_MAX_BLOCKS];
-    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS);
+    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS, 1);
     for (int g = g0; g < g1; g += 2) {
         const int pair = g + 1 < g1;
         const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
@@ -299,8 +299,10 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define KILN_HAVE_AMX 1
 #define AMX_MAX_BLOCKS 128 /* a group pair's unpacked blocks, 512 bytes each, on the stack: n_in <= 4096 */
-#define AMX_ROWS 64        /* activation rows that share a group pair's unpacked blocks */
 #define AMX_M 16           /* activation rows a tile multiply */
+#define AMX_MAX_ROWS 256   /* activation rows a pass over the weights takes at most */
+#define AMX_ROW_BLOCK (32 + 3 * 4) /* an activation row's block as tiles take it: values, yd, ys, seed */
+#define AMX_ACT_BYTES (AMX_MAX_BLOCKS * 64 * AMX_ROW_BLOCK) /* on the stack: 64 rows of the longest, more of shorter */
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -329,18 +331,46 @@ static void amx_begin(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* tile `sum` = activations (tile `a`, from y, a_row apart) x weights (tile `w`, from wt) */
-#define AMX_MUL(sum, a, w, y, a_row, wt) \
-    do {                               \
-        _tile_loadd(a, y, a_row);      \
-        _tile_loadd(w, wt, 64);        \
-        _tile_zero(sum);               \
-        _tile_dpbsud(sum, a, w);       \
+/* GCC's tile load and store say nothing of the memory they read and the store clobbers all of
+ * it, which keeps every accumulator in memory; these name the bytes they touch instead. */
+#define TILE_LOAD(t, p, stride, bytes)                                                     \
+    __asm__ volatile("tileloadd (%1,%2,1), %%tmm" #t ::"m"(*(const uint8_t(*)[bytes])(p)), \
+                     "r"((const void *)(p)), "r"((long)(stride)))
+#define TILE_STORE(t, p)                                                                        \
+    __asm__ volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(*(int32_t(*)[AMX_M * 16])(p)) \
+                     : "r"((void *)(p)), "r"(64L))
+
+/* Step k of four of a pipeline three blocks deep: block b + k (if any) is multiplied into tile k,
+ * the tile of the block before it (kp) is stored to sums, and the sums of the block three before
+ * go into the rows' chains. A tile's store waits for its multiply; coming a step later, it
+ * leaves the next multiply free to start. */
+#define AMX_STEP(k, kp, ta, tw)                                                                                      \
+    do {                                                                                                             \
+        const int bm = b + (k), e = bm - 3;                                                                          \
+        if (bm < nb) {                                                                                               \
+            TILE_LOAD(ta, at[bm][c0], 32, AMX_M * 32);                                                               \
+            TILE_LOAD(tw, wt[bm], 64, 512);                                                                          \
+            _tile_zero(k);                                                                                           \
+            _tile_dpbsud(k, ta, tw);                                                                                 \
+        }                                                                                                            \
+        if (bm >= 1 && bm <= nb) TILE_STORE(kp, sums[kp]);                                                           \
+        if (e >= 0 && e < nb) {                                                                                      \
+            const __m512 d = _mm512_load_ps(wd[e]);                                                                  \
+            const float *yde = yd[e] + c0;                                                                           \
+            for (int c = 0; c < AMX_M; c++) {                                                                        \
+                __m512i sum = _mm512_load_si512(sums[((k) + 1) & 3][c]);                                             \
+                if (f.offset) sum = _mm512_add_epi32(sum, _mm512_set1_epi32(seed[e][c0 + c]));                       \
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(yde[c])), acc[c]); \
+            }                                                                                                        \
+        }                                                                                                            \
     } while (0)
 
-/* x8_rows for the activation rows [0, n_a - n_a % AMX_M) with AMX, AMX_ROWS of them at a time:
- * their scales once for every group, a group pair's blocks unpacked once for all of them. The
- * minimums' sums go in a loop of their own, which leaves each chain of float steps as it was. */
+/* x8_rows for the activation rows [0, n_a - n_a % AMX_M) with AMX, as many at a time as
+ * AMX_ACT_BYTES holds (all 256 of a chunk for n_in <= 576, 64 for n_in 4096): their scales
+ * block-major (a block's 16 rows adjacent) and their int8 values copied block by block, so a
+ * tile's 16 rows are 512 contiguous bytes; then each group pair's blocks are read and unpacked
+ * once for all of them. The minimums' sums are chains of their own, as in x8_rows, run a block
+ * at a time for all 16 rows before the rest. */
 INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                      int n_a, float *y, size_t y_row) {
     kiln_b32 f = {0};
@@ -348,14 +378,20 @@ INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, c
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2;
     _Alignas(64) uint8_t wt[AMX_MAX_BLOCKS][8][64]; /* the pair's blocks as weight tiles */
-    _Alignas(64) float wd[AMX_MAX_BLOCKS][16], wm[AMX_MAX_BLOCKS][16];
-    _Alignas(64) int32_t sums[2][AMX_M][16];
-    float yd[AMX_ROWS][AMX_MAX_BLOCKS], ys[AMX_ROWS][AMX_MAX_BLOCKS];
-    int32_t seed[AMX_ROWS][AMX_MAX_BLOCKS];
+    _Alignas(64) float wd[AMX_MAX_BLOCKS][16], wm[AMX_MAX_BLOCKS][16], mins[AMX_M][16];
+    _Alignas(64) int32_t sums[4][AMX_M][16];
+    _Alignas(64) uint8_t act_tiles[AMX_ACT_BYTES];
+    int rows = AMX_ACT_BYTES / (nb * AMX_ROW_BLOCK) / AMX_M * AMX_M;
+    if (rows > AMX_MAX_ROWS) rows = AMX_MAX_ROWS;
+    uint8_t(*at)[rows][32] = (void *)act_tiles; /* [block][row][32]: the rows' values as activation tiles */
+    float(*yd)[rows] = (void *)(act_tiles + (size_t)nb * rows * 32), (*ys)[rows] = (void *)&yd[nb][0];
+    int32_t(*seed)[rows] = (void *)&ys[nb][0];
     amx_begin();
-    for (int r0 = 0; r0 + AMX_M <= n_a; r0 += AMX_ROWS) {
-        const int nr = (n_a - r0 < AMX_ROWS ? n_a - r0 : AMX_ROWS) / AMX_M * AMX_M;
-        act_scales(type, act + (size_t)r0 * a_row, a_row, nr, nb, yd[0], ys[0], seed[0], AMX_MAX_BLOCKS);
+    for (int r0 = 0; r0 + AMX_M <= n_a; r0 += rows) {
+        const int nr = (n_a - r0 < rows ? n_a - r0 : rows) / AMX_M * AMX_M;
+        act_scales(type, act + (size_t)r0 * a_row, a_row, nr, nb, yd[0], ys[0], seed[0], 1, rows);
+        for (int c = 0; c < nr; c++)
+            for (int b = 0; b < nb; b++) memcpy(at[b][c], act + (size_t)(r0 + c) * a_row + b * a_bytes + q_at, 32);
         for (int g = g0; g < g1; g += 2) {
             const int pair = g + 1 < g1;
             const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
@@ -369,44 +405,24 @@ INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, c
                 if (f.has_min) _mm512_store_ps(wm[b], x16_half(blk + 16, apart));
             }
             for (int c0 = 0; c0 < nr; c0 += AMX_M) {
-                const uint8_t *a0 = act + (size_t)(r0 + c0) * a_row + q_at;
                 __m512 acc[AMX_M];
-                for (int c = 0; c < AMX_M; c++) acc[c] = _mm512_setzero_ps();
-                /* a pipeline two blocks deep: block b's tiles are multiplied while block b-1's sums
-                   are stored and block b-2's are read back */
-                for (int b = 0; b < nb + 2; b++) {
-                    const uint8_t *ab = a0 + (size_t)b * a_bytes;
-                    if (b < nb) switch (b & 3) { /* sums in tiles 0-3, activations 4-5, weights 6-7 */
-                        case 0: AMX_MUL(0, 4, 6, ab, a_row, wt[b]); break;
-                        case 1: AMX_MUL(1, 5, 7, ab, a_row, wt[b]); break;
-                        case 2: AMX_MUL(2, 4, 6, ab, a_row, wt[b]); break;
-                        default: AMX_MUL(3, 5, 7, ab, a_row, wt[b]); break;
-                        }
-                    if (b >= 1 && b <= nb) switch ((b - 1) & 3) {
-                        case 0: _tile_stored(0, sums[0], 64); break;
-                        case 1: _tile_stored(1, sums[1], 64); break;
-                        case 2: _tile_stored(2, sums[0], 64); break;
-                        default: _tile_stored(3, sums[1], 64); break;
-                        }
-                    if (b < 2) continue;
-                    const int e = b - 2;
-                    const __m512 d = _mm512_load_ps(wd[e]);
-                    for (int c = 0; c < AMX_M; c++) {
-                        const __m512i sum = _mm512_add_epi32(_mm512_load_si512(sums[e % 2][c]),
-                                                             _mm512_set1_epi32(seed[c0 + c][e]));
-                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(yd[c0 + c][e])),
-                                                 acc[c]);
+                if (f.has_min) {
+                    for (int c = 0; c < AMX_M; c++) acc[c] = _mm512_setzero_ps();
+                    for (int e = 0; e < nb; e++) {
+                        const __m512 m = _mm512_load_ps(wm[e]);
+                        for (int c = 0; c < AMX_M; c++) acc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ys[e][c0 + c]), acc[c]);
                     }
+                    for (int c = 0; c < AMX_M; c++) _mm512_store_ps(mins[c], acc[c]);
                 }
-                if (f.has_min)
-                    for (int c = 0; c < AMX_M; c++) {
-                        __m512 mins = _mm512_setzero_ps();
-                        for (int e = 0; e < nb; e++)
-                            mins = _mm512_fmadd_ps(_mm512_load_ps(wm[e]), _mm512_set1_ps(ys[c0 + c][e]), mins);
-                        acc[c] = _mm512_add_ps(acc[c], mins);
-                    }
+                for (int c = 0; c < AMX_M; c++) acc[c] = _mm512_setzero_ps();
+                for (int b = 0; b < nb + 3; b += 4) { /* tiles 0-3 the sums, 4-5 activations, 6-7 weights */
+                    AMX_STEP(0, 3, 4, 6);
+                    AMX_STEP(1, 0, 5, 7);
+                    AMX_STEP(2, 1, 4, 6);
+                    AMX_STEP(3, 2, 5, 7);
+                }
                 for (int c = 0; c < AMX_M; c++) {
-                    const __m512 out = acc[c];
+                    const __m512 out = f.has_min ? _mm512_add_ps(acc[c], _mm512_load_ps(mins[c])) : acc[c];
                     float *yc = y + (size_t)(r0 + c0 + c) * y_row + 8 * g;
                     if (pair) _mm512_storeu_ps(yc, out);
                     else _mm256_storeu_ps(yc, _mm512_castps512_ps256(out));

@@ -14,7 +14,7 @@
 
 #include "threads.h"
 
-/* A worker's stack: the kernels keep per-thread buffers there (the x8 matmuls about 68 KB), so
+/* A worker's stack: the kernels keep per-thread buffers there (the x8 matmuls up to 450 KB), so
  * the size is set rather than left to the platform's default (128 KB on musl). */
 #define KILN_WORKER_STACK_BYTES (4u << 20)
 

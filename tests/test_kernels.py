@@ -502,14 +502,17 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
 
 
 @pytest.mark.parametrize("t", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0], ids=lambda t: t.name)
-def test_x8_matmul_takes_the_same_bits_with_amx_on_or_off(t):
+@pytest.mark.parametrize("n_in,rows", [(1536, 41), (4096, 150)])
+def test_x8_matmul_takes_the_same_bits_with_amx_on_or_off(t, n_in, rows):
     """Where the CPU and the OS allow AMX, prefill's integer sums come from tile multiplies (16
     rows at a time, the rest by VNNI); every float step after them is the VNNI path's, so the
-    results must be the same bits either way, rows of a full tile and of the remainder alike."""
+    results must be the same bits either way, rows of a full tile and of the remainder alike.
+    41 rows: two tiles of 16 in one pass over the weights, then 8 rows and single rows by VNNI;
+    150 rows of 4096 inputs: passes of 64, 64 and 16 rows (the stack holds 64 such rows)."""
     if not lib.kiln_amx(-1):
         pytest.skip("no AMX here (this build, the CPU or the OS)")
-    rng = np.random.default_rng(800 + int(t))
-    n_out, n_in, rows = 48, 1536, 41  # two tiles of 16, then 8 rows and single rows by VNNI
+    rng = np.random.default_rng(800 + int(t) + n_in)
+    n_out = 48
     _, w = quantized(rng, n_out, n_in, t)
     packed = np.zeros(lib.kiln_x8_bytes(int(t), n_out, n_in), np.uint8)
     lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
