@@ -72,6 +72,10 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     matmul_macs = sum(n.inputs[1].shape[0] * n.inputs[1].shape[1] * 40 for n in nodes if n.op is Op.MATMUL)
     assert sum(k.macs for k in p.kernels if k.op == "matmul") == matmul_macs
     assert p.peak.macs_per_s > 0 and p.peak.isa != "none"
+    # the tile peak is measured exactly where the kernels use tiles, and it is the higher one
+    from compiler.build import runtime_kernels
+    assert (p.peak.amx_macs_per_s is not None) == bool(runtime_kernels().lib.kiln_amx(-1))
+    assert p.peak.amx_macs_per_s is None or p.peak.amx_macs_per_s > p.peak.macs_per_s
     # attention: each of 40 queries at positions 8..47 reads its causal history, for 4 heads of 32
     assert sum(k.macs for k in p.kernels if k.op == "attention") == 2 * 4 * 32 * sum(range(9, 49)) * 2
     with pytest.raises(KilnError, match="profile=True"):
@@ -80,4 +84,5 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     assert main(["bench", str(path), "--profile", "--threads", "1", "--reps", "1", "--pp", "16", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "matmul" in text and "q8_0" in text and "of peak" in text and "int8 peak" in text
+    assert ("AMX tile multiplies" in text) == (p.peak.amx_macs_per_s is not None)
     assert json.loads(out.read_text())["int8_macs"] > 0

@@ -6,6 +6,12 @@
  * volatile memory) and the accumulators are stored at the end, so nothing is folded away.
  * MACs = iterations x 16 chains x the vector's int8 lanes. kiln bench --profile divides the
  * prefill's matmul MACs by this.
+ *
+ * Where the CPU has AMX and Linux grants the tiles, kiln_amx_int8_peak measures the tile unit the
+ * same way: four independent chains of tdpbssd on 16 x 64-byte tiles, 16 x 16 x 64 MACs each.
+ * Prefill uses the tiles for the 32-weight types' integer sums; the profile reports that peak
+ * beside the VNNI one, which stays the yardstick because the float steps around the sums run on
+ * the vector units.
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -14,6 +20,12 @@
 #include <time.h>
 
 #include "vnni_peak.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define ISA "avx512_vnni (zmm vpdpbusd)"
@@ -64,6 +76,68 @@ static void *run(void *arg) {
     return NULL;
 }
 
+#ifdef HAVE_AMX
+static void *run_amx(void *arg) {
+    job *j = arg;
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg = {.palette = 1};
+    for (int t = 0; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    uint8_t bytes[16 * 64];
+    for (int i = 0; i < 16 * 64; i++) bytes[i] = SEED[i % 64];
+    _tile_loadd(4, bytes, 64);
+    _tile_loadd(5, bytes, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long it = 0; it < j->iters; it++) {
+        _tile_dpbssd(0, 4, 5);
+        _tile_dpbssd(1, 4, 5);
+        _tile_dpbssd(2, 4, 5);
+        _tile_dpbssd(3, 4, 5);
+    }
+    _tile_stored(0, j->sink, 64);
+    _tile_release();
+    return NULL;
+}
+#endif
+
+/* `fn` on n_threads threads (the caller one of them), the wall seconds they took; -1 on failure */
+static double timed(void *(*fn)(void *), int n_threads, long iters) {
+    if (n_threads < 1 || n_threads > 256 || iters < 1) return -1.0;
+    pthread_t tid[256];
+    job jobs[256];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n_threads; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].iters = iters;
+        if (i > 0 && pthread_create(&tid[i], NULL, fn, &jobs[i]) != 0) {
+            for (int k = 1; k < i; k++) pthread_join(tid[k], NULL);
+            return -1.0;
+        }
+    }
+    fn(&jobs[0]);
+    for (int i = 1; i < n_threads; i++) pthread_join(tid[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+
+double kiln_amx_int8_peak(int n_threads, long iters) {
+#ifdef HAVE_AMX
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) return -1.0;
+    const double s = timed(run_amx, n_threads, iters);
+    return s > 0 ? (double)n_threads * (double)iters * 4 * 16 * 16 * 64 / s : -1.0;
+#else
+    (void)n_threads, (void)iters;
+    return -1.0;
+#endif
+}
+
 const char *kiln_int8_isa(void) {
 #ifdef ISA
     return ISA;
@@ -74,21 +148,8 @@ const char *kiln_int8_isa(void) {
 
 double kiln_int8_peak(int n_threads, long iters) {
 #ifdef ISA
-    if (n_threads < 1 || n_threads > 256 || iters < 1) return -1.0;
-    pthread_t tid[256];
-    job jobs[256];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < n_threads; i++) {
-        memset(&jobs[i], 0, sizeof jobs[i]);
-        jobs[i].iters = iters;
-        if (i > 0 && pthread_create(&tid[i], NULL, run, &jobs[i]) != 0) return -1.0;
-    }
-    run(&jobs[0]);
-    for (int i = 1; i < n_threads; i++) pthread_join(tid[i], NULL);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    return (double)n_threads * (double)iters * CHAINS * LANES / s;
+    const double s = timed(run, n_threads, iters);
+    return s > 0 ? (double)n_threads * (double)iters * CHAINS * LANES / s : -1.0;
 #else
     (void)n_threads, (void)iters;
     return -1.0;
