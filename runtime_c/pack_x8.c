@@ -331,8 +331,9 @@ static void amx_begin(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* GCC's tile load and store say nothing of the memory they read and the store clobbers all of
- * it, which keeps every accumulator in memory; these name the bytes they touch instead. */
+/* GCC's tile load names no memory it reads (nothing orders the unpack's stores before it), and
+ * its tile store clobbers all memory (which kept every accumulator on the stack); these name
+ * exactly the bytes they read or write. */
 #define TILE_LOAD(t, p, stride, bytes)                                                     \
     __asm__ volatile("tileloadd (%1,%2,1), %%tmm" #t ::"m"(*(const uint8_t(*)[bytes])(p)), \
                      "r"((const void *)(p)), "r"((long)(stride)))
