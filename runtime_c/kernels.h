@@ -37,7 +37,7 @@ void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in
 int kiln_x8_supported(int type, int n_out, int n_in);
 void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* into kiln_x8_bytes */
 size_t kiln_x8_bytes(int type, int n_out, int n_in); /* the packed matrix: src's size but for Q4_K/Q5_K */
-/* Whether the x8 matmuls take their integer sums from AMX tiles (prefill, 8 rows at a time), where
+/* Whether the x8 matmuls take their integer sums from AMX tiles (steps of 16 or more rows), where
    the build (-march with AMX-INT8) and the OS allow it: enable -1 asks, 0 turns AMX off, 1 back on.
    The sums are exact either way, so the results are the same bits. */
 int kiln_amx(int enable);
