@@ -47,6 +47,7 @@ class CSource:
     include_dirs: tuple[Path, ...] = ()
     sanitize: bool = False
     defines: tuple[str, ...] = ()  # -D macros, e.g. KILN_PROFILE
+    target: str = "native"  # the CPU it is built for: one of TARGETS
 
 
 def runtime_sources() -> tuple[Path, ...]:
@@ -57,12 +58,45 @@ def runtime_headers() -> tuple[Path, ...]:
     return tuple(sorted(RUNTIME_DIR.glob("*.h")))
 
 
-def compile_args(sanitize: bool) -> list[str]:
-    args = ["-std=gnu11", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+# The CPUs a build can be for: this one, or an x86-64 level (-march's names), each with its name in
+# archspec's database of microarchitectures, which knows what features it needs. Every target
+# computes the same bits (runtime_c/vec_f32.h), so they differ in speed only.
+TARGETS = {"native": None, "x86-64": "x86_64", "x86-64-v2": "x86_64_v2", "x86-64-v3": "x86_64_v3",
+           "x86-64-v4": "x86_64_v4"}
+
+
+def missing_features(target: str) -> list[str]:
+    """What a build for `target` needs that this CPU lacks (none for native): its library would
+    die of an illegal instruction here."""
+    if target not in TARGETS:
+        raise BuildError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if TARGETS[target] is None:
+        return []
+    import archspec.cpu
+
+    host, want = archspec.cpu.host(), archspec.cpu.TARGETS[TARGETS[target]]
+    if want.family != host.family:
+        return [f"the {want.family.name} architecture (this CPU is {host.family.name})"]
+    return sorted(want.features - host.features)
+
+
+def check_runs_here(target: str) -> None:
+    missing = missing_features(target)
+    if missing:
+        raise BuildError(f"a build for target {target} needs {', '.join(missing)}, which this CPU lacks; "
+                         "load it for native or a lower target (--target)")
+
+
+def compile_args(sanitize: bool, target: str = "native") -> list[str]:
+    if target not in TARGETS:
+        raise BuildError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    # -ffp-contract=off: the compiler fuses no multiply-add on its own; the kernels fuse where their
+    # definition says so, so that every target rounds alike
+    args = ["-std=gnu11", "-fno-math-errno", "-ffp-contract=off", "-Wall", "-Wno-unused-function", f"-march={target}"]
     if sanitize:  # the same -march, so that the sanitizers run the SIMD kernels the real build runs
-        return args + ["-O1", "-g", "-march=native", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+        return args + ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                        "-fno-sanitize-recover=undefined"]
-    return args + ["-O3", "-march=native"]
+    return args + ["-O3"]
 
 
 def _cc() -> list[str]:
@@ -77,17 +111,18 @@ def _compiler_identity() -> str:
         raise BuildError(f"no C compiler: '{' '.join(_cc())}' cannot be run; install gcc (apt-get install gcc)") from None
 
 
-@lru_cache(maxsize=2)
-def target_identity(sanitize: bool) -> str:
+@lru_cache(maxsize=16)
+def target_identity(sanitize: bool, target: str = "native") -> str:
     """What the flags compile for on this machine: the predefined macros (the ISA extensions
-    -march=native turns on among them), sorted."""
+    -march turns on among them), sorted."""
     try:
-        out = subprocess.run(_cc() + compile_args(sanitize) + ["-E", "-dM", "-x", "c", os.devnull],
+        out = subprocess.run(_cc() + compile_args(sanitize, target) + ["-E", "-dM", "-x", "c", os.devnull],
                              capture_output=True, text=True)
     except OSError:
         raise BuildError(f"no C compiler: '{' '.join(_cc())}' cannot be run; install gcc (apt-get install gcc)") from None
     if out.returncode != 0:
-        raise BuildError(f"the C compiler rejects kiln's flags {compile_args(sanitize)}: {out.stderr.strip()[:500]}")
+        raise BuildError(f"the C compiler rejects kiln's flags {compile_args(sanitize, target)}: "
+                         f"{out.stderr.strip()[:500]}")
     return "\n".join(sorted(out.stdout.splitlines()))
 
 
@@ -97,8 +132,8 @@ def _defines(src: CSource) -> list[str]:
 
 def build_key(src: CSource) -> str:
     h = hashlib.sha256()
-    for part in (__version__, sys.version, _compiler_identity(), target_identity(src.sanitize), src.cdef, src.prelude,
-                 repr(compile_args(src.sanitize) + _defines(src))):
+    for part in (__version__, sys.version, _compiler_identity(), target_identity(src.sanitize, src.target), src.cdef,
+                 src.prelude, repr(compile_args(src.sanitize, src.target) + _defines(src))):
         h.update(part.encode())
         h.update(b"\0")
     for path in (*src.sources, *runtime_headers()):
@@ -109,6 +144,7 @@ def build_key(src: CSource) -> str:
 
 def load_extension(src: CSource, log=lambda s: None) -> ModuleType:
     """Build (or reuse) the extension for `src` and import it."""
+    check_runs_here(src.target)
     modname = f"_kiln_{src.name}_{build_key(src)}"
     progress = as_progress(log)
     progress.note(f"cached: {modname}")
@@ -131,14 +167,14 @@ def build_c_library(src: CSource, api_headers: tuple[Path, ...], log=lambda s: N
     declarations = (re.sub(r"/\*.*?\*/", "", header_cdef(h), flags=re.S) for h in api_headers)
     api = sorted({name for text in declarations for name in re.findall(r"\b(kiln_\w+)\s*\(", text)})
     key = build_key(CSource(src.name, "\n".join(api), "shared-library", src.sources, src.include_dirs, src.sanitize,
-                            src.defines))
+                            src.defines, src.target))
     filename = f"libkiln_{src.name}.so"
 
     def compile_into(out: Path) -> None:
         script = out / "exports.map"
         script.write_text("{\n  global:\n" + "".join(f"    {n};\n" for n in api) + "  local: *;\n};\n")
         includes = [f"-I{d}" for d in (*src.include_dirs, RUNTIME_DIR)]
-        cmd = _cc() + compile_args(src.sanitize) + _defines(src) + ["-shared", "-fPIC", "-pthread", *includes,
+        cmd = _cc() + compile_args(src.sanitize, src.target) + _defines(src) + ["-shared", "-fPIC", "-pthread", *includes,
                                                     *map(str, src.sources), f"-Wl,--version-script={script}",
                                                     "-lm", "-o", str(out / filename)]
         as_progress(log).work(f"cc -shared {filename}")
@@ -175,9 +211,9 @@ def _compile_extension(src: CSource, modname: str, out: Path, log) -> None:
     ffi = cffi.FFI()
     ffi.cdef(src.cdef)
     ffi.set_source(modname, src.prelude, sources=[str(s) for s in src.sources], include_dirs=[str(d) for d in (*src.include_dirs, RUNTIME_DIR)],
-                   extra_compile_args=compile_args(src.sanitize) + _defines(src),
+                   extra_compile_args=compile_args(src.sanitize, src.target) + _defines(src),
                    extra_link_args=["-fsanitize=address,undefined"] if src.sanitize else [], libraries=["m"])
-    log.work(f"compiling {modname}: {len(src.sources)} C files, {' '.join(compile_args(src.sanitize))}")
+    log.work(f"compiling {modname}: {len(src.sources)} C files, {' '.join(compile_args(src.sanitize, src.target))}")
     try:
         built = Path(ffi.compile(tmpdir=str(out.parent / "cffi"), verbose=False))
     except Exception as e:  # distutils/setuptools raise several unrelated types
@@ -190,7 +226,7 @@ def header_cdef(header: Path) -> str:
     return "\n".join(line for line in header.read_text().splitlines() if not line.lstrip().startswith("#"))
 
 
-def runtime_kernels(sanitize: bool = False, log=lambda s: None) -> ModuleType:
+def runtime_kernels(sanitize: bool = False, log=lambda s: None, target: str = "native") -> ModuleType:
     """The runtime's kernels alone, for kernel tests and the packer."""
     return load_extension(CSource("runtime", header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
-                                  runtime_sources(), sanitize=sanitize), log)
+                                  runtime_sources(), sanitize=sanitize, target=target), log)

@@ -57,17 +57,17 @@ RUNTIME_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.Q4_
                                      DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
 
 
-# Weight types the runtime can interleave by eight rows (runtime_c/pack_x8.c): a matmul on
+# Weight types the runtime can interleave by eight rows (runtime_c/x8_pack.c): a matmul on
 # one of these, with a multiple of 8 output rows, reads a packed copy made at load.
 X8_DTYPES: tuple[DType, ...] = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K,
                                 DType.Q6_K)
 # The K-quants' x8 blocks hold a super-block of 8 rows; Q4_K and Q5_K keep their 6-bit scales
-# as bytes, 32 bytes a block more than the GGUF rows (pack_x8.c's kx8_bytes).
+# as bytes, 32 bytes a block more than the GGUF rows (x8_pack.c's kx8_bytes).
 X8_EXTRA_BYTES: dict[DType, int] = {DType.Q4_K: 32, DType.Q5_K: 32}
 
 
 def x8_bytes(dtype: DType, n_out: int, n_in: int) -> int:
-    """Bytes of a matrix in the x8 layout (kiln_x8_bytes in pack_x8.c)."""
+    """Bytes of a matrix in the x8 layout (kiln_x8_bytes in x8_pack.c)."""
     extra = X8_EXTRA_BYTES.get(dtype, 0) * (n_out // 8) * (n_in // 256)
     return dtype.nbytes(n_out * n_in) + extra
 
@@ -80,7 +80,7 @@ def weight_dtype(ggml_type: GGMLQuantizationType) -> DType | None:
     return None
 
 
-# How a matmul stores its activations for the dot with each weight type (runtime_c/quant.c's
+# How a matmul stores its activations for the dot with each weight type (runtime_c/types.c's
 # table says the same; a test holds them together): (elements, bytes) per block.
 _ACT_BLOCK: dict[DType, tuple[int, int]] = {
     **{t: (1, 4) for t in (DType.F32, DType.F16, DType.BF16)},

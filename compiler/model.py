@@ -54,7 +54,7 @@ class Compiled:
 
 
 def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize: bool = False,
-                  log=lambda s: None, profile: bool = False) -> Compiled:
+                  log=lambda s: None, profile: bool = False, target: str = "native") -> Compiled:
     """Plan, generate, build and pack `model`; each stage cached. `log` is a message callable
     or a progress.Progress, which then shows the stages. `profile` builds the library that
     times every op (Model.op_seconds)."""
@@ -79,11 +79,11 @@ def compile_model(model: str | os.PathLike[str], opts: CompileOptions, sanitize:
         p.note(f"model.c {src.model_c.count(chr(10)):,} lines in {src_dir}")
     cdef = header_cdef(RUNTIME_DIR / "status.h") + "\n" + header_cdef(src_dir / "model.h")
     c_source = CSource("model", cdef, '#include "model.h"', (src_dir / "model.c", *runtime_sources()), (src_dir,),
-                       sanitize, ("KILN_PROFILE",) if profile else ())
+                       sanitize, ("KILN_PROFILE",) if profile else (), target)
     with p.stage("cc"):
         module = load_extension(c_source, p)
     with p.stage("pack"):
-        packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), p)
+        packed = packed_file(decode.spec, decode.layout.packed, cache_dir(), module.lib, p)
     return Compiled(decode, prefill, src, src_dir, c_source, module, packed)
 
 
@@ -610,22 +610,22 @@ def load(model: str | os.PathLike[str], ctx: int = 2048, kv_dtype: str = "f32", 
          prefill_chunk: int = CompileOptions.prefill_chunk, n_seq: int = 1, page_size: int = CompileOptions.page_size,
          kv_pages: int | None = None, batch_tokens: int | None = None, kv_dtype_k: str | None = None,
          kv_dtype_v: str | None = None, kv_rotation: bool = True, sanitize: bool = False,
-         log=lambda s: None) -> Model:
+         log=lambda s: None, target: str = "native") -> Model:
     """Compile (or reuse the cached build of) `model` and load it. `model` is a GGUF path or a bundled name.
     kv_dtype sets both K and V; kv_dtype_k / kv_dtype_v (llama.cpp's -ctk / -ctv) override one.
     kv_rotation=False holds a quantized cache without Hadamard blocks (kv_plan.py)."""
     opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, n_seq=n_seq, page_size=page_size,
                           kv_pages=kv_pages, batch_tokens=batch_tokens, kv_dtype_k=kv_dtype_k, kv_dtype_v=kv_dtype_v,
                           kv_rotation=kv_rotation)
-    return load_options(model, opts, threads, sanitize, log)
+    return load_options(model, opts, threads, sanitize, log, target=target)
 
 
 def load_options(model: str | os.PathLike[str], opts: CompileOptions, threads: int | None = None,
-                 sanitize: bool = False, log=lambda s: None, profile: bool = False) -> Model:
+                 sanitize: bool = False, log=lambda s: None, profile: bool = False, target: str = "native") -> Model:
     """`load` with the options already checked (the CLI builds them once for every command)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise OptionError(f"threads must be a positive integer, got {threads!r}")
-    return Model(compile_model(model, opts, sanitize, log, profile), threads=threads)
+    return Model(compile_model(model, opts, sanitize, log, profile, target), threads=threads)
 
 
 def default_threads() -> int:

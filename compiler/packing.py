@@ -1,6 +1,6 @@
 """The packed weights file: matmul weights interleaved by eight rows (x8), written by the compiler.
 
-Matmuls whose kernel reads the x8 layout (runtime_c/pack_x8.c) read their weights from this
+Matmuls whose kernel reads the x8 layout (runtime_c/x8_pack.c) read their weights from this
 file, which the library maps read-only next to the GGUF; nothing is copied at load. It is
 written once per (GGUF, packing plan, packer), by the runtime's own packer, into the cache,
 and only where this build has the x8 kernel: elsewhere the same calls read the GGUF rows.
@@ -34,16 +34,16 @@ def header_crc32(spec: ModelSpec) -> int:
         return zlib.crc32(f.read(spec.data_offset))
 
 
-def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, log=lambda s: None) -> Path | None:
-    """The packed file for these weights, written if missing; None where nothing is packed."""
+def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, library, log=lambda s: None) -> Path | None:
+    """The packed file for these weights, written if missing; None where the library (a model's
+    cffi lib) has no kernel that reads it."""
     progress = as_progress(log)
-    lib = runtime_kernels(log=progress).lib  # the packer is the runtime's own
-    if not packed or not lib.kiln_x8_supported(packed[0].dtype.value.value, packed[0].n_out, packed[0].n_in):
+    if not packed or not library.kiln_reads_packed():
         progress.note("nothing to pack: every matmul reads the GGUF's rows on this build")
         return None
     crc = header_crc32(spec)
     plan = [(p.tensor, p.dtype.label, p.n_out, p.n_in, p.src, p.offset, p.size, p.src_size) for p in packed]
-    packer = (RUNTIME_DIR / "pack_x8.c").read_bytes()
+    packer = (RUNTIME_DIR / "x8_pack.c").read_bytes()
     key = hashlib.sha256(repr((spec.file_size, crc, plan)).encode() + packer).hexdigest()[:24]
     path = cache / "packed" / f"{spec.path.stem}-{key}.x8"
     total = HEADER_BYTES + packed_bytes(packed)
@@ -55,7 +55,8 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], cache: Path, 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     gguf = np.memmap(spec.path, dtype=np.uint8, mode="r")
-    ffi = runtime_kernels().ffi
+    kernels = runtime_kernels(log=progress)  # the packer is the runtime's own
+    lib, ffi = kernels.lib, kernels.ffi
     with open(tmp, "wb") as f:
         f.write(HEADER.pack(MAGIC, spec.file_size, crc, 0, packed_bytes(packed)).ljust(HEADER_BYTES, b"\0"))
         for p in packed:

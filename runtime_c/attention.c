@@ -1,8 +1,8 @@
-/* attention.c: the KV-cache write and causal GQA attention over the paged, head-major cache.
+/* attention.c: causal GQA attention over the paged, head-major KV cache.
  *
- * Rows are quantized on write and dequantized on read through quant.c's type table, so one
- * attention serves every cache dtype, K and V each their own (f32 rows, and f16 rows where the
- * vector loops convert on load, are read in place).
+ * Rows are dequantized on read through the type table (types.c), so one attention serves every
+ * cache dtype, K and V each their own (f32 rows, and f16 rows where the vector loops convert on
+ * load, are read in place).
  *
  * Batch invariance. A query's result must be bit-identical whatever else the step holds and
  * however many threads run it. So every query's history is cut at fixed positions, multiples
@@ -24,8 +24,8 @@
 
 #include "kernels.h"
 #include "kernels_mt.h"
-#include "quant_impl.h"
-#include "simd_f32.h"
+#include "attn_span.h"
+#include "kv_view.h"
 
 #define SPAN KILN_ATTN_SPAN
 #define ATTN_MAX_Q 16 /* queries that share one pass over a kv head's rows */
@@ -34,70 +34,11 @@
 
 static const float ZERO_ROW[KILN_MAX_HEAD_DIM];
 
-static const int32_t *table_of(const kiln_kv_view *kv, int seq) { return kv->tables + (size_t)seq * kv->max_blocks; }
-
 static int part_type(const kiln_kv_view *kv, int part) { return part ? kv->v_type : kv->k_type; }
-
-/* position `pos` of kv head h, K (part 0) or V (part 1), whose rows are row_bytes long */
-static uint8_t *cache_row(const kiln_kv_view *kv, const int32_t *table, int part, int h, int pos, size_t row_bytes) {
-    return kv->pages + (size_t)table[pos / kv->page_size] * kv->page_bytes + (part ? kv->v_off : kv->k_off) +
-           ((size_t)h * kv->page_size + pos % kv->page_size) * row_bytes;
-}
-
-static int first_visible(const kiln_kv_view *kv, int pos) {
-    return kv->window > 0 && pos - kv->window + 1 > 0 ? pos - kv->window + 1 : 0;
-}
-
-void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
-                   int n_tokens, int n_head_kv, int head_dim) {
-    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
-    for (int t = 0; t < n_tokens; t++) {
-        const int32_t *table = table_of(kv, seq[t]);
-        for (int h = 0; h < n_head_kv; h++) {
-            const size_t src = ((size_t)t * n_head_kv + h) * head_dim;
-            kiln_quantize_row(kv->k_type, k + src, cache_row(kv, table, 0, h, row[t], k_row), head_dim);
-            kiln_quantize_row(kv->v_type, v + src, cache_row(kv, table, 1, h, row[t], v_row), head_dim);
-        }
-    }
-}
-
-void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
-                      const int32_t *row, int n_tokens, int n_head_kv, int head_dim) {
-    int t0, t1;
-    kiln_share(t, n_tokens, 1, &t0, &t1);
-    const size_t at = (size_t)t0 * n_head_kv * head_dim;
-    if (t1 > t0) kiln_kv_store(kv, k + at, v + at, seq + t0, row + t0, t1 - t0, n_head_kv, head_dim);
-}
-
-void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
-                       int head_dim, float rope_base, int neox, int hadamard) {
-    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
-    const int32_t *table = table_of(kv, seq);
-    const int lo = first_visible(kv, n), r0 = first_changed > lo ? first_changed : lo;
-    float x[KILN_MAX_HEAD_DIM];
-    for (int r = r0; r < n; r++) {
-        if (keep[r] == r) continue;
-        const int32_t delta = r - keep[r];
-        for (int h = 0; h < n_head_kv; h++) { /* rows never overlap: keep[r] > r, and rows are moved in order */
-            const uint8_t *k_src = cache_row(kv, table, 0, h, keep[r], k_row);
-            uint8_t *k_dst = cache_row(kv, table, 0, h, r, k_row);
-            if (rope_base > 0.0f) {
-                kiln_dequantize_row_ref(kv->k_type, k_src, x, head_dim);
-                if (hadamard) kiln_hadamard(x, x, head_dim);
-                kiln_rope(x, x, &delta, 1, 1, head_dim, rope_base, neox);
-                if (hadamard) kiln_hadamard(x, x, head_dim);
-                kiln_quantize_row(kv->k_type, x, k_dst, head_dim);
-            } else {
-                memcpy(k_dst, k_src, k_row);
-            }
-            memcpy(cache_row(kv, table, 1, h, r, v_row), cache_row(kv, table, 1, h, keep[r], v_row), v_row);
-        }
-    }
-}
 
 /* Rows the vector loops read where they lie: f32, and f16 where they convert on load. */
 static int in_place(int type, int hd) {
-#ifdef KILN_SIMD_F16_ROWS
+#ifdef KILN_SPAN_F16_ROWS
     if (type == KILN_F16 && hd % 8 == 0) return 1;
 #endif
     (void)hd;
@@ -118,7 +59,7 @@ static void cache_rows(const kiln_kv_view *kv, const int32_t *table, int part, i
         const int page_end = (j / kv->page_size + 1) * kv->page_size;
         int end = hi + 1 < j0 + n ? hi + 1 : j0 + n;
         end = page_end < end ? page_end : end;
-        const uint8_t *src = cache_row(kv, table, part, h, j, row_bytes);
+        const uint8_t *src = kiln_kv_row(kv, table, part, h, j, row_bytes);
         if (!direct) kiln_dequantize_row(type, src, buf + (size_t)(j - j0) * hd, (end - j) * hd);
         for (int k = j; k < end; k++)
             rows[k - j0] = direct ? (const void *)(src + (size_t)(k - j) * row_bytes) : buf + (size_t)(k - j0) * hd;
@@ -132,7 +73,7 @@ static void prefetch_rows(const kiln_kv_view *kv, const int32_t *table, int part
                           int hi) {
     for (int j = lo; j <= hi;) {
         const int page_end = (j / kv->page_size + 1) * kv->page_size, end = hi + 1 < page_end ? hi + 1 : page_end;
-        const char *src = (const char *)cache_row(kv, table, part, h, j, row_bytes);
+        const char *src = (const char *)kiln_kv_row(kv, table, part, h, j, row_bytes);
         for (size_t at = 0; at < (size_t)(end - j) * row_bytes; at += 64) __builtin_prefetch(src + at);
         j = end;
     }
@@ -149,7 +90,7 @@ typedef struct {
 static void fold(attn_state r, const float *p_acc, float p_max, float p_denom, int hd) {
     if (p_max == -INFINITY) return;
     const float m = p_max > *r.max ? p_max : *r.max;
-    const float a = expf(*r.max - m), b = expf(p_max - m); /* a = 0 while r is empty */
+    const float a = kiln_expf(*r.max - m), b = kiln_expf(p_max - m); /* a = 0 while r is empty */
     *r.denom = fmaf(*r.denom, a, p_denom * b);
     for (int d = 0; d < hd; d++) r.acc[d] = fmaf(r.acc[d], a, p_acc[d] * b);
     *r.max = m;
@@ -160,13 +101,9 @@ static void clear(attn_state st, int hd) {
     memset(st.acc, 0, (size_t)hd * sizeof(float));
 }
 
-/* Rows are staged in whole groups aligned to positions, so a score always comes out of the same
- * lanes: 16 keys a vector for the transposed-key kernel (AVX-512), 8 rows a reduction otherwise. */
-#ifdef KILN_ATTN_WIDE
-#define GROUP 16
-#else
-#define GROUP 8
-#endif
+/* Rows are staged in whole groups of KILN_SPAN_KEYS aligned to positions, and the denominators
+ * sum a span's weights in lanes by position % 8 (vec_f32.h), whatever the group. */
+#define GROUP KILN_SPAN_KEYS
 
 /* One span's rows of one kv head as the kernels take them: positions j0 .. j0+n-1 (whole
  * groups), of which lo .. hi are visible to some query and the rest read zeros. */
@@ -174,7 +111,7 @@ typedef struct {
     int j0, n;
     const void *k[SPAN], *v[SPAN]; /* in place, or dequantized into the caller's buffers */
     int k_half, v_half;            /* the rows in place are f16 */
-#ifdef KILN_ATTN_WIDE
+#ifdef KILN_SPAN_TRANSPOSED
     float kt[KILN_MAX_HEAD_DIM * SPAN]; /* K transposed: kt[d * SPAN + j - j0] */
 #endif
 } span_rows;
@@ -186,16 +123,16 @@ static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_vi
     sp->j0 = lo & ~(GROUP - 1), sp->n = ((hi | (GROUP - 1)) + 1) - sp->j0;
     cache_rows(kv, table, 0, h, row_bytes[0], sp->j0, sp->n, lo, hi, kbuf, hd, sp->k);
     cache_rows(kv, table, 1, h, row_bytes[1], sp->j0, sp->n, lo, hi, vbuf, hd, sp->v);
-#ifdef KILN_ATTN_WIDE
-    if (sp->k_half) kiln_transpose_rows(sp->kt, SPAN, sp->k, sp->n, hd, 1);
-    else kiln_transpose_rows(sp->kt, SPAN, sp->k, sp->n, hd, 0);
+#ifdef KILN_SPAN_TRANSPOSED
+    if (sp->k_half) kiln_span_transpose(sp->kt, SPAN, sp->k, sp->n, hd, 1);
+    else kiln_span_transpose(sp->kt, SPAN, sp->k, sp->n, hd, 0);
 #endif
 }
 
 /* Queries q[i] (i < nq, one sequence, one kv head), query i seeing positions first[i] .. last[i]:
  * each query's state for the staged span alone, from empty. Every query's scores, then its
  * weighted V rows, the queries sharing each row load; each score and each column is summed
- * in one order whoever shares it. */
+ * in one order whoever shares it (attn_span.h). */
 static void score_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
                        const span_rows *sp, int hd, float scale) {
     float s[ATTN_MAX_Q][SPAN];
@@ -205,29 +142,17 @@ static void score_span(const attn_state st[], const float *const q[], const int 
         clear(st[i], hd);
         if (first[i] <= j0 + n - 1 && last[i] >= j0) order[n_live++] = i;
     }
-#ifdef KILN_ATTN_WIDE
-    for (int o = 0; o < n_live; o += KILN_ATTN_WIDE) {
-        const int m = n_live - o < KILN_ATTN_WIDE ? n_live - o : KILN_ATTN_WIDE;
-        float *so[KILN_ATTN_WIDE];
-        const float *qo[KILN_ATTN_WIDE];
+    for (int o = 0; o < n_live; o += KILN_SPAN_MAX_Q) {
+        const int m = n_live - o < KILN_SPAN_MAX_Q ? n_live - o : KILN_SPAN_MAX_Q;
+        float *so[KILN_SPAN_MAX_Q];
+        const float *qo[KILN_SPAN_MAX_Q];
         for (int k = 0; k < m; k++) so[k] = s[order[o + k]], qo[k] = q[order[o + k]];
-        kiln_tdots(so, qo, m, sp->kt, SPAN, n, hd, scale);
-    }
+#ifdef KILN_SPAN_TRANSPOSED
+        kiln_span_scores(so, qo, m, sp->kt, SPAN, n, hd, scale);
 #else
-    for (int o = 0; o < n_live;) { /* pairs share each row load */
-        const int i = order[o];
-        if (o + 1 == n_live) {
-            if (sp->k_half) kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 1);
-            else kiln_vdots(s[i], q[i], sp->k, n, hd, scale, 0);
-            o++;
-        } else {
-            const int i2 = order[o + 1];
-            if (sp->k_half) kiln_vdots2(s[i], s[i2], q[i], q[i2], sp->k, n, hd, scale, 1);
-            else kiln_vdots2(s[i], s[i2], q[i], q[i2], sp->k, n, hd, scale, 0);
-            o += 2;
-        }
-    }
+        kiln_span_scores_rows(so, qo, m, sp->k, n, hd, scale);
 #endif
+    }
     for (int o = 0; o < n_live; o++) {
         const int i = order[o];
         if (j0 < first[i] || j0 + n - 1 > last[i]) /* the span's edge: rows this query cannot see */
@@ -236,31 +161,13 @@ static void score_span(const attn_state st[], const float *const q[], const int 
         *st[i].max = kiln_vmax(s[i], n);
         *st[i].denom = kiln_vexp_sum(s[i], *st[i].max, n); /* exp(-inf) = 0 for the rows it cannot see */
     }
-#ifdef KILN_ATTN_WIDE
-    if (hd % 16 == 0) {
-        for (int o = 0; o < n_live; o += KILN_ATTN_WIDE) {
-            const int m = n_live - o < KILN_ATTN_WIDE ? n_live - o : KILN_ATTN_WIDE;
-            float *acc[KILN_ATTN_WIDE];
-            const float *w[KILN_ATTN_WIDE];
-            for (int k = 0; k < m; k++) acc[k] = st[order[o + k]].acc, w[k] = s[order[o + k]];
-            if (sp->v_half) kiln_vaxpys_wide(acc, w, m, sp->v, n, hd, 1);
-            else kiln_vaxpys_wide(acc, w, m, sp->v, n, hd, 0);
-        }
-        return;
-    }
-#endif
-    for (int o = 0; o < n_live;) {
-        const int i = order[o];
-        if (o + 1 == n_live) {
-            if (sp->v_half) kiln_vaxpys(st[i].acc, s[i], sp->v, n, hd, 1);
-            else kiln_vaxpys(st[i].acc, s[i], sp->v, n, hd, 0);
-            o++;
-        } else {
-            const int i2 = order[o + 1];
-            if (sp->v_half) kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], sp->v, n, hd, 1);
-            else kiln_vaxpys2(st[i].acc, st[i2].acc, s[i], s[i2], sp->v, n, hd, 0);
-            o += 2;
-        }
+    for (int o = 0; o < n_live; o += KILN_SPAN_MAX_Q) {
+        const int m = n_live - o < KILN_SPAN_MAX_Q ? n_live - o : KILN_SPAN_MAX_Q;
+        float *acc[KILN_SPAN_MAX_Q];
+        const float *w[KILN_SPAN_MAX_Q];
+        for (int k = 0; k < m; k++) acc[k] = st[order[o + k]].acc, w[k] = s[order[o + k]];
+        if (sp->v_half) kiln_span_values(acc, w, m, sp->v, n, hd, 1);
+        else kiln_span_values(acc, w, m, sp->v, n, hd, 0);
     }
 }
 
@@ -285,9 +192,9 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
 static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, const kiln_kv_view *kv,
                          const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale,
                          int max_spans, float *scratch) {
-    const int group = n_head / n_head_kv, first = first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
+    const int group = n_head / n_head_kv, first = kiln_kv_first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + 2;
-    const int32_t *table = table_of(kv, seq);
+    const int32_t *table = kiln_kv_table(kv, seq);
     for (int item = th->ith; item < n_head_kv * n_spans; item += th->nth) {
         const int g = item / n_spans, sp = item % n_spans;
         const float *qs[ATTN_MAX_Q];
@@ -335,11 +242,11 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
     float pacc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], pmax[ATTN_MAX_Q], pdenom[ATTN_MAX_Q];
     const float *qs[ATTN_ITEM_Q];
     int first[ATTN_ITEM_Q], last[ATTN_ITEM_Q], lo = row[ta], hi = row[ta];
-    const int32_t *table = table_of(kv, seq);
+    const int32_t *table = kiln_kv_table(kv, seq);
     const int nq = (tb - ta) * heads;
     for (int i = 0; i < nq; i++) {
         const int t = ta + i / heads;
-        first[i] = first_visible(kv, row[t]), last[i] = row[t];
+        first[i] = kiln_kv_first_visible(kv, row[t]), last[i] = row[t];
         lo = first[i] < lo ? first[i] : lo, hi = last[i] > hi ? last[i] : hi;
         qs[i] = q + ((size_t)t * n_head + h0 + i % heads) * hd;
         clear((attn_state){acc + (size_t)i * hd, &max[i], &denom[i]}, hd);
@@ -387,7 +294,7 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
     const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
     if (kv->mass && th->ith == 0) /* H2O's bookkeeping, when asked for: one thread, the others wait at the barrier */
         kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale);
-    if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - first_visible(kv, row[0]) / SPAN < max_spans) {
+    if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - kiln_kv_first_visible(kv, row[0]) / SPAN < max_spans) {
         attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, max_spans,
                      scratch);
         return;
@@ -423,20 +330,20 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
     float *s = malloc(sizeof(float) * (size_t)kv->mass_stride); /* one head's scores over a history */
     if (!s) return; /* the bookkeeping is skipped, never the attention */
     for (int t = 0; t < n_tokens; t++) {
-        const int32_t *table = table_of(kv, seq[t]);
-        const int first = first_visible(kv, row[t]), n = row[t] - first + 1;
+        const int32_t *table = kiln_kv_table(kv, seq[t]);
+        const int first = kiln_kv_first_visible(kv, row[t]), n = row[t] - first + 1;
         float *mass = kv->mass + (size_t)seq[t] * kv->mass_stride + first;
         for (int h = 0; h < n_head; h++) {
             const float *qh = q + ((size_t)t * n_head + h) * head_dim;
             float max = -INFINITY, denom = 0.0f;
             for (int j = 0; j < n; j++) {
-                kiln_dequantize_row_ref(kv->k_type, cache_row(kv, table, 0, h / group, first + j, k_row), kr, head_dim);
-                float dot = 0.0f;
-                for (int d = 0; d < head_dim; d++) dot += qh[d] * kr[d];
+                kiln_dequantize_row_ref(kv->k_type, kiln_kv_row(kv, table, 0, h / group, first + j, k_row), kr, head_dim);
+                float dot = 0.0f; /* the scores' chain (attn_span.h) */
+                for (int d = 0; d < head_dim; d++) dot = fmaf(qh[d], kr[d], dot);
                 s[j] = dot * scale;
                 max = s[j] > max ? s[j] : max;
             }
-            for (int j = 0; j < n; j++) denom += s[j] = expf(s[j] - max);
+            for (int j = 0; j < n; j++) denom += s[j] = kiln_expf(s[j] - max);
             for (int j = 0; j < n; j++) mass[j] += s[j] / denom;
         }
     }
@@ -458,13 +365,13 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
     for (int item = 0; item < n_tokens * n_head; item++) {
         const int t = item / n_head, h = item % n_head, p = row[t];
-        const int32_t *table = table_of(kv, seq[t]);
+        const int32_t *table = kiln_kv_table(kv, seq[t]);
         const float *qh = q + ((size_t)t * n_head + h) * head_dim;
         float *oh = out + ((size_t)t * n_head + h) * head_dim;
         float max = -INFINITY, denom = 0.0f;
         memset(acc, 0, (size_t)head_dim * sizeof(float));
-        for (int j = first_visible(kv, p); j <= p; j++) { /* online softmax: rescale when a new maximum appears */
-            kiln_dequantize_row_ref(kv->k_type, cache_row(kv, table, 0, h / group, j, k_row), kr, head_dim);
+        for (int j = kiln_kv_first_visible(kv, p); j <= p; j++) { /* online softmax: rescale when a new maximum appears */
+            kiln_dequantize_row_ref(kv->k_type, kiln_kv_row(kv, table, 0, h / group, j, k_row), kr, head_dim);
             float s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
             s *= scale;
@@ -476,7 +383,7 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
             }
             const float w = expf(s - max);
             denom += w;
-            kiln_dequantize_row_ref(kv->v_type, cache_row(kv, table, 1, h / group, j, v_row), vr, head_dim);
+            kiln_dequantize_row_ref(kv->v_type, kiln_kv_row(kv, table, 1, h / group, j, v_row), vr, head_dim);
             for (int d = 0; d < head_dim; d++) acc[d] += w * vr[d];
         }
         for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;

@@ -18,8 +18,10 @@ enum kiln_type {
 
 /* -- quantized weights and activations ----------------------------------------------------- */
 int kiln_type_supported(int type);
-/* which of a type's kernels this build has SIMD versions of (the others run the scalar reference) */
-enum { KILN_SIMD_DOT = 1, KILN_SIMD_DEQUANT = 2, KILN_SIMD_ACT = 4, KILN_SIMD_GEMM = 8 };
+int kiln_kv_type_supported(int type); /* a KV cache may hold rows of this type */
+/* which of a type's kernels this build has SIMD versions of (the others run the scalar reference,
+ * which every SIMD version equals bit for bit) */
+enum { KILN_SIMD_DOT = 1, KILN_SIMD_DEQUANT = 2, KILN_SIMD_ACT = 4 };
 int kiln_simd_kernels(int type);
 size_t kiln_row_bytes(int type, int n);             /* bytes of n elements of type */
 size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations quantized for type */
@@ -29,17 +31,18 @@ void kiln_dequantize_row(int type, const void *src, float *dst, int n); /* n ele
 void kiln_dequantize_row_ref(int type, const void *src, float *dst, int n); /* the same, scalar reference */
 float kiln_vec_dot(int type, int n, const void *w, const void *act);    /* w row . quantized act row */
 float kiln_vec_dot_ref(int type, int n, const void *w, const void *act); /* the same, scalar reference */
-/* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch >= n_rows act rows */
+/* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch >= n_rows act rows;
+ * each W[o] . x[r] the reference dot's bits */
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
                  const float *x, int n_rows, float *y, void *scratch);
-/* Weights interleaved by eight rows (pack_x8.c). kiln_x8_supported says whether this build has
+/* Weights interleaved by eight rows (x8_pack.c). kiln_x8_supported says whether this build has
  * the x8 kernel for a matrix; if not, nothing needs packing and kiln_matmul_x8 reads w. */
 int kiln_x8_supported(int type, int n_out, int n_in);
 void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* into kiln_x8_bytes */
 size_t kiln_x8_bytes(int type, int n_out, int n_in); /* the packed matrix: src's size but for Q4_K/Q5_K */
 /* Whether the x8 matmuls take their integer sums from AMX tiles (steps of 16 or more rows), where
-   the build (-march with AMX-INT8) and the OS allow it: enable -1 asks, 0 turns AMX off, 1 back on.
-   The sums are exact either way, so the results are the same bits. */
+   the build (-march with AMX-INT8) and the OS allow it: enable -1 asks, 0 turns AMX off, 1 back on;
+   0 on every build without AMX. The sums are exact either way, so the results are the same bits. */
 int kiln_amx(int enable);
 /* kiln_matmul on the packed copy where the build supports it (packed != NULL), else on w */
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
@@ -61,7 +64,6 @@ void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* the same through expf */
 void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
 void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the same without the table */
-void kiln_softmax(float *x, int n);
 /* y[r] = scale * row ids[r] of the table, dequantized */
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);
 

@@ -1,4 +1,4 @@
-/* ops.c: scalar reference kernels for the f32 elementwise and normalisation ops. */
+/* ops.c: the f32 elementwise and normalisation ops, one order of operations on every path (vec_f32.h). */
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -6,7 +6,7 @@
 #include "fp16.h"
 #include "kernels.h"
 #include "kernels_mt.h"
-#include "simd_f32.h"
+#include "vec_f32.h"
 
 void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
     for (int r = 0; r < rows; r++, x += n, y += n) {
@@ -64,30 +64,25 @@ void kiln_add(float *y, const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
+/* the reference, through libm's expf */
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-static inline __m256 swiglu8(__m256 g, __m256 u) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, kiln_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)))), u);
-}
-
-/* Every element goes through the same vector arithmetic, the tail too (padded), so a value
- * never depends on where a thread's share of the row ends. */
+/* silu(g) * u = g / (1 + e^-g) * u with kiln_expf (its AVX2 spelling eight at a time, the rest
+ * one by one: the same bits, so a value does not depend on where a thread's share begins) */
 void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
     int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-    if (i == n) return;
-    float g[8] = {0}, u[8] = {0}, out[8];
-    memcpy(g, gate + i, (size_t)(n - i) * sizeof(float)), memcpy(u, up + i, (size_t)(n - i) * sizeof(float));
-    _mm256_storeu_ps(out, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
-    memcpy(y + i, out, (size_t)(n - i) * sizeof(float));
-}
-#else
-void kiln_swiglu(float *y, const float *gate, const float *up, int n) { kiln_swiglu_ref(y, gate, up, n); }
+#ifdef KILN_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = kiln_exp8(_mm256_sub_ps(zero, g));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
 #endif
+    for (; i < n; i++) y[i] = gate[i] / (1.0f + kiln_expf(0.0f - gate[i])) * up[i];
+}
 
 /* GELU is evaluated as llama.cpp's CPU backend does: at the input rounded to f16, with the
  * result rounded to f16 (its lookup-table path), and cut off outside [-10, 10]. Exact tanh-GELU
@@ -124,18 +119,6 @@ void kiln_geglu(float *y, const float *gate, const float *up, int n) {
 
 void kiln_geglu_ref(float *y, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) y[i] = gelu_f16_rounded(gate[i]) * up[i];
-}
-
-void kiln_softmax(float *x, int n) {
-    float max = -INFINITY;
-    for (int i = 0; i < n; i++) max = fmaxf(max, x[i]);
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
 /* ==== threaded twins: each thread takes a contiguous share of the rows (or elements) ========== */

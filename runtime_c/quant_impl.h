@@ -1,4 +1,6 @@
-/* quant_impl.h: per-type kernels shared between quant.c (which owns the type table) and kquants.c. */
+/* quant_impl.h: what the quantized-matmul files share inside the runtime: the kernel signatures
+ * of the type table (types.c), the scalar references it points at, the SIMD twins each build
+ * has, and the layout of the 32-weight block types as the SIMD kernels read them. */
 #ifndef KILN_QUANT_IMPL_H
 #define KILN_QUANT_IMPL_H
 
@@ -7,9 +9,21 @@
 #include "kernels.h"
 #include "quants.h"
 
-/* The 32-weight block types as the SIMD kernels read them (gemm_vnni.c, pack_x8.c): each weight
- * as an unsigned byte u, w = d * (u - offset), or w = d * u + m for the types with a minimum.
- * Every block begins with d (then m); Q8_0's signed q is read as u = q ^ 0x80, offset 128. */
+typedef void (*kiln_dequant_fn)(const void *src, float *dst, int n);
+typedef float (*kiln_dot_fn)(int n, const void *w, const void *act);
+typedef void (*kiln_quant_fn)(const float *x, void *dst, int n);
+/* y[c * y_row + r] = W[r] . act[c] for weight rows r < n_w (w_row bytes apart) and activation
+ * rows c < n_a (a_row apart): each value the type's reference dot, bit for bit */
+typedef void (*kiln_rows_fn)(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
+                             float *y, size_t y_row);
+
+/* the reference's values for every pair, through the type's SIMD rows kernel where there is one */
+void kiln_rows(int type, int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
+               float *y, size_t y_row);
+
+/* The 32-weight block types as the SIMD kernels read them: each weight as an unsigned byte u,
+ * w = d * (u - offset), or w = d * u + m for the types with a minimum. Every block begins with d
+ * (then m); Q8_0's signed q is read as u = q + 128 (q ^ 0x80), offset 128. */
 typedef struct {
     size_t block_bytes;
     int offset;    /* 8 (Q4_0), 16 (Q5_0), 128 (Q8_0), 0 (Q4_1, Q5_1) */
@@ -35,19 +49,39 @@ static inline __attribute__((always_inline)) int kiln_b32_of(int type, kiln_b32 
     }
 }
 
-void kiln_quantize_q8_K(const float *x, void *dst, int n);
-void kiln_dequant_q4_K(const void *src, float *dst, int n);
-void kiln_dequant_q5_K(const void *src, float *dst, int n);
-void kiln_dequant_q6_K(const void *src, float *dst, int n);
-float kiln_dot_q4_K(int n, const void *w, const void *act);
-float kiln_dot_q5_K(int n, const void *w, const void *act);
-float kiln_dot_q6_K(int n, const void *w, const void *act);
+static inline int kiln_is_kquant(int type) { return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K; }
+
+/* -- scalar references (ref_quant.c, ref_kquant.c, kv_quant.c) ------------------------------ */
+#define KILN_REF_WEIGHT(name)                                                   \
+    void kiln_ref_dequant_##name(const void *src, float *dst, int n);           \
+    float kiln_ref_dot_##name(int n, const void *w, const void *act);
+KILN_REF_WEIGHT(f32)
+KILN_REF_WEIGHT(f16)
+KILN_REF_WEIGHT(bf16)
+KILN_REF_WEIGHT(q4_0)
+KILN_REF_WEIGHT(q4_1)
+KILN_REF_WEIGHT(q5_0)
+KILN_REF_WEIGHT(q5_1)
+KILN_REF_WEIGHT(q8_0)
+KILN_REF_WEIGHT(q4_K)
+KILN_REF_WEIGHT(q5_K)
+KILN_REF_WEIGHT(q6_K)
+#undef KILN_REF_WEIGHT
+void kiln_ref_copy_f32(const float *x, void *dst, int n);
+void kiln_ref_quantize_q8_0(const float *x, void *dst, int n);
+void kiln_ref_quantize_q8_1(const float *x, void *dst, int n);
+void kiln_ref_quantize_q8_K(const float *x, void *dst, int n);
+void kiln_ref_quantize_f16(const float *x, void *dst, int n);
+void kiln_ref_quantize_q4_0(const float *x, void *dst, int n);
+void kiln_ref_quantize_q4_1(const float *x, void *dst, int n);
+void kiln_ref_quantize_q5_0(const float *x, void *dst, int n);
+
 /* weight l of a super-block as its integer: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 (for the packer) */
 int kiln_q4k_value(const void *block, int l);
 int kiln_q5k_value(const void *block, int l);
 int kiln_q6k_value(const void *block, int l);
 
-/* the 6-bit scales and mins of a Q4_K/Q5_K super-block's eight sub-blocks, for the SIMD kernels */
+/* the 6-bit scales and mins of a Q4_K/Q5_K super-block's eight sub-blocks */
 static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {
     for (int j = 0; j < 4; j++) {
         sc[j] = q[j] & 63;
@@ -57,36 +91,37 @@ static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {
     }
 }
 
-
-/* AVX2 twins (quant_avx2.c), present when the compiler targets AVX2 and FMA */
-#if defined(__AVX2__) && defined(__FMA__)
+/* -- SIMD twins ------------------------------------------------------------------------------ */
+/* AVX2 (rows_avx2.c, act_avx2.c): rows of the GGUF layout, 8 weight rows a tile; the q8
+ * activation quantizers; the dequantizers of the f16 and q8_0 KV caches */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KILN_HAVE_AVX2 1
-float kiln_dot_q8_0_avx2(int n, const void *w, const void *act);
-float kiln_dot_q4_0_avx2(int n, const void *w, const void *act);
-float kiln_dot_q4_1_avx2(int n, const void *w, const void *act);
-float kiln_dot_q5_0_avx2(int n, const void *w, const void *act);
-float kiln_dot_q4_K_avx2(int n, const void *w, const void *act);
-float kiln_dot_q6_K_avx2(int n, const void *w, const void *act);
+#define KILN_ROWS_AVX2(name)                                                                                \
+    void kiln_rows_##name##_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row,   \
+                                 int n_a, float *y, size_t y_row);
+KILN_ROWS_AVX2(f32)
+KILN_ROWS_AVX2(q4_0)
+KILN_ROWS_AVX2(q4_1)
+KILN_ROWS_AVX2(q5_0)
+KILN_ROWS_AVX2(q5_1)
+KILN_ROWS_AVX2(q8_0)
+KILN_ROWS_AVX2(q4_K)
+KILN_ROWS_AVX2(q5_K)
+KILN_ROWS_AVX2(q6_K)
+#undef KILN_ROWS_AVX2
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
 void kiln_dequant_f16_avx2(const void *src, float *dst, int n);
 void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
 #endif
 
-/* AVX-512 VNNI tiled gemms (gemm_vnni.c): y[c * y_row + r] = W[r] . act[c], r < n_w, c < n_a */
+/* AVX-512 VNNI (x8_vnni.c, and x8_amx.c where AMX is built): matmuls on weights interleaved by
+ * eight rows (x8_pack.c) */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define KILN_HAVE_VNNI 1
-#define KILN_GEMM_DECL(name) \
-    void kiln_gemm_##name##_vnni(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, \
-                                 int n_a, float *y, size_t y_row);
-KILN_GEMM_DECL(q4_0)
-KILN_GEMM_DECL(q4_1)
-KILN_GEMM_DECL(q5_0)
-KILN_GEMM_DECL(q5_1)
-KILN_GEMM_DECL(q8_0)
-KILN_GEMM_DECL(q4_K)
-KILN_GEMM_DECL(q6_K)
-#undef KILN_GEMM_DECL
+/* y[c * y_row + 8g + r] for the x8 groups [g0, g1) of a packed matrix and activation rows c < n_a */
+void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+                  float *y, size_t y_row);
 #endif
 
 #endif

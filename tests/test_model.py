@@ -175,5 +175,5 @@ def test_the_build_key_names_the_cpu_the_library_is_built_for(monkeypatch):
     here = build.build_key(src)
     assert "__SSE2__" in build.target_identity(False)
     other_cpu = build.target_identity(False) + "\n#define __AVX10_2__ 1"  # one more extension than this CPU has
-    monkeypatch.setattr(build, "target_identity", lambda sanitize: other_cpu)
+    monkeypatch.setattr(build, "target_identity", lambda sanitize, target="native": other_cpu)
     assert build.build_key(src) != here

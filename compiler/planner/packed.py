@@ -1,5 +1,5 @@
 """The packed-weights region: matmuls whose kernel reads weights interleaved by eight rows
-(x8, runtime_c/pack_x8.c) read a copy at an offset fixed here, in a file the compiler
+(x8, runtime_c/x8_pack.c) read a copy at an offset fixed here, in a file the compiler
 writes (compiler/packing.py).
 
 An x8 copy has the bytes of the GGUF rows it replaces (Q4_K and Q5_K a few more: dtypes.x8_bytes);

@@ -510,10 +510,12 @@ static uint32_t crc32(const uint8_t *p, size_t n) {
     return ~c;
 }
 
+int kiln_reads_packed(void) { return N_PACK > 0 && kiln_x8_supported(PACK[0].type, PACK[0].n_out, PACK[0].n_in); }
+
 /* Map the packed file, or NULL: absent (no path), written for other weights, or not needed. */
 static int map_packed(const char *path, const uint8_t **map) {
     *map = NULL;
-    if (!path || N_PACK == 0 || !kiln_x8_supported(PACK[0].type, PACK[0].n_out, PACK[0].n_in)) return KILN_OK;
+    if (!path || !kiln_reads_packed()) return KILN_OK;
     const int fd = open(path, O_RDONLY);
     if (fd < 0) return KILN_E_PACKED;
     struct stat st;

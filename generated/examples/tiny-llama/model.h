@@ -27,6 +27,8 @@ typedef struct {
 /* packed_path: the packed weights file kiln wrote for this library, or NULL to read every
    weight from the GGUF (slower where the build has the x8 kernel); threads: this instance's pool */
 int kiln_open(kiln_model **out, const char *gguf_path, const char *packed_path, int n_threads);
+/* whether this build reads the packed file at all (its CPU target has the x8 kernels) */
+int kiln_reads_packed(void);
 void kiln_close(kiln_model *m);
 
 /* one step; logits gets the wanted rows' [n_vocab] each, in row order */

@@ -1,5 +1,10 @@
-/* kquants.c: scalar references for the 256-element super-block types Q4_K, Q5_K, Q6_K and
- * the q8_K activation blocks their dots use. Entered through quant.c's type table. */
+/* ref_kquant.c: scalar references for the 256-element super-block types Q4_K, Q5_K, Q6_K and
+ * the q8_K activation blocks their dots use, entered through the type table (types.c).
+ *
+ * Their dot, as every path computes it: per super-block b, in order,
+ *     acc = fma((float)isum_b, d_b * y.d_b, acc),  mins = fma((float)msum_b, dmin_b * y.d_b, mins),
+ * isum_b the sub-blocks' exact sum of scale x sum(q * y), msum_b that of min x sum(y) (Q4_K and
+ * Q5_K; 0 for Q6_K); the dot is acc - mins. */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -9,7 +14,7 @@
 
 /* q8_K: d = max|x| / 127 with the sign of the extreme value, q = round(x / d); bsums are
  * the sums of each 16 q, which the K-quant dots use to apply their per-sub-block minimum. */
-void kiln_quantize_q8_K(const float *x, void *dst, int n) {
+void kiln_ref_quantize_q8_K(const float *x, void *dst, int n) {
     block_q8_K *y = dst;
     for (int b = 0; b < n / QK_K; b++, x += QK_K) {
         float amax = 0.0f, max = 0.0f;
@@ -93,7 +98,7 @@ static void dequant_k4(const uint8_t *src, size_t block_bytes, k4_value_fn value
 }
 
 static float dot_k4(const uint8_t *w, size_t block_bytes, k4_value_fn value, const block_q8_K *y, int n) {
-    float sum = 0.0f;
+    float acc = 0.0f, mins = 0.0f;
     for (int b = 0; b < n / QK_K; b++, w += block_bytes) {
         const k4_head *h = (const k4_head *)w;
         int sumi = 0, summ = 0;
@@ -104,21 +109,22 @@ static float dot_k4(const uint8_t *w, size_t block_bytes, k4_value_fn value, con
             sumi += sc * s;
             summ += m * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
         }
-        sum += kiln_fp16_to_fp32(h->d) * y[b].d * (float)sumi - kiln_fp16_to_fp32(h->dmin) * y[b].d * (float)summ;
+        acc = fmaf((float)sumi, kiln_fp16_to_fp32(h->d) * y[b].d, acc);
+        mins = fmaf((float)summ, kiln_fp16_to_fp32(h->dmin) * y[b].d, mins);
     }
-    return sum;
+    return acc - mins;
 }
 
 int kiln_q4k_value(const void *block, int l) { return q4k_value(block, l); }
 int kiln_q5k_value(const void *block, int l) { return q5k_value(block, l); }
 int kiln_q6k_value(const void *block, int l) { return q6k_value(block, l); }
 
-void kiln_dequant_q4_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q4_K), q4k_at, dst, n); }
-void kiln_dequant_q5_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q5_K), q5k_at, dst, n); }
-float kiln_dot_q4_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q4_K), q4k_at, act, n); }
-float kiln_dot_q5_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q5_K), q5k_at, act, n); }
+void kiln_ref_dequant_q4_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q4_K), q4k_at, dst, n); }
+void kiln_ref_dequant_q5_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q5_K), q5k_at, dst, n); }
+float kiln_ref_dot_q4_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q4_K), q4k_at, act, n); }
+float kiln_ref_dot_q5_K(int n, const void *w, const void *act) { return dot_k4(w, sizeof(block_q5_K), q5k_at, act, n); }
 
-void kiln_dequant_q6_K(const void *src, float *dst, int n) {
+void kiln_ref_dequant_q6_K(const void *src, float *dst, int n) {
     const block_q6_K *x = src;
     for (int b = 0; b < n / QK_K; b++, dst += QK_K) {
         const float d = kiln_fp16_to_fp32(x[b].d);
@@ -126,10 +132,10 @@ void kiln_dequant_q6_K(const void *src, float *dst, int n) {
     }
 }
 
-float kiln_dot_q6_K(int n, const void *w, const void *act) {
+float kiln_ref_dot_q6_K(int n, const void *w, const void *act) {
     const block_q6_K *x = w;
     const block_q8_K *y = act;
-    float sum = 0.0f;
+    float acc = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         int sumi = 0;
         for (int j = 0; j < QK_K / 16; j++) {
@@ -137,7 +143,7 @@ float kiln_dot_q6_K(int n, const void *w, const void *act) {
             for (int i = 0; i < 16; i++) s += q6k_value(&x[b], 16 * j + i) * y[b].qs[16 * j + i];
             sumi += x[b].scales[j] * s;
         }
-        sum += kiln_fp16_to_fp32(x[b].d) * y[b].d * (float)sumi;
+        acc = fmaf((float)sumi, kiln_fp16_to_fp32(x[b].d) * y[b].d, acc);
     }
-    return sum;
+    return acc; /* - mins, which Q6_K has none of */
 }

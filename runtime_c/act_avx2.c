@@ -1,0 +1,87 @@
+/* act_avx2.c: AVX2 twins of the q8 activation quantizers (ref_quant.c) and of the dequantizers
+ * of the f16 and q8_0 KV caches: the scalar references' exact bytes and values. */
+#include <string.h>
+
+#include "fp16.h"
+#include "quant_impl.h"
+
+#ifdef KILN_HAVE_AVX2
+#include <immintrin.h>
+
+static inline int hsum8_i32(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* ==== activation quantizers: the scalar ones' exact bits ========================================= */
+
+/* roundf(v) for 8 floats: half-way cases away from zero (the rounding modes of the ISA are
+ * half-to-even), as the scalar quantizers do */
+static inline __m256i round_away(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t)); /* exact: |v| < 2^23 */
+    const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ),
+                                      _mm256_or_ps(sign, _mm256_set1_ps(1.0f)));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+}
+
+/* one block of 32: q = round(x / d) as bytes with d = max|x| / 127 (returned); *sum = sum(q) */
+static inline float quantize_block(const float *x, int8_t *qs, int *sum) {
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f, id = d ? 1.0f / d : 0.0f;
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = round_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+    /* pack 4 x 8 int32 -> 32 int8; the packs interleave 128-bit lanes, the permute undoes it */
+    const __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
+                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)qs, q8);
+    *sum = hsum8_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    return d;
+}
+
+void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n) {
+    block_q8_0 *y = dst;
+    int sum;
+    for (int b = 0; b < n / QK8_0; b++) y[b].d = kiln_fp32_to_fp16(quantize_block(x + b * QK8_0, y[b].qs, &sum));
+}
+
+void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n) {
+    block_q8_1 *y = dst;
+    for (int b = 0; b < n / QK8_1; b++) {
+        int sum;
+        const float d = quantize_block(x + b * QK8_1, y[b].qs, &sum);
+        y[b].d = kiln_fp32_to_fp16(d);
+        y[b].s = kiln_fp32_to_fp16(d * (float)sum);
+    }
+}
+/* ==== dequantizers of the KV cache types: the scalar ones' exact values ========================= */
+
+void kiln_dequant_f16_avx2(const void *src, float *dst, int n) {
+    const kiln_half *s = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) dst[i] = kiln_fp16_to_fp32(s[i]);
+}
+
+void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n) {
+    const block_q8_0 *x = src;
+    for (int b = 0; b < n / QK8_0; b++, dst += QK8_0) {
+        const __m256 d = _mm256_set1_ps(kiln_fp16_to_fp32(x[b].d));
+        for (int k = 0; k < QK8_0; k += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[b].qs + k)));
+            _mm256_storeu_ps(dst + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+        }
+    }
+}
+#endif

@@ -1,0 +1,56 @@
+/* kv_rows.c: writing K and V rows into the paged cache, and moving them for a context shift.
+ *
+ * Rows are quantized on write through the type table (types.c), so every cache dtype, K and V
+ * each their own, is written by the same code. */
+#include <string.h>
+
+#include "kernels.h"
+#include "kernels_mt.h"
+#include "kv_view.h"
+
+void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
+                   int n_tokens, int n_head_kv, int head_dim) {
+    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
+    for (int t = 0; t < n_tokens; t++) {
+        const int32_t *table = kiln_kv_table(kv, seq[t]);
+        for (int h = 0; h < n_head_kv; h++) {
+            const size_t src = ((size_t)t * n_head_kv + h) * head_dim;
+            kiln_quantize_row(kv->k_type, k + src, kiln_kv_row(kv, table, 0, h, row[t], k_row), head_dim);
+            kiln_quantize_row(kv->v_type, v + src, kiln_kv_row(kv, table, 1, h, row[t], v_row), head_dim);
+        }
+    }
+}
+
+void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
+                      const int32_t *row, int n_tokens, int n_head_kv, int head_dim) {
+    int t0, t1;
+    kiln_share(t, n_tokens, 1, &t0, &t1);
+    const size_t at = (size_t)t0 * n_head_kv * head_dim;
+    if (t1 > t0) kiln_kv_store(kv, k + at, v + at, seq + t0, row + t0, t1 - t0, n_head_kv, head_dim);
+}
+
+void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
+                       int head_dim, float rope_base, int neox, int hadamard) {
+    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
+    const int32_t *table = kiln_kv_table(kv, seq);
+    const int lo = kiln_kv_first_visible(kv, n), r0 = first_changed > lo ? first_changed : lo;
+    float x[KILN_MAX_HEAD_DIM];
+    for (int r = r0; r < n; r++) {
+        if (keep[r] == r) continue;
+        const int32_t delta = r - keep[r];
+        for (int h = 0; h < n_head_kv; h++) { /* rows never overlap: keep[r] > r, and rows are moved in order */
+            const uint8_t *k_src = kiln_kv_row(kv, table, 0, h, keep[r], k_row);
+            uint8_t *k_dst = kiln_kv_row(kv, table, 0, h, r, k_row);
+            if (rope_base > 0.0f) {
+                kiln_dequantize_row_ref(kv->k_type, k_src, x, head_dim);
+                if (hadamard) kiln_hadamard(x, x, head_dim);
+                kiln_rope(x, x, &delta, 1, 1, head_dim, rope_base, neox);
+                if (hadamard) kiln_hadamard(x, x, head_dim);
+                kiln_quantize_row(kv->k_type, x, k_dst, head_dim);
+            } else {
+                memcpy(k_dst, k_src, k_row);
+            }
+            memcpy(kiln_kv_row(kv, table, 1, h, r, v_row), kiln_kv_row(kv, table, 1, h, keep[r], v_row), v_row);
+        }
+    }
+}

@@ -1,0 +1,66 @@
+/* matmul.c: y = x W^T (+ bias) across a step's threads, on the weights' GGUF rows or on their
+ * copy interleaved by eight rows (x8_pack.c), whichever this build has the kernels for.
+ *
+ * A matmul quantizes its activation rows once into the format its weight type's dot wants, then
+ * each thread takes a range of output rows. Every path gives each output the bits of the type's
+ * reference dot (ref_quant.c), so neither the range a thread takes nor the kernel that runs it
+ * changes a value.
+ */
+#include "kernels_mt.h"
+#include "quant_impl.h"
+
+const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
+                                     void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]) {
+    const size_t a_row = kiln_act_row_bytes(type, n_in);
+    if (n_rows == 1 && a_row <= KILN_LOCAL_ACT_BYTES) {
+        kiln_quantize_act(type, x, local, n_in);
+        return local;
+    }
+    for (int r = t->ith; r < n_rows; r += t->nth)
+        kiln_quantize_act(type, x + (size_t)r * n_in, (uint8_t *)scratch + r * a_row, n_in);
+    kiln_barrier(t);
+    return scratch;
+}
+
+void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
+                    const float *x, int n_rows, float *y, void *scratch) {
+    const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
+    _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
+    const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
+    int o0, o1; /* whole tiles of 8 rows */
+    kiln_share(t, n_out, 8, &o0, &o1);
+    if (o0 == o1) return;
+    kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0,
+              (size_t)n_out);
+    kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
+}
+
+void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in, const float *x, int n_rows,
+                 float *y, void *scratch) {
+    const kiln_thread alone = {0, 1, NULL};
+    kiln_matmul_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
+}
+
+void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
+                       int n_in, const float *x, int n_rows, float *y, void *scratch) {
+#ifdef KILN_HAVE_VNNI
+    if (packed && kiln_x8_supported(type, n_out, n_in)) {
+        _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
+        const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
+        int g0, g1;
+        kiln_share(t, n_out / 8, 2, &g0, &g1); /* pairs of groups share vectors */
+        if (g1 == g0) return;
+        kiln_x8_gemm(type, packed, g0, g1, n_in, act, kiln_act_row_bytes(type, n_in), n_rows, y, (size_t)n_out);
+        kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
+        return;
+    }
+#endif
+    (void)packed;
+    kiln_matmul_mt(t, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
+}
+
+void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
+                    const float *x, int n_rows, float *y, void *scratch) {
+    const kiln_thread alone = {0, 1, NULL};
+    kiln_matmul_x8_mt(&alone, type, packed, w, bias, n_out, n_in, x, n_rows, y, scratch);
+}

@@ -1,0 +1,184 @@
+/* vec_f32.h: the f32 arithmetic the kernels share, each function with one order of operations
+ * that every build follows: the scalar code (any CPU), AVX2 and AVX-512 compute the same bits.
+ *
+ * That is the runtime's rule for floats, as batch invariance is its rule for rows: a value may
+ * not depend on the instruction set that computed it. So each function below fixes where every
+ * rounding happens (which products are fused into an add, how partial sums are laid out and in
+ * what order they meet), and its vector body and its scalar body are two spellings of that one
+ * definition. The runtime is compiled with -ffp-contract=off, so the compiler fuses nothing on
+ * its own; where a definition says fma, the code says fmaf or an fma intrinsic.
+ */
+#ifndef KILN_VEC_F32_H
+#define KILN_VEC_F32_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KILN_AVX2 1
+#include <immintrin.h>
+#endif
+
+/* -- e^x ------------------------------------------------------------------------------------
+ * x = k ln2 + r with k = rint(x log2 e), |r| <= ln2/2 (ln2 in two parts, so k ln2 is exact);
+ * e^r by its degree-6 Taylor polynomial in Horner's order, each step an fma; 2^k through the
+ * exponent bits. Inputs are clamped to [-87, 88]; below -87, -inf and NaN give 0. Relative error
+ * < 2e-7 over the range. */
+#define KILN_EXP_LOG2E 1.44269504f
+#define KILN_EXP_LN2_HI 0.693145752f
+#define KILN_EXP_LN2_LO 1.42860677e-6f
+
+static inline float kiln_expf(float x) {
+    if (!(x >= -87.0f)) return 0.0f;
+    x = x < 88.0f ? x : 88.0f;
+    const float k = rintf(x * KILN_EXP_LOG2E);
+    float r = fmaf(-k, KILN_EXP_LN2_HI, x);
+    r = fmaf(-k, KILN_EXP_LN2_LO, r);
+    float p = 1.0f / 720;
+    p = fmaf(p, r, 1.0f / 120);
+    p = fmaf(p, r, 1.0f / 24);
+    p = fmaf(p, r, 1.0f / 6);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* -- sums of eight lanes ---------------------------------------------------------------------
+ * Eight partial sums s[0..7] meet as ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)): what a
+ * 256-bit register folds to by halves. */
+static inline float kiln_hsum8_ref(const float s[8]) {
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+#ifdef KILN_AVX2
+static inline float kiln_hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline __m256 kiln_exp8(__m256 x) {
+    const __m256 visible = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(KILN_EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(KILN_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(KILN_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), visible);
+}
+#endif
+
+/* -- dot products ----------------------------------------------------------------------------
+ * a . b over n: element i is fused into partial sum i % 16 while whole blocks of 16 last, then a
+ * last block of 8 (if any) into partials 0..7; the partials meet as s[k] = p[k] + p[k + 8] and
+ * the eight-lane sum above; the elements after that (n % 8 of them) are fused in one by one.
+ * Rows of f16 or bf16 convert exactly to f32 first (the `load` of each spelling). */
+#define KILN_DOT16_REF(name, T, load)                                                              \
+    static inline float name(const T *a, const float *b, int n) {                                   \
+        float p[16] = {0};                                                                          \
+        int i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16)                                                                \
+            for (int k = 0; k < 16; k++) p[k] = fmaf(load(a[i + k]), b[i + k], p[k]);               \
+        if (i + 8 <= n) {                                                                           \
+            for (int k = 0; k < 8; k++) p[k] = fmaf(load(a[i + k]), b[i + k], p[k]);                \
+            i += 8;                                                                                 \
+        }                                                                                           \
+        float s[8];                                                                                 \
+        for (int k = 0; k < 8; k++) s[k] = p[k] + p[k + 8];                                         \
+        float sum = kiln_hsum8_ref(s);                                                              \
+        for (; i < n; i++) sum = fmaf(load(a[i]), b[i], sum);                                       \
+        return sum;                                                                                 \
+    }
+
+static inline float kiln_f32_value(float x) { return x; }
+KILN_DOT16_REF(kiln_vdot_ref, float, kiln_f32_value)
+
+#ifdef KILN_AVX2
+/* 8 floats of a row stored as f32, or as f16 (`half`), which converts exactly */
+static inline __attribute__((always_inline)) __m256 kiln_load8(const void *p, int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
+}
+
+static inline float kiln_vdot(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    if (i + 8 <= n) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0), i += 8;
+    float sum = kiln_hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) sum = fmaf(a[i], b[i], sum);
+    return sum;
+}
+#else
+static inline float kiln_vdot(const float *a, const float *b, int n) { return kiln_vdot_ref(a, b, n); }
+#endif
+
+/* -- y += a x, x = e^(x - m) with its sum, max ------------------------------------------------ */
+
+/* y[i] = fma(a, x[i], y[i]) */
+static inline void kiln_vaxpy(float *y, float a, const float *x, int n) {
+    int i = 0;
+#ifdef KILN_AVX2
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* x[i] = e^(x[i] - m); returns their sum: x[i] into lane i % 8 while whole blocks of 8 last, the
+ * lanes' eight-lane sum, then the rest added one by one. */
+static inline float kiln_vexp_sum(float *x, float m, int n) {
+    int i = 0;
+    float sum;
+#ifdef KILN_AVX2
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 s = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = kiln_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    sum = kiln_hsum8(s);
+#else
+    float lanes[8] = {0};
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) lanes[k] += x[i + k] = kiln_expf(x[i + k] - m);
+    sum = kiln_hsum8_ref(lanes);
+#endif
+    for (; i < n; i++) sum += x[i] = kiln_expf(x[i] - m);
+    return sum;
+}
+
+/* the largest of x[0..n) (-inf for none); max is exact, so any order gives the same value */
+static inline float kiln_vmax(const float *x, int n) {
+    float m = -INFINITY;
+    int i = 0;
+#ifdef KILN_AVX2
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    m = _mm_cvtss_f32(m4);
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+#endif

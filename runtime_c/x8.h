@@ -1,0 +1,99 @@
+/* x8.h: the x8 layout's facts and the vector pieces its AVX-512 kernels share (x8_vnni.c, the
+ * AMX tiles of x8_amx.c); the layout itself is described in x8_pack.c. */
+#ifndef KILN_X8_H
+#define KILN_X8_H
+
+#include <string.h>
+
+#include "fp16.h"
+#include "quant_impl.h"
+
+#define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
+
+/* bytes of one kx8 block: a K-quant super-block of 8 rows */
+static inline size_t kiln_kx8_bytes(int type) {
+    switch (type) {
+    case KILN_Q4_K: return 32 + 128 + 8 * 128;
+    case KILN_Q5_K: return 32 + 128 + 8 * (32 + 128);
+    case KILN_Q6_K: return 16 + 128 + 8 * (64 + 128);
+    default: return 0;
+    }
+}
+
+#ifdef KILN_HAVE_VNNI
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Two x8 blocks side by side in one 512-bit vector: lanes 0..7 hold group g's rows, lanes
+ * 8..15 those of the group at a + `apart` bytes. Every lane does exactly the arithmetic of a
+ * 256-bit x8 kernel, twice as many rows per instruction. */
+INLINE __m512i x16_join(const uint8_t *a, size_t apart) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)(a + apart)), 1);
+}
+
+INLINE __m512 x16_half(const uint8_t *a, size_t apart) { /* 8 f16 of each block, as 16 floats */
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)(a + apart)), 1));
+}
+
+/* The 8 weight vectors of two x8 blocks as unsigned bytes: u[k] holds weights 4k..4k+3 of each row */
+INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, size_t apart, __m512i u[8]) {
+    if (type == KILN_Q8_0) {
+        for (int k = 0; k < 8; k++) u[k] = x16_join(qs + 32 * k, apart);
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
+    const uint32_t *qh2 = (const uint32_t *)((const uint8_t *)qh + apart);
+    for (int v = 0; v < 4; v++) {
+        const __m512i raw = x16_join(qs + 32 * v, apart);
+        u[2 * v] = _mm512_and_si512(raw, m4), u[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        if (type == KILN_Q5_0 || type == KILN_Q5_1)
+            for (int k = 2 * v; k < 2 * v + 2; k++)
+                u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(qh[k] | (uint64_t)qh2[k] << 32, five));
+    }
+}
+
+/* seed + sum(u * y) over a 32-weight chunk for 16 row lanes: u[k] holds weights 4k..4k+3 of
+ * each row, y4 the activation's 32 bytes, 4 of them broadcast a vpdpbusd, in two chains */
+INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
+    __m512i s0 = seed, s1 = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+        int32_t v0, v1;
+        memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 4 * k + 4, 4);
+        s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
+        s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
+/* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
+ * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
+ * + offset; each array holds (c, b) at c * c_step + b * b_step. */
+INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int rows, int nb, float *yd, float *ys,
+                       int32_t *seed, int c_step, int b_step) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
+    for (int c = 0; c < rows; c++)
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
+            kiln_half h[2];
+            memcpy(h, ab, q_at);
+            const size_t at = (size_t)c * c_step + (size_t)b * b_step;
+            yd[at] = kiln_fp16_to_fp32(h[0]), ys[at] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32 && f.offset; j++) sum += (int8_t)ab[q_at + j];
+            seed[at] = -f.offset * sum;
+        }
+}
+
+/* AMX (x8_amx.c): where the build, the CPU and the OS allow tiles, x8_rows' values for the
+ * activation rows [0, n_a - n_a % 16) of a 32-weight type; returns how many rows it did (0 when
+ * AMX is off or the rows are too few or too long). */
+int kiln_amx_rows(int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a,
+                  float *y, size_t y_row);
+#endif
+
+#endif

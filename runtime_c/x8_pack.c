@@ -1,0 +1,161 @@
+/* x8_pack.c: weights repacked at compile time so that eight rows share each vector (x8).
+ *
+ * A matmul against few activation rows (decode above all) spends most of its instructions on
+ * per-block bookkeeping when it reads the GGUF layout: converting scales, broadcasting them,
+ * reducing each block's lanes. Interleaving eight rows removes it: in the x8 layout one 32-byte
+ * vector holds 4 weights of each of 8 rows, so vpdpbusd against 4 activation bytes broadcast
+ * to every lane yields 8 row sums at once, and the 8 rows' scales are one 16-byte load. The
+ * AVX-512 kernels (x8_vnni.c) put two such blocks (two groups of rows) in each 512-bit vector,
+ * and in prefill and batched steps each unpacked weight block serves 8 activation rows.
+ *
+ * Layout of a matrix of n_out rows (n_out % 8 == 0): groups of 8 rows, each a run of x8
+ * blocks, one per 32-weight block of the row. An x8 block holds, in order:
+ *   d[8]          f16, the rows' scales
+ *   m[8]          f16, the rows' minimums (Q4_1, Q5_1)
+ *   qh[8]         u32, 5-bit types: bit 4r+j of qh[c] is the fifth bit of weight 4c+j of row r
+ *   qs            4-bit types: 4 vectors of 32 bytes; byte 4r+j of vector v has weight 8v+j of
+ *                 row r in its low nibble and weight 8v+4+j in its high nibble
+ *                 Q8_0: 8 vectors of 32 bytes; byte 4r+j of vector c is weight 4c+j of row r,
+ *                 stored as q ^ 0x80 (unsigned, offset 128)
+ * which is exactly as many bytes as the eight GGUF blocks it replaces. The compiler packs with
+ * kiln_pack_x8 into a file that the model library maps.
+ *
+ * The K-quants go the same way a 256-weight super-block at a time (kx8 blocks): the 8 rows'
+ * scales first, unpacked to one byte each and arranged [sub-block][row] so that a sub-block's 8
+ * scales are one 8-byte load; then each 32-weight chunk in the 32-weight layout above:
+ *   Q4_K, Q5_K: d[8], dmin[8] f16; sc[8][8], m[8][8] u8; 8 x ([Q5_K: qh[8] u32] qs[128])
+ *               (32 bytes a group more than GGUF's: the 6-bit scales as bytes)
+ *   Q6_K:       d[8] f16; sc[16][8] i8; 8 x (qh4[8] u32, qh5[8] u32, qs[128]), u = q + 32 in
+ *               0..63, its fifth and sixth bits as two planes (exactly GGUF's bytes)
+ * Their integer sums are the references' (ref_kquant.c): sum over sub-blocks of scale x sum(u * y),
+ * Q4_K's minimum from q8_K's sums, Q6_K's -32 offset seeding each sub-block's sum.
+ *
+ * The kernels on this layout compute each row's integer sums exactly as the scalar references
+ * do (ref_quant.c, ref_kquant.c) and then their float steps, in their order: a row's value is
+ * the reference dot's, bit for bit.
+ */
+#include <string.h>
+
+#include "x8.h"
+
+size_t kiln_x8_bytes(int type, int n_out, int n_in) {
+    if (kiln_is_kquant(type)) return (size_t)(n_out / 8) * (size_t)(n_in / QK_K) * kiln_kx8_bytes(type);
+    return (size_t)n_out * kiln_row_bytes(type, n_in);
+}
+
+int kiln_x8_supported(int type, int n_out, int n_in) {
+#ifdef KILN_HAVE_VNNI
+    kiln_b32 f;
+    if (kiln_is_kquant(type)) return n_out % 8 == 0 && n_in % QK_K == 0 && n_in / 32 <= X8_MAX_BLOCKS;
+    return kiln_b32_of(type, &f) && n_out % 8 == 0 && n_in % 32 == 0 && n_in / 32 <= X8_MAX_BLOCKS;
+#else
+    (void)type, (void)n_out, (void)n_in;
+    return 0; /* no x8 kernel in this build: matmuls read the GGUF layout */
+#endif
+}
+
+/* Weight j (0..31) of a GGUF block as the unsigned byte u the x8 layout stores. */
+static int block_weight(const kiln_b32 *f, const uint8_t *blk, int j) {
+    if (f->bits == 8) return blk[f->qs_at + j] ^ 0x80;
+    int u = (blk[f->qs_at + j % 16] >> (j < 16 ? 0 : 4)) & 0x0F;
+    if (f->qh_at) u |= ((blk[f->qh_at + j / 8] >> (j % 8)) & 1) << 4;
+    return u;
+}
+
+/* One 32-weight chunk of 8 rows in the 32-weight x8 layout: u[r][j] as nibbles in qs, bit 4
+ * (and bit 5) as planes qh4 (qh5); NULL planes are not written. */
+static void put_chunk(const uint8_t u[8][32], uint32_t *qh4, uint32_t *qh5, uint8_t *qs) {
+    for (int r = 0; r < 8; r++)
+        for (int j = 0; j < 32; j++) {
+            const int v = j / 8, hi = (j / 4) % 2;
+            qs[32 * v + 4 * r + j % 4] |= (uint8_t)((u[r][j] & 0x0F) << (hi ? 4 : 0));
+            if (qh4 && (u[r][j] & 0x10)) qh4[j / 4] |= 1u << (4 * r + j % 4);
+            if (qh5 && (u[r][j] & 0x20)) qh5[j / 4] |= 1u << (4 * r + j % 4);
+        }
+}
+
+static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int n_in) {
+    const int nb = n_in / QK_K;
+    const size_t block = type == KILN_Q4_K ? sizeof(block_q4_K) : type == KILN_Q5_K ? sizeof(block_q5_K)
+                                                                                      : sizeof(block_q6_K);
+    const size_t row_bytes = (size_t)nb * block, out_bytes = kiln_kx8_bytes(type);
+    for (int g = 0; g < n_out / 8; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *out = dst + ((size_t)g * nb + b) * out_bytes, u[8][32];
+            memset(out, 0, out_bytes);
+            const uint8_t *blk[8];
+            for (int r = 0; r < 8; r++) blk[r] = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * block;
+            if (type == KILN_Q6_K) {
+                uint8_t *sc = out + 16, *chunk = out + 16 + 128;
+                for (int r = 0; r < 8; r++) {
+                    const block_q6_K *x = (const block_q6_K *)blk[r];
+                    memcpy(out + 2 * r, &x->d, 2);
+                    for (int j = 0; j < 16; j++) sc[8 * j + r] = (uint8_t)x->scales[j];
+                }
+                for (int c = 0; c < 8; c++, chunk += 192) {
+                    for (int r = 0; r < 8; r++)
+                        for (int j = 0; j < 32; j++) u[r][j] = (uint8_t)(kiln_q6k_value(blk[r], 32 * c + j) + 32);
+                    put_chunk(u, (uint32_t *)chunk, (uint32_t *)(chunk + 32), chunk + 64);
+                }
+                continue;
+            }
+            uint8_t *sc = out + 32, *m = out + 96, *chunk = out + 160;
+            for (int r = 0; r < 8; r++) {
+                memcpy(out + 2 * r, blk[r], 2);       /* d */
+                memcpy(out + 16 + 2 * r, blk[r] + 2, 2); /* dmin */
+                int scales[8], mins[8]; /* the 6-bit scales and mins after d and dmin */
+                kiln_k4_scales(blk[r] + 4, scales, mins);
+                for (int j = 0; j < 8; j++) sc[8 * j + r] = (uint8_t)scales[j], m[8 * j + r] = (uint8_t)mins[j];
+            }
+            for (int c = 0; c < 8; c++) {
+                for (int r = 0; r < 8; r++)
+                    for (int j = 0; j < 32; j++)
+                        u[r][j] = (uint8_t)(type == KILN_Q4_K ? kiln_q4k_value(blk[r], 32 * c + j)
+                                                              : kiln_q5k_value(blk[r], 32 * c + j));
+                if (type == KILN_Q5_K) {
+                    put_chunk(u, (uint32_t *)chunk, NULL, chunk + 32);
+                    chunk += 160;
+                } else {
+                    put_chunk(u, NULL, NULL, chunk);
+                    chunk += 128;
+                }
+            }
+        }
+}
+
+void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
+    kiln_b32 f;
+    if (kiln_is_kquant(type) && n_out % 8 == 0 && n_in % QK_K == 0) {
+        pack_kx8(type, src_, dst_, n_out, n_in);
+        return;
+    }
+    if (!kiln_b32_of(type, &f) || n_out % 8 != 0) return;
+    const uint8_t *src = src_;
+    uint8_t *dst = dst_;
+    const int nb = n_in / 32;
+    const size_t row_bytes = (size_t)nb * f.block_bytes, x8_bytes = 8 * f.block_bytes;
+    for (int g = 0; g < n_out / 8; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *out = dst + ((size_t)g * nb + b) * x8_bytes;
+            memset(out, 0, x8_bytes);
+            kiln_half *d = (kiln_half *)out, *m = d + 8;
+            uint8_t *p = out + (f.has_min ? 32 : 16);
+            uint32_t *qh = (uint32_t *)p;
+            uint8_t *qs = p + (f.qh_at ? 32 : 0);
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *blk = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * f.block_bytes;
+                memcpy(&d[r], blk, sizeof(kiln_half)); /* every block type begins with d, the _1 types then m */
+                if (f.has_min) memcpy(&m[r], blk + sizeof(kiln_half), sizeof(kiln_half));
+                for (int j = 0; j < 32; j++) {
+                    const int q = block_weight(&f, blk, j);
+                    if (f.bits == 8) {
+                        qs[32 * (j / 4) + 4 * r + j % 4] = (uint8_t)q;
+                        continue;
+                    }
+                    const int v = j / 8, hi = (j / 4) % 2, byte = 32 * v + 4 * r + j % 4;
+                    qs[byte] |= (uint8_t)((q & 0x0F) << (hi ? 4 : 0));
+                    if (f.qh_at && (q & 0x10)) qh[j / 4] |= 1u << (4 * r + j % 4);
+                }
+            }
+        }
+}

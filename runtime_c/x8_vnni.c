@@ -1,0 +1,184 @@
+/* x8_vnni.c: matmuls on the x8 layout (x8_pack.c) with AVX-512 VNNI.
+ *
+ * Each lane of a vector is one weight row, so vpdpbusd against 4 activation bytes broadcast to
+ * every lane yields 16 rows' sums at once (two groups of 8 in one 512-bit vector), and the rows'
+ * scales are one load. Per row the arithmetic is the reference dot's (ref_quant.c): the exact
+ * integer block sum, then acc = fma(isum, d * y.d, acc) block by block, so a row's value is the
+ * same bits as on every other path. In prefill and batched steps each unpacked weight block
+ * serves X8_TOKENS activation rows; where AMX is allowed, tiles take the 32-weight types' integer
+ * sums for 16 rows at a time first (x8_amx.c), with the same float steps after them.
+ */
+#include "x8.h"
+
+#ifdef KILN_HAVE_VNNI
+#define X8_TOKENS 8 /* activation rows that share each unpacked weight block */
+
+/* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
+ * act. The activation rows' scales, and for offset types -offset * sum(y) per block, are
+ * unpacked once per call; each weight block is unpacked once for the C rows. Groups go two at
+ * a time; a last odd group is computed in both halves and stored once. */
+INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                    size_t a_row, float *y, size_t y_row) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
+    float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
+    int32_t seed[X8_TOKENS][X8_MAX_BLOCKS];
+    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS, 1);
+    for (int g = g0; g < g1; g += 2) {
+        const int pair = g + 1 < g1;
+        const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
+        const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
+        __m512 acc[X8_TOKENS], mins[X8_TOKENS];
+        for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++, blk += x8_bytes) {
+            const uint8_t *p = blk + (f.has_min ? 32 : 16);
+            __m512i u[8];
+            x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
+            const __m512 d = x16_half(blk, apart), m = f.has_min ? x16_half(blk + 16, apart) : d;
+            for (int c = 0; c < C; c++) {
+                /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
+                const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
+                const __m512i sum = chunk_dot(u, y4, _mm512_set1_epi32(seed[c][b]));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                         _mm512_mul_ps(d, _mm512_set1_ps(yd[c][b])), acc[c]);
+                if (f.has_min) mins[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ys[c][b]), mins[c]);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const __m512 out = _mm512_add_ps(acc[c], mins[c]);
+            if (pair) _mm512_storeu_ps(y + c * y_row + 8 * g, out);
+            else _mm256_storeu_ps(y + c * y_row + 8 * g, _mm512_castps512_ps256(out));
+        }
+    }
+}
+
+/* 8 bytes of each of two groups (a, a + apart) widened to 16 int32 lanes, signed or not */
+INLINE __m512i x16_bytes32(const uint8_t *a, size_t apart, int is_signed) {
+    const __m128i b = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)(a + apart)));
+    return is_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+}
+
+/* The kx8 twin of x8_rows: C activation rows of q8_K super-blocks against groups [g0, g1).
+ * Per super-block and row lane: isum = sum_j sc_j * sum(u * y) over its sub-blocks (Q6_K's
+ * sums seeded with -32 * sum(y)), and for Q4_K/Q5_K msum = sum_j m_j * (y's sum over sub-block
+ * j) by vpdpwssd on (m_2p, m_2p+1) pairs; then acc += isum * (d * y.d), mins += msum * (dmin * y.d). */
+INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                     size_t a_row, float *y, size_t y_row) {
+    const size_t kb = kiln_kx8_bytes(type);
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K;
+    const size_t chunk_bytes = q6 ? 192 : q5 ? 160 : 128, head = q6 ? 16 + 128 : 32 + 128;
+    int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][4]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
+    for (int c = 0; c < C; c++)
+        for (int b = 0; b < nb; b++) {
+            const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+            for (int p = 0; p < 4; p++) {
+                const int lo = yb->bsums[4 * p] + yb->bsums[4 * p + 1], hi = yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
+                mpair[c][b][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+            }
+        }
+    for (int g = g0; g < g1; g += 2) {
+        const int pair = g + 1 < g1;
+        const size_t apart = pair ? (size_t)nb * kb : 0;
+        const uint8_t *blk = w + (size_t)g * nb * kb;
+        __m512 acc[X8_TOKENS], mins[X8_TOKENS];
+        for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++, blk += kb) {
+            __m512i isum[X8_TOKENS];
+            for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+            const uint8_t *chunk = blk + head;
+            for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
+                __m512i u[8];
+                const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
+                x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
+                if (q5 || q6) {
+                    const uint32_t *h4 = (const uint32_t *)chunk, *h4b = (const uint32_t *)(chunk + apart);
+                    const __m512i five = _mm512_set1_epi8(0x10), six = _mm512_set1_epi8(0x20);
+                    for (int k = 0; k < 8; k++) {
+                        u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, five));
+                        if (q6)
+                            u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[8 + k] | (uint64_t)h4b[8 + k] << 32, six));
+                    }
+                }
+                if (q6) { /* two sub-blocks of 16, each with its own scale */
+                    const __m512i sa = x16_bytes32(blk + 16 + 8 * (2 * j), apart, 1);
+                    const __m512i sb = x16_bytes32(blk + 16 + 8 * (2 * j + 1), apart, 1);
+                    for (int c = 0; c < C; c++) {
+                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+                        const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
+                        __m512i s0 = _mm512_set1_epi32(-32 * yb->bsums[2 * j]);
+                        __m512i s1 = _mm512_set1_epi32(-32 * yb->bsums[2 * j + 1]);
+                        for (int k = 0; k < 4; k++) {
+                            int32_t v0, v1;
+                            memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 16 + 4 * k, 4);
+                            s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
+                            s1 = _mm512_dpbusd_epi32(s1, u[4 + k], _mm512_set1_epi32(v1));
+                        }
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(s0, sa),
+                                                                             _mm512_mullo_epi32(s1, sb)));
+                    }
+                } else {
+                    const __m512i sc = x16_bytes32(blk + 32 + 8 * j, apart, 0);
+                    for (int c = 0; c < C; c++) {
+                        const uint8_t *y4 = (const uint8_t *)((const block_q8_K *)(act + c * a_row) + b)->qs + 32 * j;
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, y4, _mm512_setzero_si512()), sc));
+                    }
+                }
+            }
+            const __m512 d = x16_half(blk, apart);
+            __m512i mp[4];
+            if (!q6) /* (m_2p, m_2p+1) of each row lane as two int16 */
+                for (int p = 0; p < 4; p++) {
+                    const uint8_t *m = blk + 96 + 16 * p;
+                    const __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)m),
+                                                        _mm_loadl_epi64((const __m128i *)(m + 8)));
+                    const __m128i bb = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(m + apart)),
+                                                         _mm_loadl_epi64((const __m128i *)(m + 8 + apart)));
+                    mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(bb, a));
+                }
+            for (int c = 0; c < C; c++) {
+                const float yd = ((const block_q8_K *)(act + c * a_row) + b)->d;
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(yd)), acc[c]);
+                if (!q6) {
+                    __m512i msum = _mm512_setzero_si512();
+                    for (int p = 0; p < 4; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[c][b][p]));
+                    mins[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum),
+                                              _mm512_mul_ps(x16_half(blk + 16, apart), _mm512_set1_ps(yd)), mins[c]);
+                }
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const __m512 out = _mm512_sub_ps(acc[c], mins[c]);
+            if (pair) _mm512_storeu_ps(y + c * y_row + 8 * g, out);
+            else _mm256_storeu_ps(y + c * y_row + 8 * g, _mm512_castps512_ps256(out));
+        }
+    }
+}
+
+/* every activation row, X8_TOKENS at a time */
+INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
+                    int n_a, float *y, size_t y_row) {
+    int c = 0;
+    if (kiln_is_kquant(type)) {
+        for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
+            kx8_rows(type, X8_TOKENS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        return;
+    }
+    c = kiln_amx_rows(type, w, g0, g1, nb, act, a_row, n_a, y, y_row);
+    for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
+        x8_rows(type, X8_TOKENS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+    for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+}
+
+#define X8_CASE(type) \
+    case type: x8_gemm(type, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row); break;
+void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+                  float *y, size_t y_row) {
+    switch (type) { /* each type its own copy of the kernels, the type a constant in it */
+        X8_CASE(KILN_Q4_0) X8_CASE(KILN_Q4_1) X8_CASE(KILN_Q5_0) X8_CASE(KILN_Q5_1) X8_CASE(KILN_Q8_0)
+        X8_CASE(KILN_Q4_K) X8_CASE(KILN_Q5_K) X8_CASE(KILN_Q6_K)
+    }
+}
+#endif
