@@ -1,9 +1,9 @@
 """kiln: an ahead-of-time compiler from GGUF models to C for CPU inference."""
-__version__ = "0.1.0"
+from .core.version import __version__
 
 
 def load(*args, **kwargs):
     """compiler.load(model, ctx=2048, kv_dtype="f32", threads=None, prefill_chunk=256) -> Model"""
-    from .model import load as _load
+    from .runtime.model import load as _load
 
     return _load(*args, **kwargs)

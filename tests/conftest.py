@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from compiler.registry import BUNDLED, fetch  # noqa: E402
+from compiler.frontend.registry import BUNDLED, fetch  # noqa: E402
 from synthetic import TinySpec, write_tiny_model  # noqa: E402
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.llamacpp import LlamaCpp as Reference  # noqa: F401 (the tests import it from here)
+from compiler.tools.llamacpp import LlamaCpp as Reference  # noqa: F401 (the tests import it from here)
 
 
 @dataclass(frozen=True)

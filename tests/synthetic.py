@@ -13,9 +13,9 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from compiler.gguf_model import read_model
-from compiler.templates import LMHead, load_template
-from compiler.tokenizer import gpt2_byte_chars
+from compiler.frontend.gguf_reader import read_model
+from compiler.frontend.architecture import LMHead, load_architecture
+from compiler.text.tokenizer import gpt2_byte_chars
 
 
 def _byte_vocab() -> list[str]:
@@ -47,7 +47,7 @@ class TinySpec:
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     """Name -> numpy-order shape of every tensor the arch's template expects."""
-    t = load_template(s.arch)
+    t = load_architecture(s.arch)
     hd = s.head_dim or s.n_embd // s.n_head
     q, kv = s.n_head * hd, s.n_head_kv * hd
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, s.n_embd), "output_norm.weight": (s.n_embd,)}
@@ -77,7 +77,7 @@ def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
 
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     s = s or TinySpec()
-    t = load_template(s.arch)
+    t = load_architecture(s.arch)
     tok = read_model(s.tokenizer_from).tokenizer if s.tokenizer_from else None
     vocab = list(tok.tokens) if tok else _byte_vocab()
     arch = s.metadata_arch or s.arch

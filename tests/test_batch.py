@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.model import Model, ModelError
+from compiler.runtime.model import Model, ModelError
 
 KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]  # q4_0: K and V in Hadamard blocks
 

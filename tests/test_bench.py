@@ -6,8 +6,8 @@ import json
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from compiler.bench import BenchTest, default_tests
-from compiler.cli import main
+from compiler.tools.bench import BenchTest, default_tests
+from compiler.cli.main import main
 
 
 def test_bench_smoke(tiny, smollm2, tmp_path, capsys):
@@ -59,9 +59,9 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     """kiln bench --profile on a tiny llama: every op of the prefill graph is charged, the ops add up
     to the wall time, and the matmuls' multiply-adds are their shapes times the rows (no timing asserted)."""
     from compiler import load
-    from compiler.errors import KilnError
-    from compiler.ir import Op
-    from compiler.profile import run_profile
+    from compiler.core.errors import KilnError
+    from compiler.ir.graph import Op
+    from compiler.tools.profile import run_profile
 
     path = tiny("llama", wtype=Q.Q8_0, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, tokenizer_from=smollm2)
     p = run_profile(str(path), 1, 40, 8, 1, "f32")
@@ -73,7 +73,7 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     assert sum(k.macs for k in p.kernels if k.op == "matmul") == matmul_macs
     assert p.peak.macs_per_s > 0 and p.peak.isa != "none"
     # the tile peak is measured exactly where the kernels use tiles, and it is the higher one
-    from compiler.build import runtime_kernels
+    from compiler.build.cc import runtime_kernels
     assert (p.peak.amx_macs_per_s is not None) == bool(runtime_kernels().lib.kiln_amx(-1))
     assert p.peak.amx_macs_per_s is None or p.peak.amx_macs_per_s > p.peak.macs_per_s
     # attention: each of 40 queries at positions 8..47 reads its causal history, for 4 heads of 32

@@ -6,16 +6,16 @@ from collections import Counter
 
 import pytest
 
-from compiler.builders import build_decode, build_prefill
-from compiler.gguf_model import read_model
-from compiler.ir import AttentionAttrs, EmbedAttrs, Mode, Op, RopeAttrs, ValueKind, format_graph
-from compiler.templates import LayerKind, RopeLayout, load_template
+from compiler.ir.builder import build_decode, build_prefill
+from compiler.frontend.gguf_reader import read_model
+from compiler.ir.graph import AttentionAttrs, EmbedAttrs, Mode, Op, RopeAttrs, ValueKind, format_graph
+from compiler.frontend.architecture import LayerKind, RopeLayout, load_architecture
 
 
 def _graphs(path, chunk=8):
     spec = read_model(path)
-    tmpl = load_template(spec.arch)
-    return spec, build_decode(spec, tmpl), build_prefill(spec, tmpl, chunk)
+    arch = load_architecture(spec.arch)
+    return spec, build_decode(spec, arch), build_prefill(spec, arch, chunk)
 
 
 def test_llama_block_structure(tiny):
@@ -77,7 +77,7 @@ def test_gemma3_attrs(gemma3):
 def test_missing_tensor_names_it(tiny):
     spec = read_model(tiny("llama", drop=("blk.1.ffn_up.weight",)))
     with pytest.raises(Exception, match=r"tensor 'blk\.1\.ffn_up\.weight' is missing"):
-        build_decode(spec, load_template("llama"))
+        build_decode(spec, load_architecture("llama"))
 
 
 def test_format_graph_is_greppable(tiny):

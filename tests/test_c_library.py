@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from compiler import load
-from compiler.cli import main
+from compiler.cli.main import main
 
 CTX = 256
 PROMPT = "The capital of France is Paris. The capital of Germany is"

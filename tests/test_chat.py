@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import compiler
-from compiler.chat import chat_template, render_chat
-from compiler.gguf_model import read_model
-from compiler.sampling import SamplingParams
+from compiler.text.chat import chat_template, render_chat
+from compiler.frontend.gguf_reader import read_model
+from compiler.runtime.sampling import SamplingParams
 
 CONVERSATIONS = [
     [{"role": "user", "content": " Hi there "}],

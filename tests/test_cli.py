@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from compiler.cli import main
-from compiler.errors import OptionError
-from compiler.options import CompileOptions
+from compiler.cli.main import main
+from compiler.core.errors import OptionError
+from compiler.core.options import CompileOptions
 
 
 def run(capsys, *argv):

@@ -11,10 +11,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.model import ModelError
+from compiler.tools.kv_quality import DEFAULT_TEXT
+from compiler.runtime.model import ModelError
 from reference import Reference, compare
 
-TEXT = (Path(compiler.__file__).parent / "data" / "long_text.txt").read_text()
+TEXT = DEFAULT_TEXT.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_the_server_engine_shifts_a_full_sequence_and_keeps_its_pages_out_of_the
     its shifted pages never enter the prefix cache (they are not the prefix's cold pages)."""
     import threading
 
-    from compiler.sampling import SamplingParams
+    from compiler.runtime.sampling import SamplingParams
     from compiler.serving.engine import Engine, Request
 
     m = compiler.load(smollm2, ctx=128, n_seq=2, page_size=16)

@@ -21,10 +21,10 @@ import pytest
 from gguf import GGUFReader
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from compiler.errors import KilnError
-from compiler.ir import Mode
-from compiler.options import CompileOptions
-from compiler.pipeline import plan
+from compiler.core.errors import KilnError
+from compiler.ir.graph import Mode
+from compiler.core.options import CompileOptions
+from compiler.driver import plan
 from synthetic import TinySpec, write_tiny_model
 
 CASES = int(os.environ.get("KILN_FUZZ_CASES", "1800"))  # on the small llama

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import compiler
-from compiler.chat import render_chat
-from compiler.errors import OptionError
-from compiler.sampling import Sampler, SamplingParams
+from compiler.text.chat import render_chat
+from compiler.core.errors import OptionError
+from compiler.runtime.sampling import Sampler, SamplingParams
 
 
 @pytest.fixture(scope="module")

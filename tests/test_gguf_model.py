@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from compiler.dtypes import DType
-from compiler.errors import ModelFileError
-from compiler.gguf_model import read_model
+from compiler.core.dtypes import DType
+from compiler.core.errors import ModelFileError
+from compiler.frontend.gguf_reader import read_model
 
 
 def test_smollm2_hparams_and_tensors(smollm2):

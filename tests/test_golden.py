@@ -12,11 +12,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from compiler.codegen import generate
-from compiler.ir import Mode, format_graph
-from compiler.options import CompileOptions
-from compiler.pipeline import plan
-from compiler.planner.html import render_html
-from compiler.planner.render import render_json, render_text
+from compiler.ir.graph import Mode, format_graph
+from compiler.core.options import CompileOptions
+from compiler.driver import plan
+from compiler.planner.reports.html import render_html
+from compiler.planner.reports.text import render_json, render_text
 from synthetic import TinySpec, write_tiny_model
 
 GOLDEN = Path(__file__).resolve().parent.parent / "generated" / "examples" / "tiny-llama"

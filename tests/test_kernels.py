@@ -6,7 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
 
-from compiler.build import runtime_kernels
+from compiler.build.cc import runtime_kernels
 
 K = runtime_kernels()
 ffi, lib = K.ffi, K.lib
@@ -206,14 +206,14 @@ def test_embed_rows(t):
 
 
 def test_python_and_c_agree_on_supported_types():
-    from compiler.dtypes import RUNTIME_DTYPES, WEIGHT_DTYPES
+    from compiler.core.dtypes import RUNTIME_DTYPES, WEIGHT_DTYPES
     assert {d for d in WEIGHT_DTYPES if lib.kiln_type_supported(d.value.value)} == set(RUNTIME_DTYPES)
     assert set(BLOCK_TYPES) == {d.value for d in RUNTIME_DTYPES}
 
 
 @pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
 def test_python_and_c_agree_on_activation_formats(t):
-    from compiler.dtypes import DType, act_row_bytes
+    from compiler.core.dtypes import DType, act_row_bytes
     assert lib.kiln_act_row_bytes(int(t), 512) == act_row_bytes(DType(t), 512)
     assert lib.kiln_type_supported(int(t))
 
@@ -279,7 +279,7 @@ KV_PAIRS = [(t, t) for t in KV_TYPES] + [(Q.Q8_0, Q.Q4_0), (Q.F16, Q.Q4_0), (Q.Q
 
 
 def test_kv_types_are_the_compilers():
-    from compiler.dtypes import KV_DTYPES
+    from compiler.core.dtypes import KV_DTYPES
     assert [d.value for d in KV_DTYPES.values()] == KV_TYPES
 
 
@@ -469,7 +469,7 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
     chunk (8 rows share each unpacked block, then the remainder): the scalar references' bits.
     The packed copy is as large as the GGUF rows, or, for Q4_K and Q5_K, 32 bytes a super-block
     of 8 rows larger (dtypes.x8_bytes)."""
-    from compiler.dtypes import DType, x8_bytes
+    from compiler.core.dtypes import DType, x8_bytes
 
     n_in = 768 if t in K_TYPES else 576
     if not lib.kiln_x8_supported(int(t), n_out, n_in):

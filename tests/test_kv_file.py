@@ -8,9 +8,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.kv_file import KVFileError
+from compiler.tools.kv_quality import DEFAULT_TEXT
+from compiler.runtime.kv_file import KVFileError
 
-TEXT = (Path(compiler.__file__).parent / "data" / "long_text.txt").read_text()
+TEXT = DEFAULT_TEXT.read_text()
 
 
 @pytest.fixture(scope="module")

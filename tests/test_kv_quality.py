@@ -7,8 +7,8 @@ import pytest
 
 from gguf import GGMLQuantizationType as Q
 
-from compiler.cli import main
-from compiler.kv_quality import measure
+from compiler.cli.main import main
+from compiler.tools.kv_quality import measure
 
 
 def test_measure_on_a_small_model(tiny, smollm2):

@@ -8,10 +8,10 @@ from html.parser import HTMLParser
 import pytest
 
 from browser import chromium, rendered_dom, screenshot
-from compiler.cli import main
-from compiler.options import CompileOptions
-from compiler.pipeline import plan
-from compiler.planner.html import DTYPE_COLOURS, K_COLOUR, V_COLOUR, WIDTH, render_html
+from compiler.cli.main import main
+from compiler.core.options import CompileOptions
+from compiler.driver import plan
+from compiler.planner.reports.html import DTYPE_COLOURS, K_COLOUR, V_COLOUR, WIDTH, render_html
 
 
 class Rects(HTMLParser):

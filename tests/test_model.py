@@ -7,8 +7,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.errors import OptionError
-from compiler.model import Model, ModelError
+from compiler.core.errors import OptionError
+from compiler.core.paths import RUNTIME_DIR
+from compiler.runtime.model import Model, ModelError
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +170,8 @@ def test_bad_thread_counts_are_refused(tiny_llama):
 def test_the_build_key_names_the_cpu_the_library_is_built_for(monkeypatch):
     """A cache shared between hosts: a CPU with other ISA extensions gets another key, so it
     builds its own library instead of loading one that may use instructions it lacks."""
-    from compiler import build
-    src = build.CSource("runtime", build.header_cdef(build.RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
+    from compiler.build import cc as build
+    src = build.CSource("runtime", build.header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
                         build.runtime_sources())
     here = build.build_key(src)
     assert "__SSE2__" in build.target_identity(False)

@@ -12,9 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
+from compiler.tools.kv_quality import DEFAULT_TEXT
 from reference import Reference, combined, compare
 
-LONG_TEXT = (Path(compiler.__file__).parent / "data" / "long_text.txt").read_text()
+LONG_TEXT = DEFAULT_TEXT.read_text()
 
 PROMPTS = [
     "The capital of France is",

@@ -5,31 +5,31 @@ from dataclasses import replace
 
 import pytest
 
-from compiler.builders import build_decode, build_prefill
-from compiler.dtypes import DType
-from compiler.errors import GraphError
-from compiler.gguf_model import read_model
-from compiler.ir import Op, ValueKind
-from compiler.options import CompileOptions
+from compiler.ir.builder import build_decode, build_prefill
+from compiler.core.dtypes import DType
+from compiler.core.errors import GraphError
+from compiler.frontend.gguf_reader import read_model
+from compiler.ir.graph import Op, ValueKind
+from compiler.core.options import CompileOptions
 from compiler.passes.kernel_select import KERNELS, select_kernels
 from compiler.passes.kv_insert import insert_kv_ops
 from compiler.passes.kv_rotate import rotate_kv
 from compiler.passes.validate import graph_problems, validate
 from compiler.planner.kv_plan import plan_kv
-from compiler.templates import load_template
+from compiler.frontend.architecture import load_architecture
 
 
 def _setup(path, chunk=8, **opts):
     spec = read_model(path)
-    tmpl = load_template(spec.arch)
-    kv = plan_kv(spec.hparams, tmpl, CompileOptions(ctx=64, prefill_chunk=chunk, **opts))
-    return spec, tmpl, kv
+    arch = load_architecture(spec.arch)
+    kv = plan_kv(spec.hparams, arch, CompileOptions(ctx=64, prefill_chunk=chunk, **opts))
+    return spec, arch, kv
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
 def test_kv_insert_before_after(tiny, mode):
-    spec, tmpl, kv = _setup(tiny("gemma3", n_layer=6))
-    g = build_decode(spec, tmpl) if mode == "decode" else build_prefill(spec, tmpl, 8)
+    spec, arch, kv = _setup(tiny("gemma3", n_layer=6))
+    g = build_decode(spec, arch) if mode == "decode" else build_prefill(spec, arch, 8)
     write_op = Op.KV_STORE if mode == "decode" else Op.KV_BATCH_COPY
     assert not any(n.op in (Op.KV_STORE, Op.KV_BATCH_COPY) for n in g.nodes)
     before = [n for n in g.nodes if n.op is Op.ATTENTION]
@@ -53,8 +53,8 @@ def test_kv_insert_before_after(tiny, mode):
 
 
 def test_kernel_select_before_after(tiny):
-    spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
-    g = insert_kv_ops(build_decode(spec, tmpl), kv)
+    spec, arch, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
+    g = insert_kv_ops(build_decode(spec, arch), kv)
     assert all(n.kernel is None for n in g.nodes)
     after = select_kernels(g)
     kernels = {n.label: n.kernel for n in after.nodes}
@@ -66,17 +66,17 @@ def test_kernel_select_before_after(tiny):
 
 
 def test_kernel_select_follows_kv_dtype_and_mode(tiny):
-    spec, tmpl, kv = _setup(tiny("qwen3", n_embd=128), kv_dtype="q8_0")
-    after = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
+    spec, arch, kv = _setup(tiny("qwen3", n_embd=128), kv_dtype="q8_0")
+    after = select_kernels(insert_kv_ops(build_prefill(spec, arch, 8), kv))
     kernels = {n.label: n.kernel for n in after.nodes}
     assert kernels["attn-1"] == "attention_prefill_q8_0" and kernels["kv_copy-1"] == "kv_batch_copy_q8_0"
     assert kernels["q_rope-0"] == "rope_neox_f32" and kernels["q-0"] == "matmul_f32"  # f32 is not packed
 
 
 def test_x8_kernels_for_matmuls_on_whole_groups_of_rows(tiny):
-    spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q8_0.value))
-    decode = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_decode(spec, tmpl), kv)).nodes}
-    prefill = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv)).nodes}
+    spec, arch, kv = _setup(tiny("llama", wtype=DType.Q8_0.value))
+    decode = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_decode(spec, arch), kv)).nodes}
+    prefill = {n.label: n.kernel for n in select_kernels(insert_kv_ops(build_prefill(spec, arch, 8), kv)).nodes}
     assert decode["ffn_gate-0"] == prefill["ffn_gate-0"] == "matmul_x8_q8_0"
     head = "logits_x8_q8_0" if spec.hparams.n_vocab % 8 == 0 else "logits_q8_0"
     assert decode["result_output"] == prefill["result_output"] == head
@@ -86,8 +86,8 @@ def test_x8_kernels_for_matmuls_on_whole_groups_of_rows(tiny):
 
 
 def test_kernel_select_missing_kernel_is_an_error(tiny):
-    spec, tmpl, kv = _setup(tiny("llama"))
-    g = insert_kv_ops(build_decode(spec, tmpl), kv)
+    spec, arch, kv = _setup(tiny("llama"))
+    g = insert_kv_ops(build_decode(spec, arch), kv)
     bad = next(i for i, n in enumerate(g.nodes) if n.op is Op.ADD)
     i32 = replace(g.nodes[bad].inputs[0], dtype=DType.I32)
     g = replace(g, nodes=g.nodes[:bad] + (replace(g.nodes[bad], inputs=(i32,) + g.nodes[bad].inputs[1:]),) + g.nodes[bad + 1:])
@@ -97,9 +97,9 @@ def test_kernel_select_missing_kernel_is_an_error(tiny):
 
 def test_validate_accepts_built_graphs(tiny, smollm2, gemma3):
     for path in (tiny("llama"), tiny("qwen2"), tiny("qwen3"), tiny("gemma3"), smollm2, gemma3):
-        spec, tmpl, _ = _setup(path)
-        assert validate(build_decode(spec, tmpl), spec)
-        assert graph_problems(build_prefill(spec, tmpl, 4), spec) == []
+        spec, arch, _ = _setup(path)
+        assert validate(build_decode(spec, arch), spec)
+        assert graph_problems(build_prefill(spec, arch, 4), spec) == []
 
 
 def _mutate(g, label, **changes):
@@ -108,8 +108,8 @@ def _mutate(g, label, **changes):
 
 
 def test_validate_catches_faults(tiny):
-    spec, tmpl, _ = _setup(tiny("llama"))
-    g = build_decode(spec, tmpl)
+    spec, arch, _ = _setup(tiny("llama"))
+    g = build_decode(spec, arch)
     nodes = {n.label: n for n in g.nodes}
 
     swapped = _mutate(g, "attn_norm-0", inputs=(nodes["ffn_inp-0"].outputs[0], nodes["attn_norm-0"].inputs[1]))
@@ -134,8 +134,8 @@ def test_validate_catches_faults(tiny):
 def test_scratch_before_after(tiny):
     from compiler.passes.scratch import add_scratch, attention_spans
 
-    spec, tmpl, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
-    g = select_kernels(insert_kv_ops(build_prefill(spec, tmpl, 8), kv))
+    spec, arch, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
+    g = select_kernels(insert_kv_ops(build_prefill(spec, arch, 8), kv))
     assert all(n.scratch is None for n in g.nodes)
     after = add_scratch(g, kv)
     scratch = {n.label: n.scratch for n in after.nodes if n.scratch is not None}
@@ -153,9 +153,9 @@ def test_kv_rotate_before_after(tiny, k, v, rotated):
     """A quantized K brings q_rot and k_rot in front of attention; a quantized V brings v_rot, and
     the attention's output is rotated back (attn_rot -> attn). Float caches are left alone."""
     spec = read_model(tiny("llama", n_embd=128, n_head=2, n_head_kv=1))
-    tmpl = load_template(spec.arch)
-    g = build_decode(spec, tmpl)
-    after = rotate_kv(g, plan_kv(spec.hparams, tmpl, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v)))
+    arch = load_architecture(spec.arch)
+    g = build_decode(spec, arch)
+    after = rotate_kv(g, plan_kv(spec.hparams, arch, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v)))
     added = [n.label for n in after.nodes if n.op is Op.HADAMARD]
     want = [f"{name}-{il}" for il in range(spec.hparams.n_layer)
             for name in ("q_rot", "k_rot") * ("k" in rotated) + ("v_rot", "attn") * ("v" in rotated)]
@@ -166,6 +166,6 @@ def test_kv_rotate_before_after(tiny, k, v, rotated):
                          "v_rot" if "v" in rotated else "v"]
         assert n.outputs[0].name.startswith("attn_rot" if "v" in rotated else "attn")
     assert graph_problems(after, spec) == []
-    compiler_off = plan_kv(spec.hparams, tmpl, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v,
+    compiler_off = plan_kv(spec.hparams, arch, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v,
                                                                     kv_rotation=False))
     assert rotate_kv(g, compiler_off) is g

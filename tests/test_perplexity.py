@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import compiler
-from compiler import perplexity
-from compiler.cli import main
-from compiler.errors import OptionError
+from compiler.tools import perplexity
+from compiler.cli.main import main
+from compiler.core.errors import OptionError
 from reference import Reference
 
 TEXT = perplexity.DEFAULT_TEXT.read_text()

@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from compiler.dtypes import DType
-from compiler.errors import OptionError
-from compiler.ir import Mode, Value, ValueKind
-from compiler.options import CompileOptions
-from compiler.pipeline import plan
+from compiler.core.dtypes import DType
+from compiler.core.errors import OptionError
+from compiler.ir.graph import Mode, Value, ValueKind
+from compiler.core.options import CompileOptions
+from compiler.driver import plan
 from compiler.planner.allocator import allocate, arena_bytes
 from compiler.planner.events import EventKind, events, peak_live_bytes
 from compiler.planner.kv_plan import align

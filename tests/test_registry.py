@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from compiler.errors import RegistryError
-from compiler.registry import BUNDLED, fetch, is_cached, model_path, resolve
+from compiler.core.errors import RegistryError
+from compiler.frontend.registry import BUNDLED, fetch, is_cached, model_path, resolve
 
 
 def test_bundled_models_resolve_to_verified_files(smollm2, gemma3):

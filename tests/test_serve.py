@@ -142,7 +142,7 @@ def test_logprobs_are_the_models(server, smollm2):
         assert len(item.top_logprobs) == 3 and item.top_logprobs[0].token == item.token
         assert item.logprob == pytest.approx(item.top_logprobs[0].logprob) and item.logprob <= 0
     m = compiler.load(smollm2, ctx=1024)
-    from compiler.chat import render_chat
+    from compiler.text.chat import render_chat
     logits = m.prefill(m.tokenize(render_chat(m.spec, [{"role": "user", "content": "Hi"}]))).astype(np.float64)
     logp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
     assert content[0].logprob == pytest.approx(logp.max(), abs=1e-6)

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.model import ModelError
+from compiler.runtime.model import ModelError
 
 WINDOW, CHUNK, PAGE = 8, 4, 8
 

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler import build
+from compiler.build import cc as build
 from synthetic import TinySpec, write_tiny_model
 
 SCALAR = "x86-64"

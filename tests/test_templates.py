@@ -1,18 +1,19 @@
-"""Template loading: every shipped template is valid; malformed ones fail by field name."""
+"""Architecture loading: every shipped template is valid; malformed ones fail by field name."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from compiler.errors import TemplateError
-from compiler.templates import (TEMPLATE_DIR, AttnVariant, LayerKind, RopeLayout, Stage, available_archs,
-                                load_template, parse_template_file)
+from compiler.core.errors import ArchitectureError
+from compiler.core.paths import ARCH_DIR
+from compiler.frontend.architecture import (AttnVariant, LayerKind, RopeLayout, Stage, available_archs,
+                                load_architecture, parse_architecture_file)
 
 
 def test_shipped_templates():
     assert available_archs() == ("gemma3", "llama", "qwen2", "qwen3")
-    llama, qwen2, qwen3, gemma3 = (load_template(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
+    llama, qwen2, qwen3, gemma3 = (load_architecture(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
     assert llama.rope_layout is RopeLayout.PAIRWISE and not llama.qkv_bias and not llama.qk_norm
     assert qwen2.rope_layout is RopeLayout.NEOX and qwen2.qkv_bias
     assert qwen3.qk_norm and not qwen3.qkv_bias
@@ -21,14 +22,14 @@ def test_shipped_templates():
 
 
 def test_gemma3_layer_pattern_every_sixth_is_global():
-    t = load_template("gemma3")
+    t = load_architecture("gemma3")
     kinds = [t.layer_kind(il) for il in range(18)]
     assert [il for il, k in enumerate(kinds) if k is LayerKind.GLOBAL] == [5, 11, 17]
     assert kinds.count(LayerKind.LOCAL) == 15
 
 
 def _variant(tmp_path, base="llama", **changes):
-    raw = json.loads((TEMPLATE_DIR / f"{base}.json").read_text())
+    raw = json.loads((ARCH_DIR / f"{base}.json").read_text())
     for k, v in changes.items():
         if v is KeyError:
             del raw[k]
@@ -51,22 +52,22 @@ def _variant(tmp_path, base="llama", **changes):
     ({"arch": "qwen2"}, "field 'arch' is 'qwen2'"),
 ])
 def test_bad_templates_name_the_field(tmp_path, changes, message):
-    with pytest.raises(TemplateError, match=message):
-        parse_template_file(_variant(tmp_path, **changes))
+    with pytest.raises(ArchitectureError, match=message):
+        parse_architecture_file(_variant(tmp_path, **changes))
 
 
 def test_not_json(tmp_path):
     p = tmp_path / "llama.json"
     p.write_text("{ nope")
-    with pytest.raises(TemplateError, match="not valid JSON"):
-        parse_template_file(p)
+    with pytest.raises(ArchitectureError, match="not valid JSON"):
+        parse_architecture_file(p)
 
 
 def test_unknown_arch_template():
-    with pytest.raises(TemplateError, match="no template for architecture 'rwkv9'.*supported: gemma3, llama"):
-        load_template("rwkv9")
+    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: gemma3, llama"):
+        load_architecture("rwkv9")
 
 
 def test_every_stage_is_used_by_some_template():
-    used = {s for a in available_archs() for s in load_template(a).block}
+    used = {s for a in available_archs() for s in load_architecture(a).block}
     assert used == set(Stage)

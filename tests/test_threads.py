@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from compiler.build import RUNTIME_DIR
+from compiler.core.paths import RUNTIME_DIR
 
 DRIVER = r"""
 #include <stdio.h>

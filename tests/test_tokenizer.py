@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.gguf_model import read_model
-from compiler.tokenizer import make_tokenizer
+from compiler.frontend.gguf_reader import read_model
+from compiler.text.tokenizer import make_tokenizer
 from reference import Reference
 from tokenizer_corpus import corpus
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Callable, Mapping
 
-from ..errors import KilnError
-from ..ir import Node, Op, Value, ValueKind
+from ..core.errors import KilnError
+from ..ir.graph import Node, Op, Value, ValueKind
 from ..passes.kernel_select import X8_KERNELS
-from ..templates import RopeLayout
+from ..frontend.architecture import RopeLayout
 
 
 class CodegenError(KilnError):
@@ -47,7 +47,7 @@ def row(v: Value) -> int:
 
 # kernel name (from the kernel-selection pass) -> the runtime function that implements it
 def _c_symbols() -> dict[str, str]:
-    from ..dtypes import KV_DTYPES, RUNTIME_DTYPES
+    from ..core.dtypes import KV_DTYPES, RUNTIME_DTYPES
 
     table = {f"{kind}_{t.label}": fn for t in RUNTIME_DTYPES
              for kind, fn in (("embed", "kiln_embed"), ("matmul", "kiln_matmul"), ("logits", "kiln_matmul"))}

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import jinja2
 
-from .. import __version__
-from ..dtypes import DType
-from ..ir import Node, Op, ValueKind
-from ..packing import HEADER_BYTES, header_crc32
-from ..pipeline import Planned
-from ..templates import RopeLayout
+from ..core.version import __version__
+from ..core.dtypes import DType
+from ..ir.graph import Node, Op, ValueKind
+from ..build.packing import HEADER_BYTES, header_crc32
+from ..driver import Planned
+from ..frontend.architecture import RopeLayout
 from .emit import CodegenError, EmitContext, c_float, c_name, statement
 
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "c_templates"),
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                           undefined=jinja2.StrictUndefined)
 

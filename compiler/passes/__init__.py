@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..gguf_model import ModelSpec
-from ..ir import Graph
+from ..frontend.spec import ModelSpec
+from ..ir.graph import Graph
 from ..planner.kv_plan import KVPlan
 from .kernel_select import select_kernels
 from .kv_insert import insert_kv_ops

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from ..dtypes import KV_DTYPES, WEIGHT_DTYPES, X8_DTYPES, DType
-from ..errors import GraphError
-from ..ir import Graph, Mode, Node, Op, ValueKind
+from ..core.dtypes import KV_DTYPES, WEIGHT_DTYPES, X8_DTYPES, DType
+from ..core.errors import GraphError
+from ..ir.graph import Graph, Mode, Node, Op, ValueKind
 
 KernelKey = tuple[Op, str, DType]
 

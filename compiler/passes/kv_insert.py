@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Graph, Mode, Node, Op, Value, ValueKind
+from ..ir.graph import Graph, Mode, Node, Op, Value, ValueKind
 from ..planner.kv_plan import KVPlan
 
 WRITE_OP = {Mode.DECODE: Op.KV_STORE, Mode.PREFILL: Op.KV_BATCH_COPY}

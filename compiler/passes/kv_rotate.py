@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Graph, Node, Op, Value
+from ..ir.graph import Graph, Node, Op, Value
 from ..planner.kv_plan import KVPlan
 
 

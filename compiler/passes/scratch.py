@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from ..dtypes import DType, act_row_bytes
-from ..ir import Graph, Node, Op, Value, ValueKind
+from ..core.dtypes import DType, act_row_bytes
+from ..ir.graph import Graph, Node, Op, Value, ValueKind
 from ..planner.kv_plan import KVPlan, ceil_div
 
 # Attention cuts every history at multiples of this many positions (runtime_c/attention.c,

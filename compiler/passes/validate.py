@@ -11,9 +11,9 @@ from __future__ import annotations
 from math import prod
 from typing import Callable
 
-from ..errors import GraphError
-from ..gguf_model import ModelSpec
-from ..ir import OP_ATTRS, AttentionAttrs, Graph, Node, Op, ValueKind
+from ..core.errors import GraphError
+from ..frontend.spec import ModelSpec
+from ..ir.graph import OP_ATTRS, AttentionAttrs, Graph, Node, Op, ValueKind
 from ..planner.kv_plan import HADAMARD_BLOCK
 
 ShapeRule = Callable[[Node], "str | None"]

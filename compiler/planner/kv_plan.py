@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dtypes import DType
-from ..errors import OptionError
-from ..gguf_model import HParams
-from ..options import CompileOptions
-from ..templates import LayerKind, Template
+from ..core.dtypes import DType
+from ..core.errors import OptionError
+from ..frontend.spec import HParams
+from ..core.options import CompileOptions
+from ..frontend.architecture import LayerKind, Architecture
 
 ALIGN = 64
 HADAMARD_BLOCK = 64  # runtime_c/kernels.h KILN_HADAMARD_BLOCK
@@ -130,7 +130,7 @@ def _group_key(kind: LayerKind, hp: HParams) -> int | None:
     return hp.sliding_window if kind is LayerKind.LOCAL else None
 
 
-def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
+def plan_kv(hp: HParams, arch: Architecture, opts: CompileOptions) -> KVPlan:
     for part, dtype in (("k", opts.kv_dtype_k), ("v", opts.kv_dtype_v)):
         if hp.head_dim % dtype.block_elems:
             raise OptionError(
@@ -140,7 +140,7 @@ def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
     ps = opts.page_size
     k_row, v_row = opts.kv_dtype_k.nbytes(hp.head_dim), opts.kv_dtype_v.nbytes(hp.head_dim)
     max_blocks = ceil_div(opts.ctx, ps)
-    windows = [_group_key(tmpl.layer_kind(il), hp) for il in range(hp.n_layer)]
+    windows = [_group_key(arch.layer_kind(il), hp) for il in range(hp.n_layer)]
     # full-context group first, then sliding groups by window: a fixed order for a fixed layout
     keys = sorted(set(windows), key=lambda w: (w is not None, w or 0))
     k_bytes, v_bytes = align(hp.n_head_kv * ps * k_row), align(hp.n_head_kv * ps * v_row)
@@ -156,7 +156,7 @@ def plan_kv(hp: HParams, tmpl: Template, opts: CompileOptions) -> KVPlan:
             seq_pages = min(max_blocks, ceil_div(window + opts.batch_tokens - 2, ps) + 1)
             n_pages = opts.n_seq * seq_pages
         for i, il in enumerate(members):
-            layers.append(KVLayer(il, tmpl.layer_kind(il), window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
+            layers.append(KVLayer(il, arch.layer_kind(il), window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
         page_bytes = (k_bytes + v_bytes) * len(members)
         groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
         pool_offset += align(n_pages * page_bytes)

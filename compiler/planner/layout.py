@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from ..gguf_model import HParams, ModelSpec
-from ..ir import Graph, Op, ValueKind
-from ..options import CompileOptions
-from ..templates import Template
+from ..frontend.spec import HParams, ModelSpec
+from ..ir.graph import Graph, Op, ValueKind
+from ..core.options import CompileOptions
+from ..frontend.architecture import Architecture
 from .allocator import allocate, arena_bytes
 from .events import events, peak_live_bytes
 from .kv_plan import KVPlan, align
@@ -76,12 +76,12 @@ class Layout:
         return [b for b in self.buffers if b.region == name]
 
 
-def plan_layout(g: Graph, spec: ModelSpec, tmpl: Template, opts: CompileOptions, kv: KVPlan) -> Layout:
+def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOptions, kv: KVPlan) -> Layout:
     config = LayoutConfig(
         model=spec.path.name, arch=spec.arch, mode=g.mode.value, n_tokens=g.n_tokens, ctx=opts.ctx,
         kv_dtype=kv.dtype_label, kv_dtype_k=kv.k_dtype.label, kv_dtype_v=kv.v_dtype.label, prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq,
         page_size=kv.page_size, kv_pages=kv.groups[0].n_pages, batch_tokens=opts.batch_tokens,
-        rope_base_local=tmpl.rope_base_local, hparams=spec.hparams,
+        rope_base_local=arch.rope_base_local, hparams=spec.hparams,
     )
     lts = lifetimes(g)
     evs = events(lts)

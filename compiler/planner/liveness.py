@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Graph, Value, ValueKind
+from ..ir.graph import Graph, Value, ValueKind
 
 ARENA_KINDS = (ValueKind.INPUT, ValueKind.ACTIVATION)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dtypes import DType, x8_bytes
-from ..ir import Graph, ValueKind
+from ..core.dtypes import DType, x8_bytes
+from ..ir.graph import Graph, ValueKind
 from ..passes.kernel_select import X8_KERNELS
 from .kv_plan import align
 

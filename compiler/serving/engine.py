@@ -24,10 +24,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import KilnError
-from ..generation import Decoding
-from ..model import Model, ModelError, PoolFullError, Sequence
-from ..sampling import SamplingParams
+from ..core.errors import KilnError
+from ..runtime.generation import Decoding
+from ..runtime.model import Model, ModelError, PoolFullError, Sequence
+from ..runtime.sampling import SamplingParams
 from .metrics import Metrics
 from .radix_cache import Match, RadixCache
 

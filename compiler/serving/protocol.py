@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
-from ..sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 from .engine import TokenLogprob, Usage
 
 _DEFAULTS = SamplingParams()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model import Model, Sequence
+from ..runtime.model import Model, Sequence
 
 
 @dataclass(eq=False)

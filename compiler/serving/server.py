@@ -18,10 +18,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
-from ..chat import render_chat
-from ..errors import KilnError
-from ..kv_file import KVFileError
+from ..core.version import __version__
+from ..text.chat import render_chat
+from ..core.errors import KilnError
+from ..runtime.kv_file import KVFileError
 from .engine import Engine, Event, QueueFull, Request
 from .protocol import ChatRequest, CompletionRequest, Envelope, SlotRequest, chat_logprobs, completion_logprobs
 

@@ -1,0 +1,312 @@
+"""Read a GGUF file into a typed ModelSpec (spec.py): hyperparameters, tensor table, tokenizer data.
+
+Parsing is done by the `gguf` package. Everything kiln relies on is checked here, so the
+later stages can trust the spec: a foreign or truncated file, an architecture without a
+template, a missing hyperparameter or an unsupported quant type stops with a message that
+names the file and the culprit.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
+
+from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
+from .gguf_check import check_layout
+from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
+from ..core.errors import ModelFileError
+from .architecture import available_archs
+
+
+# Token texts that end a generation wherever a vocabulary has them (llama.cpp's llama-vocab.cpp list).
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|endoftext|>", "<|eom_id|>",
+             "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<end_of_turn>")
+
+
+class _Reader(GGUFReader):
+    # GGUFReader slices a np.memmap once per metadata element; memmap's per-slice subclass
+    # bookkeeping makes a 262k-token vocabulary take ~10 s. A plain ndarray view of the same
+    # mapping parses identically in ~3 s.
+    def _get(self, offset, dtype, count=1, override_order=None):
+        if type(self.data) is np.memmap:
+            self.data = self.data.view(np.ndarray)
+        return super()._get(offset, dtype, count, override_order)
+
+
+def read_model(path: str | os.PathLike[str]) -> ModelSpec:
+    """Parse and check a GGUF file. Cached per (path, size, mtime) within the process."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot open model file ({e.strerror})") from None
+    return _read_cached(p, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
+    _check_magic(path, size)
+    check_layout(path)  # every length, count, type and offset, before gguf-py trusts them
+    try:
+        reader = _Reader(path)
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
+        raise ModelFileError(
+            f"{path}: cannot parse the GGUF ({e}); the file ({size:,} bytes) is truncated or corrupt, fetch it again"
+        ) from None
+    meta = _Metadata(path, reader)
+    arch = meta.text("general.architecture")
+    if arch not in available_archs():
+        raise ModelFileError(
+            f"{path}: unknown architecture '{arch}': there is no template for it "
+            f"(supported: {', '.join(available_archs())}); add templates/{arch}.json to support it"
+        )
+    tokenizer = _read_tokenizer(meta)
+    tensors = _read_tensors(path, reader, size)
+    hparams = _read_hparams(meta, arch, tokenizer)
+    _check_tensors_fit(path, tensors, hparams)
+    with open(path, "rb") as f:
+        header_sha = hashlib.sha256(f.read(reader.data_offset)).hexdigest()
+    return ModelSpec(
+        path=path,
+        arch=arch,
+        name=meta.text("general.name", default=path.stem),
+        file_size=size,
+        data_offset=int(reader.data_offset),
+        header_sha256=header_sha,
+        hparams=hparams,
+        tensors=tensors,
+        tokenizer=tokenizer,
+    )
+
+
+def _check_magic(path: Path, size: int) -> None:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 4 or int.from_bytes(head[:4], "little") != GGUF_MAGIC:
+        raise ModelFileError(
+            f"{path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF'); "
+            "pass a .gguf model or a bundled model name (see `kiln models`)"
+        )
+    if size < 24:
+        raise ModelFileError(f"{path}: truncated GGUF ({size} bytes, shorter than the fixed header)")
+
+
+_MISSING = object()
+
+
+class _Metadata:
+    """Typed access to GGUF key/values; a missing required key names the file and the key."""
+
+    def __init__(self, path: Path, reader: GGUFReader):
+        self.path = path
+        self.fields = reader.fields
+
+    def get(self, key: str):
+        f = self.fields.get(key)
+        return None if f is None else self._contents(key, f)
+
+    def _contents(self, key: str, f):
+        try:
+            return f.contents()
+        except (UnicodeDecodeError, ValueError, IndexError) as e:
+            raise ModelFileError(f"{self.path}: metadata key '{key}' is corrupt ({e}); fetch the file again") from None
+
+    def keys(self) -> list[str]:
+        return list(self.fields)
+
+    def _scalar(self, key: str, default):
+        v = self.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise ModelFileError(
+                    f"{self.path}: metadata key '{key}' is missing; the file is incomplete or not an LLM GGUF"
+                )
+            return default
+        if isinstance(v, list):
+            raise ModelFileError(
+                f"{self.path}: metadata key '{key}' is per-layer ({len(v)} values); kiln supports one value for all layers"
+            )
+        return v
+
+    def integer(self, key: str, default=_MISSING) -> int | None:
+        v = self._scalar(key, default)
+        return None if v is None else int(v)
+
+    def number(self, key: str, default=_MISSING) -> float:
+        return float(self._scalar(key, default))
+
+    def text(self, key: str, default=_MISSING) -> str | None:
+        v = self._scalar(key, default)
+        return None if v is None else str(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        return bool(self._scalar(key, default))
+
+    def array(self, key: str) -> list | None:
+        f = self.fields.get(key)
+        if f is None:
+            return None
+        if f.types[0] != GGUFValueType.ARRAY:
+            raise ModelFileError(f"{self.path}: metadata key '{key}' should be an array")
+        return self._contents(key, f)
+
+
+MAX_HEAD_DIM = 512  # KILN_MAX_HEAD_DIM in runtime_c/kernels.h: the kernels' per-head stack buffers
+
+
+# Architecture keys kiln reads (_read_hparams) ...
+_KNOWN_KEYS = frozenset({
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
+})
+# ... and keys that change nothing at these values, which kiln accepts as written. A key outside
+# both would change the model's math in a way kiln does not implement: it is refused, never ignored.
+_NEUTRAL_KEYS: dict[str, tuple] = {
+    "rope.scaling.type": ("none",),
+    "rope.scaling.factor": (0.0, 1.0),
+    "rope.scale_linear": (1.0,),
+    "rope.freq_scale": (1.0,),
+    "rope.scaling.attn_factor": (1.0,),
+    "attention.logit_softcapping": (0.0,),
+    "final_logit_softcapping": (0.0,),
+    "attention.clamp_kqv": (0.0,),
+    "attention.max_alibi_bias": (0.0,),
+    "attention.causal": (True,),
+    "expert_count": (0,),
+    "expert_used_count": (0,),
+    "embedding_scale": (1.0,),
+    "residual_scale": (1.0,),
+    "logit_scale": (1.0,),
+}
+# informational only: they describe how a scaling was trained, and matter only with one
+_INFO_KEYS = frozenset({"rope.scaling.original_context_length", "rope.scaling.finetuned"})
+
+
+def _check_unimplemented(meta: _Metadata, arch: str) -> None:
+    prefix = arch + "."
+    for key in meta.keys():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):]
+        if name in _KNOWN_KEYS or name in _INFO_KEYS:
+            continue
+        value = meta.get(key)
+        if name in _NEUTRAL_KEYS and value in _NEUTRAL_KEYS[name]:
+            continue
+        shown = value if isinstance(value, (int, float, str, bool)) else type(value).__name__
+        raise ModelFileError(f"{meta.path}: metadata '{key}' = {shown!r} asks for something kiln does not implement "
+                             "(it would run the model wrong); use a GGUF without it")
+
+
+def _check_tensors_fit(path: Path, tensors: dict, hp: HParams) -> None:
+    """The hyperparameters describe the tensors that are there: one set per block (the planner
+    loops over block_count, so it must not be larger than the file), token_embd's rows cover the
+    vocabulary, and the LM head has one row per token."""
+    blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
+    if hp.n_layer > len(blocks) or any(not b.isdigit() or int(b) >= hp.n_layer for b in blocks):
+        raise ModelFileError(f"{path}: block_count is {hp.n_layer} but the file holds tensors for {len(blocks)} "
+                             "blocks (blk.0 ..); the metadata and the tensors disagree")
+    emb, out = tensors.get("token_embd.weight"), tensors.get("output.weight")
+    if emb is None:
+        raise ModelFileError(f"{path}: tensor 'token_embd.weight' is missing")
+    if emb.shape[0] < hp.n_vocab or emb.shape[1] != hp.n_embd:
+        raise ModelFileError(f"{path}: tensor 'token_embd.weight' is {list(emb.shape)} but the vocabulary has "
+                             f"{hp.n_vocab} tokens of {hp.n_embd} (rows x embedding_length); the file is inconsistent")
+    if out is not None and tuple(out.shape) != (hp.n_vocab, hp.n_embd):
+        raise ModelFileError(f"{path}: tensor 'output.weight' is {list(out.shape)} but the vocabulary has "
+                             f"{hp.n_vocab} tokens of {hp.n_embd}; its rows must match the vocabulary")
+    if "rope_freqs.weight" in tensors:
+        raise ModelFileError(f"{path}: tensor 'rope_freqs.weight' (per-dimension rope frequency factors) is not "
+                             "implemented by kiln")
+
+
+def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
+    a = arch
+    _check_unimplemented(meta, arch)
+    n_embd = meta.integer(f"{a}.embedding_length")
+    n_head = meta.integer(f"{a}.attention.head_count")
+    head_dim = meta.integer(f"{a}.attention.key_length", default=n_embd // max(n_head, 1))
+    value_dim = meta.integer(f"{a}.attention.value_length", default=head_dim)
+    if value_dim != head_dim:
+        raise ModelFileError(f"{meta.path}: key_length {head_dim} != value_length {value_dim}; kiln needs them equal")
+    hp = HParams(
+        n_layer=meta.integer(f"{a}.block_count"),
+        n_embd=n_embd,
+        n_ff=meta.integer(f"{a}.feed_forward_length"),
+        n_head=n_head,
+        n_head_kv=meta.integer(f"{a}.attention.head_count_kv", default=n_head),
+        head_dim=head_dim,
+        n_rot=meta.integer(f"{a}.rope.dimension_count", default=head_dim),
+        n_vocab=len(tok.tokens),
+        rope_base=meta.number(f"{a}.rope.freq_base", default=10000.0),
+        norm_eps=meta.number(f"{a}.attention.layer_norm_rms_epsilon"),
+        n_ctx_train=meta.integer(f"{a}.context_length"),
+        sliding_window=meta.integer(f"{a}.attention.sliding_window", default=None),
+    )
+    for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
+        if getattr(hp, field) <= 0:
+            raise ModelFileError(f"{meta.path}: hyperparameter {field} = {getattr(hp, field)} must be positive")
+    if hp.head_dim > MAX_HEAD_DIM:
+        raise ModelFileError(f"{meta.path}: head_dim {hp.head_dim} (attention.key_length) is above {MAX_HEAD_DIM}, "
+                             "the most kiln's attention and rope kernels hold")
+    if hp.n_head % hp.n_head_kv:
+        raise ModelFileError(f"{meta.path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
+    if hp.n_rot != hp.head_dim:
+        raise ModelFileError(f"{meta.path}: partial rotary embedding (n_rot {hp.n_rot} < head_dim {hp.head_dim}) is not supported")
+    return hp
+
+
+def _read_tokenizer(meta: _Metadata) -> TokenizerData:
+    k = "tokenizer.ggml."
+    tokens = meta.array(k + "tokens")
+    if not tokens:
+        raise ModelFileError(f"{meta.path}: metadata key '{k}tokens' is missing; the file carries no vocabulary")
+    types = meta.array(k + "token_type") or [1] * len(tokens)
+    scores = meta.array(k + "scores")
+    merges = meta.array(k + "merges")
+    template = meta.get("tokenizer.chat_template")
+    eog = {meta.integer(k + key, default=None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")}
+    eog |= {i for i, text in enumerate(tokens) if text in EOG_TEXTS}
+    return TokenizerData(
+        model=meta.text(k + "model"),
+        pre=meta.text(k + "pre", default=None),
+        tokens=tuple(tokens),
+        token_types=tuple(int(t) for t in types),
+        scores=None if scores is None else tuple(float(s) for s in scores),
+        merges=None if merges is None else tuple(merges),
+        bos_id=meta.integer(k + "bos_token_id", default=None),
+        eos_id=meta.integer(k + "eos_token_id", default=None),
+        unk_id=meta.integer(k + "unknown_token_id", default=None),
+        pad_id=meta.integer(k + "padding_token_id", default=None),
+        add_bos=meta.flag(k + "add_bos_token", default=True),
+        add_eos=meta.flag(k + "add_eos_token", default=False),
+        add_space_prefix=meta.flag(k + "add_space_prefix", default=False),
+        chat_template=None if template is None else str(template),
+        eog_ids=frozenset(i for i in eog if i is not None and 0 <= i < len(tokens)),
+    )
+
+
+def _read_tensors(path: Path, reader: GGUFReader, size: int) -> dict[str, TensorInfo]:
+    tensors: dict[str, TensorInfo] = {}
+    for t in reader.tensors:
+        dtype = weight_dtype(t.tensor_type)
+        if dtype is None:
+            raise ModelFileError(
+                f"{path}: tensor '{t.name}' has quant type {t.tensor_type.name}, which kiln does not support "
+                f"(supported: {', '.join(d.name for d in WEIGHT_DTYPES)}); re-quantize the model, e.g. to Q4_K_M or Q8_0"
+            )
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        offset = int(t.data_offset)
+        nbytes = dtype.nbytes(int(np.prod(shape)))
+        if offset + nbytes > size:
+            raise ModelFileError(
+                f"{path}: truncated GGUF: tensor '{t.name}' ends at byte {offset + nbytes:,} but the file has "
+                f"{size:,} bytes; fetch the file again"
+            )
+        tensors[t.name] = TensorInfo(t.name, dtype, shape, offset, nbytes)
+    return tensors

@@ -1,0 +1,92 @@
+"""What kiln knows of a model once its GGUF is read: hyperparameters, tensors, tokenizer data.
+
+frontend/gguf_reader.py builds a ModelSpec and checks everything the later stages rely on, so
+they can trust it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.dtypes import DType
+from ..core.errors import ModelFileError
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the file. `shape` is outermost-first (numpy order; GGML's ne reversed)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def n_elems(self) -> int:
+        return int(np.prod(self.shape))
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    n_vocab: int
+    rope_base: float
+    norm_eps: float
+    n_ctx_train: int
+    sliding_window: int | None
+
+
+@dataclass(frozen=True)
+class TokenizerData:
+    """The tokenizer as the GGUF stores it; the tokenizer module turns it into one that runs."""
+
+    model: str  # "gpt2" (BPE) or "llama" (SentencePiece)
+    pre: str | None
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+    scores: tuple[float, ...] | None
+    merges: tuple[str, ...] | None
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    chat_template: str | None
+    eog_ids: frozenset[int]  # end of generation: eos, eot, eom and the turn-end tokens, as llama.cpp's set
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: Path
+    arch: str
+    name: str
+    file_size: int
+    data_offset: int  # first byte of tensor data; everything before it is the header
+    header_sha256: str
+    hparams: HParams
+    tensors: dict[str, TensorInfo]
+    tokenizer: TokenizerData
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ModelFileError(
+                f"{self.path}: tensor '{name}' is missing; the {self.arch} template needs it "
+                f"(is this a complete {self.arch} GGUF?)"
+            ) from None
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())

@@ -1,0 +1,161 @@
+"""`kiln chat`: a multi-turn conversation on one sequence, and the terminal loop around it.
+
+The conversation is rendered with the model's chat template on every turn, and the sequence
+keeps what it already holds of it: the rendering of the earlier turns is a prefix of the new
+one, so a turn prefills only the new message and the template's glue around it (the reply the
+model wrote is already in the cache). Ctrl-C stops a reply between two tokens, so the cache
+and the history always agree.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from ..text.chat import chat_template, render_chat
+from ..core.errors import KilnError
+from .model import Model
+from .sampling import SamplingParams
+
+HELP = """commands:
+  /system TEXT   set the system message (empty: none)
+  /reset         forget the conversation (the system message stays)
+  /stats         KV cache use and the last turn's speed
+  /help          this text
+  /exit          leave (Ctrl-D too); Ctrl-C stops a reply, not the conversation"""
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int = 0  # the whole rendered conversation
+    reused: int = 0  # of them, already in the cache
+    prefilled: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_s: float = 0.0
+    stopped: str = ""  # "stop", "length" or "interrupted"
+
+    def render(self) -> str:
+        if not self.prompt_tokens:
+            return "last turn: none yet"
+        pp = f"{self.prefilled / self.prefill_s:.1f} tok/s" if self.prefill_s > 0 else "-"
+        tg = f"{(self.generated - 1) / self.decode_s:.1f} tok/s" if self.generated > 1 and self.decode_s > 0 else "-"
+        return (f"last turn: prompt {self.prompt_tokens} tokens, {self.reused} reused from the cache, "
+                f"{self.prefilled} prefilled ({pp}); {self.generated} generated ({tg}), {self.stopped}")
+
+
+class ChatSession:
+    """A conversation held in one sequence of `model`."""
+
+    def __init__(self, model: Model, params: SamplingParams, max_tokens: int):
+        self.model, self.params, self.max_tokens = model, params, max_tokens
+        self.template = chat_template(model.spec)  # refused at once when the model has none
+        self.seq = model.sequence()
+        self.system = ""
+        self.history: list[dict[str, str]] = []
+        self.last = TurnStats()
+        self.interrupted = False  # set by the SIGINT handler from before a reply's prefill to its end
+
+    def messages(self) -> list[dict[str, str]]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def reply(self, message: str):
+        """Yield the model's reply to `message` piece by piece; the history gets both. A message
+        the context cannot take raises a KilnError and leaves the history as it was."""
+        self.history.append({"role": "user", "content": message})
+        try:
+            ids = self.model.prompt_ids(render_chat(self.model.spec, self.messages()))
+        except KilnError:
+            self.history.pop()
+            raise
+        held = self.seq.tokens
+        reused = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
+        st = self.last = TurnStats(prompt_tokens=len(ids), reused=min(reused, len(ids) - 1))
+        st.prefilled = len(ids) - st.reused
+        p = self.params
+        pieces = self.seq.generate(ids, max_tokens=self.max_tokens, temperature=p.temperature, top_k=p.top_k,
+                                   top_p=p.top_p, min_p=p.min_p, repeat_penalty=p.repeat_penalty, seed=p.seed,
+                                   stream=True)
+        text, t0, t_first = [], time.perf_counter(), None
+        try:
+            for piece in pieces:
+                t_first = t_first or time.perf_counter()
+                text.append(piece)
+                yield piece
+                if self.interrupted:
+                    break
+        finally:
+            pieces.close()  # between two tokens: the cache holds what seq.tokens says
+            now = time.perf_counter()
+            fed = max(0, len(self.seq.tokens) - len(ids))  # generated tokens already in the cache
+            full = fed + 1 >= self.max_tokens or self.seq.n_past + 1 >= self.model.n_ctx
+            st.stopped = "interrupted" if self.interrupted else "length" if full else "stop"
+            st.generated = fed + (st.stopped != "stop")  # the last sampled token is not fed back then
+            st.prefill_s, st.decode_s = (t_first or now) - t0, now - (t_first or now)
+            self.history.append({"role": "assistant", "content": "".join(text)})
+
+    def reset(self) -> None:
+        self.history.clear()
+        self.seq.reset()
+        self.last = TurnStats()
+
+    def stats(self) -> str:
+        m = self.model
+        kv = m.kv_stats()
+        pages = ", ".join(f"{g['pages_used']} of {g['pages_total']}" for g in kv["groups"])
+        return (f"KV cache: {self.seq.n_past} of {m.n_ctx} positions held, pages used {pages} "
+                f"({m.page_size} positions a page), {len(self.history)} messages\n{self.last.render()}")
+
+
+def repl(session: ChatSession, banner: str, out=sys.stdout) -> None:
+    """Read lines until /exit or end of input; a line is a command or a message."""
+    try:
+        import readline  # noqa: F401  line editing and history for input(), where the platform has it
+    except ImportError:
+        pass
+
+    def on_sigint(signum, frame):
+        session.interrupted = True
+
+    out.write(banner + "\n")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            out.write("\n")
+            return
+        except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
+            out.write("^C\n")
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line.partition(" ")
+            if cmd in ("/exit", "/quit"):
+                return
+            if cmd == "/reset":
+                session.reset()
+                out.write("(conversation cleared)\n")
+            elif cmd == "/stats":
+                out.write(session.stats() + "\n")
+            elif cmd == "/system":
+                session.system = arg.strip()
+                out.write(f"(system message {'set' if session.system else 'cleared'})\n")
+            elif cmd == "/help":
+                out.write(HELP + "\n")
+            else:
+                out.write(f"unknown command {cmd}; /help lists them\n")
+            continue
+        session.interrupted = False
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            for piece in session.reply(line):
+                out.write(piece)
+                out.flush()
+        except KilnError as e:  # a message that does not fit the context: say so, keep the conversation
+            out.write(f"kiln: {e}; /reset to start over, or run kiln chat with a larger --ctx")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        out.write(" [stopped]\n" if session.interrupted else "\n")

@@ -1,0 +1,67 @@
+"""Next-token sampling over a logits row, in llama.cpp's order:
+penalties -> top-k -> top-p -> min-p -> temperature -> draw. Temperature 0 is greedy.
+
+The penalties look at the last repeat_last_n tokens of the history (prompt and output), as
+llama.cpp's: repeat divides a seen token's positive logit (multiplies a negative one),
+frequency subtracts per occurrence, presence once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import OptionError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40  # 0: off
+    top_p: float = 0.95  # 1: off
+    min_p: float = 0.05  # 0: off
+    repeat_penalty: float = 1.0  # 1: off
+    repeat_last_n: int = 64
+    seed: int | None = None
+    presence_penalty: float = 0.0  # 0: off
+    frequency_penalty: float = 0.0  # 0: off
+
+    def __post_init__(self) -> None:
+        checks = (("temperature", self.temperature >= 0), ("top_k", self.top_k >= 0),
+                  ("top_p", 0 < self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
+                  ("repeat_penalty", self.repeat_penalty > 0), ("repeat_last_n", self.repeat_last_n >= 0),
+                  ("presence_penalty", -2 <= self.presence_penalty <= 2),
+                  ("frequency_penalty", -2 <= self.frequency_penalty <= 2))
+        for name, ok in checks:
+            if not ok:
+                raise OptionError(f"sampling option {name} is out of range: {getattr(self, name)!r}")
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.p = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+        p = self.p
+        x = logits.astype(np.float64)
+        penalised = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+        if penalised and history and p.repeat_last_n:
+            seen, count = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64), return_counts=True)
+            x[seen] = np.where(x[seen] > 0, x[seen] / p.repeat_penalty, x[seen] * p.repeat_penalty)
+            x[seen] -= count * p.frequency_penalty + p.presence_penalty
+        if p.temperature == 0:
+            return int(np.argmax(x))
+        order = np.argsort(-x, kind="stable")
+        if p.top_k:
+            order = order[:p.top_k]
+        probs = np.exp(x[order] - x[order[0]])
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+            order, probs = order[:keep], probs[:keep]
+        if p.min_p > 0:
+            keep = probs >= p.min_p * probs[0]
+            order, probs = order[keep], probs[keep]
+        z = x[order] / p.temperature
+        w = np.exp(z - z.max())
+        return int(order[self.rng.choice(len(order), p=w / w.sum())])

@@ -1,0 +1,173 @@
+"""`kiln bench`: kiln and llama.cpp side by side on the same GGUF, the same threads, one run.
+
+llama-bench's method: prompt processing (pp) times one prefill of N random tokens, text
+generation (tg) times N single-token decodes, optionally after a prefill of `depth`
+tokens that is not timed. Each test runs once to warm up, then `reps` times, alternating
+engines so that a noisy neighbour hits both; medians are reported with kiln/llama.cpp ratios.
+llama.cpp runs with flash attention off and on; the ratio is against the faster of the two.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..core.errors import KilnError
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    name: str
+    n_prompt: int  # tokens prefilled and timed (pp)
+    n_gen: int  # tokens decoded one by one and timed (tg)
+    depth: int  # tokens prefilled first, untimed
+
+    @property
+    def n_timed(self) -> int:
+        return self.n_prompt or self.n_gen
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    test: str
+    kiln_tok_s: float
+    llamacpp_tok_s: float  # the faster flash-attention setting
+    ratio: float
+    kiln_runs: list[float]
+    llamacpp_runs: dict[str, list[float]]  # by setting: "fa off", "fa on"
+
+    @property
+    def llamacpp_by_setting(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.llamacpp_runs.items()}
+
+
+def default_tests(pp: int = 512, tg: int = 128, depth: int = 1024, pp_depth: int = 0) -> list[BenchTest]:
+    """pp, tg and tg at depth; pp at depth too when pp_depth is given."""
+    return [BenchTest(f"pp{pp}", pp, 0, 0), *([BenchTest(f"pp{pp}@d{pp_depth}", pp, 0, pp_depth)] if pp_depth else []),
+            BenchTest(f"tg{tg}", 0, tg, 0), BenchTest(f"tg{tg}@d{depth}", 0, tg, depth)]
+
+
+class _Engine:
+    """One way to run a test: reset, untimed prefill of the depth, then the timed part."""
+
+    def __init__(self, reset: Callable[[], None], prefill: Callable[[list[int]], None],
+                 decode: Callable[[int], None]):
+        self.reset, self.prefill, self.decode = reset, prefill, decode
+
+    def run(self, t: BenchTest, tokens: list[int]) -> float:
+        self.reset()
+        if t.depth:
+            self.prefill(tokens[:t.depth])
+        start = time.perf_counter()
+        if t.n_prompt:
+            self.prefill(tokens[t.depth:t.depth + t.n_prompt])
+        for tok in tokens[t.depth:t.depth + t.n_gen]:
+            self.decode(tok)
+        return t.n_timed / (time.perf_counter() - start)
+
+
+def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str) -> tuple[_Engine, object]:
+    from ..runtime.model import load
+
+    m = load(model, ctx=ctx, kv_dtype=kv_dtype, threads=threads)
+    return _Engine(m.reset, lambda ids: m.prefill(ids), lambda tok: m.decode(tok)), m
+
+
+# GGML type ids of the KV cache dtypes both engines offer
+LLAMACPP_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q8_0": 8}
+
+
+def flash_attn_settings(kv_dtype_v: str) -> dict[str, bool]:
+    """The llama.cpp settings a comparison runs: flash attention off and on, except that
+    llama.cpp keeps a quantized V cache only with its flash-attention path."""
+    return {"fa off": False, "fa on": True} if kv_dtype_v in ("f32", "f16") else {"fa on": True}
+
+
+def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str, flash_attn: bool) -> _Engine:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise KilnError("kiln bench compares against llama.cpp: install llama-cpp-python "
+                        "(`make dev` does)") from None
+    t = LLAMACPP_KV_TYPES[kv_dtype]
+    llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                n_threads_batch=threads, type_k=t, type_v=t,
+                flash_attn=flash_attn, verbose=False)
+    return _Engine(llm.reset, lambda ids: llm.eval(ids), lambda tok: llm.eval([tok]))
+
+
+def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
+              log=lambda s: None) -> list[BenchResult]:
+    ctx = max(t.depth + t.n_timed for t in tests) + 1
+    kiln, m = kiln_engine(model, ctx, threads, kv_dtype)
+    engines = {"kiln": kiln, **{name: llamacpp_engine(m.spec.path, ctx, threads, kv_dtype, fa)
+                                for name, fa in flash_attn_settings(kv_dtype).items()}}
+    tokens = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab, ctx)]
+    results = []
+    for t in tests:
+        runs: dict[str, list[float]] = {name: [] for name in engines}
+        for rep in range(reps + 1):  # the first round warms every engine up and is not counted
+            for name, engine in engines.items():
+                speed = engine.run(t, tokens)
+                if rep:
+                    runs[name].append(speed)
+        kiln_runs = runs.pop("kiln")
+        k = statistics.median(kiln_runs)
+        best = max(statistics.median(v) for v in runs.values())
+        log(f"{t.name}: kiln {k:.1f} tok/s, llama.cpp " +
+            ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in runs.items()))
+        results.append(BenchResult(t.name, k, best, k / best, kiln_runs, runs))
+    return results
+
+
+def read_bandwidth_gb_s(threads: int = 1, nbytes: int = 192 << 20, reps: int = 5) -> float:
+    """Best-of-N read of a buffer larger than the caches by `threads` threads at once, each
+    summing its own slice with numpy (which releases the GIL while it reads)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones(nbytes // 8, dtype=np.float64)
+    slices = np.array_split(a, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            list(pool.map(np.sum, slices))
+            best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def decode_bytes_per_token(m) -> int:
+    """Bytes one decode step must read: every weight it touches (one embedding row) plus the KV cache."""
+    layout = m.compiled.decode.layout
+    total = 0
+    for b in layout.region("weights"):
+        total += b.size // b.shape[0] if b.name == "token_embd.weight" else b.size
+    return total
+
+
+def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int, bandwidth: float) -> str:
+    names = list(results[0].llamacpp_runs)
+    out = [f"kiln bench: {model}, {threads} thread(s), medians; ratio = kiln / the faster llama.cpp",
+           f"{'test':<14} {'kiln tok/s':>11} " + " ".join(f"{'llama.cpp ' + n:>17}" for n in names) + f" {'ratio':>7}"]
+    for r in results:
+        by = r.llamacpp_by_setting
+        out.append(f"{r.test:<14} {r.kiln_tok_s:>11.1f} " + " ".join(f"{by[n]:>17.1f}" for n in names)
+                   + f" {r.ratio:>6.2f}x")
+    limit = bandwidth * 1e9 / bytes_per_token
+    out.append(f"decode reads {bytes_per_token / 1e6:.1f} MB of weights per token; measured read bandwidth "
+               f"{bandwidth:.1f} GB/s ({threads} thread(s), numpy) bounds decode near {limit:.0f} tok/s")
+    for r in results:
+        if r.test.startswith("tg"):
+            out.append(f"  {r.test}: kiln at {100 * r.kiln_tok_s / limit:.0f}% of that bound, "
+                       f"llama.cpp at {100 * r.llamacpp_tok_s / limit:.0f}%")
+    return "\n".join(out) + "\n"
+
+
+def write_json(path: str | os.PathLike[str], results: list[BenchResult], **meta) -> None:
+    with open(path, "w") as f:
+        json.dump({**meta, "results": [asdict(r) for r in results]}, f, indent=1)
