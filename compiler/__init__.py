@@ -3,7 +3,11 @@ from .core.version import __version__
 
 
 def load(*args, **kwargs):
-    """compiler.load(model, ctx=2048, kv_dtype="f32", threads=None, prefill_chunk=256) -> Model"""
-    from .runtime.model import load as _load
+    from .runtime.api import load as _load
 
     return _load(*args, **kwargs)
+
+
+load.__doc__ = """compiler.load(model, ctx=2048, kv_dtype="f32", threads=None, ...) -> Model.
+
+The whole signature, every parameter explained: compiler.runtime.api.load."""

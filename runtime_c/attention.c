@@ -193,7 +193,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
                          const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale,
                          int max_spans, float *scratch) {
     const int group = n_head / n_head_kv, first = kiln_kv_first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
-    const size_t part = (size_t)hd + 2;
+    const size_t part = (size_t)hd + KILN_ATTN_SPAN_STATE;
     const int32_t *table = kiln_kv_table(kv, seq);
     for (int item = th->ith; item < n_head_kv * n_spans; item += th->nth) {
         const int g = item / n_spans, sp = item % n_spans;
@@ -202,7 +202,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         int lo[ATTN_MAX_Q], hi[ATTN_MAX_Q];
         for (int i = 0; i < group; i++) {
             float *slot = scratch + ((size_t)(g * group + i) * max_spans + sp) * part;
-            st[i] = (attn_state){slot + 2, slot, slot + 1};
+            st[i] = (attn_state){slot + KILN_ATTN_SPAN_STATE, slot, slot + 1};
             qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = p;
         }
         int a, b;
@@ -225,7 +225,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         clear(r, hd);
         for (int sp = 0; sp < n_spans; sp++) {
             const float *slot = scratch + ((size_t)h * max_spans + sp) * part;
-            fold(r, slot + 2, slot[0], slot[1], hd);
+            fold(r, slot + KILN_ATTN_SPAN_STATE, slot[0], slot[1], hd);
         }
         for (int d = 0; d < hd; d++) oh[d] /= denom;
     }

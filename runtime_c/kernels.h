@@ -10,11 +10,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "constants.h"
+
 enum kiln_type {
     KILN_F32 = 0, KILN_F16 = 1, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7,
     KILN_Q8_0 = 8, KILN_Q8_1 = 9, KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_Q8_K = 15,
     KILN_BF16 = 30, KILN_TYPE_COUNT = 31
 };
+
+/* A weight matrix (or vector): its type, its rows in the GGUF mapping, and its copy interleaved by
+ * eight rows in the packed file where it has one and the build reads it (else NULL). */
+typedef struct {
+    int type;
+    const void *data;
+    const void *packed;
+} kiln_weight;
 
 /* -- quantized weights and activations ----------------------------------------------------- */
 int kiln_type_supported(int type);
@@ -35,11 +45,18 @@ float kiln_vec_dot_ref(int type, int n, const void *w, const void *act); /* the 
  * each W[o] . x[r] the reference dot's bits */
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
                  const float *x, int n_rows, float *y, void *scratch);
-/* Weights interleaved by eight rows (x8_pack.c). kiln_x8_supported says whether this build has
- * the x8 kernel for a matrix; if not, nothing needs packing and kiln_matmul_x8 reads w. */
+/* Weights interleaved by eight rows (x8_pack.c). kiln_x8_packs says whether the layout holds a
+ * matrix (any build), kiln_x8_kernels whether this build has the kernels that read it, and
+ * kiln_x8_supported both; where it says no, kiln_matmul_x8 reads w. */
+int kiln_x8_packs(int type, int n_out, int n_in);
+int kiln_x8_kernels(void);
 int kiln_x8_supported(int type, int n_out, int n_in);
 void kiln_pack_x8(int type, const void *src, void *dst, int n_out, int n_in); /* into kiln_x8_bytes */
 size_t kiln_x8_bytes(int type, int n_out, int n_in); /* the packed matrix: src's size but for Q4_K/Q5_K */
+/* the packed file's header, naming the GGUF it was packed from (its size, its header's CRC-32) */
+void kiln_packed_header(uint8_t out[KILN_PACKED_HEADER_BYTES], uint64_t gguf_bytes, uint32_t gguf_crc,
+                        uint64_t packed_bytes);
+int kiln_packed_header_matches(const uint8_t *in, uint64_t gguf_bytes, uint32_t gguf_crc, uint64_t packed_bytes);
 /* Whether the x8 matmuls take their integer sums from AMX tiles (steps of 16 or more rows), where
    the build (-march with AMX-INT8) and the OS allow it: enable -1 asks, 0 turns AMX off, 1 back on;
    0 on every build without AMX. The sums are exact either way, so the results are the same bits. */
@@ -57,7 +74,6 @@ void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_hea
 /* Each block of 64 of x[n] times the orthonormal 64x64 Hadamard matrix (its own inverse), as
    llama.cpp rotates Q, K and V for a quantized cache: outliers spread over the block, so that a
    block's scale fits its values; dot products are unchanged. n is a multiple of 64. */
-#define KILN_HADAMARD_BLOCK 64
 void kiln_hadamard(float *y, const float *x, int n);
 void kiln_add(float *y, const float *a, const float *b, int n);
 void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(gate) * up */
@@ -69,7 +85,6 @@ void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int r
 
 
 /* -- KV cache and attention ---------------------------------------------------------------- */
-#define KILN_MAX_HEAD_DIM 512 /* compiler/gguf_model.py MAX_HEAD_DIM refuses models above it */
 /* f32 row x[n] -> dst in a cache type (f32, f16, q8_0, q5_0, q4_1, q4_0), rounded as ggml's reference does */
 void kiln_quantize_row(int type, const float *x, void *dst, int n);
 
@@ -104,8 +119,7 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
    depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
    its (kv head, span) items over the threads; scratch holds n_head * max_spans * (head_dim + 2)
    floats of partial softmax (a longer history takes the sequential path, with the same result). */
-#define KILN_ATTN_SPAN 64
-#define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + 2))
+#define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + KILN_ATTN_SPAN_STATE))
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
                     int max_spans);

@@ -8,7 +8,6 @@
 
 /* A matmul's activation rows, quantized: one row (decode) by every thread into its own `local`
  * copy, which spares a barrier; more rows round-robin into `scratch`, then a barrier. */
-#define KILN_LOCAL_ACT_BYTES 20480 /* one row of up to 16384 activations in any format */
 const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
                                      void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]);
 /* y[r][o] += bias[o] for every row r < n_rows and this thread's outputs o0 <= o < o1 */
@@ -16,12 +15,10 @@ static inline void kiln_add_bias(float *y, const float *bias, int n_rows, int n_
     for (int r = 0; bias && r < n_rows; r++)
         for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] += bias[o];
 }
-/* kiln_matmul: activations quantized as above, then output rows split in ranges */
-void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
+/* kiln_matmul on w's packed copy where it has one (groups of 8 output rows split in ranges), else
+ * on its GGUF rows (ranges of rows); activations quantized as above */
+void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);
-/* kiln_matmul_x8: groups of 8 output rows split in ranges */
-void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
-                       int n_in, const float *x, int n_rows, float *y, void *scratch);
 /* kiln_attention: (token block, query heads of one kv head) items, or one token's (kv head, span)
  * items, dealt round-robin */
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
@@ -29,7 +26,7 @@ void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const i
                        int head_dim, float scale, void *scratch, int max_spans);
 
 /* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
-void kiln_embed_mt(const kiln_thread *t, int type, float *y, const void *table, const int32_t *ids, int rows,
+void kiln_embed_mt(const kiln_thread *t, float *y, const kiln_weight *table, const int32_t *ids, int rows,
                    int n_embd, float scale);
 void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, float w_offset, float eps,
                       int n, int rows);

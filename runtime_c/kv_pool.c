@@ -12,10 +12,6 @@
 
 #include "status.h"
 
-static int32_t *table_of(const kiln_kv *kv, int group, int seq) {
-    return kv->g[group].tables + (size_t)seq * kv->max_blocks;
-}
-
 int kiln_kv_init(kiln_kv *kv, const kiln_kv_shape *s) {
     memset(kv, 0, sizeof *kv);
     kv->n_seq = s->n_seq, kv->n_ctx = s->n_ctx, kv->page_size = s->page_size, kv->n_groups = s->n_groups;
@@ -53,7 +49,7 @@ void kiln_kv_free(kiln_kv *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
-static int take_page(kiln_kv_group *g) {
+int kiln_kv_take_page(kiln_kv_group *g) {
     const int p = g->free_list[--g->n_free];
     g->refs[p] = 1;
     return p;
@@ -79,7 +75,7 @@ int kiln_kv_open(kiln_kv *kv) {
 /* drop the pages of blocks b >= first_block */
 static void release_from(kiln_kv *kv, int seq, int first_block) {
     for (int gi = 0; gi < kv->n_groups; gi++) {
-        int32_t *t = table_of(kv, gi, seq);
+        int32_t *t = kiln_pool_table(kv, gi, seq);
         for (int b = first_block; b < kv->max_blocks; b++)
             if (t[b] >= 0) drop_page(&kv->g[gi], t[b]), t[b] = -1;
     }
@@ -95,8 +91,8 @@ int kiln_kv_fork(kiln_kv *kv, int src) {
     const int dst = kiln_kv_open(kv);
     if (dst < 0) return dst;
     for (int gi = 0; gi < kv->n_groups; gi++) {
-        const int32_t *from = table_of(kv, gi, src);
-        int32_t *to = table_of(kv, gi, dst);
+        const int32_t *from = kiln_pool_table(kv, gi, src);
+        int32_t *to = kiln_pool_table(kv, gi, dst);
         for (int b = 0; b < kv->max_blocks; b++)
             if ((to[b] = from[b]) >= 0) kv->g[gi].refs[from[b]]++;
     }
@@ -104,19 +100,14 @@ int kiln_kv_fork(kiln_kv *kv, int src) {
     return dst;
 }
 
-/* The first position a query at `pos` reads in a group: 0, or the start of its window. */
-static int first_visible(const kiln_kv_group *g, int pos) {
-    return g->window && pos - g->window + 1 > 0 ? pos - g->window + 1 : 0;
-}
-
 int kiln_kv_rollback(kiln_kv *kv, int seq, int n_keep) {
     if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
     if (n_keep < 0) return KILN_E_ARG;
     if (n_keep > kv->n_past[seq]) return KILN_E_ROLLBACK;
-    /* the next query (at n_keep) reads back to first_visible(n_keep): those pages must still be held */
+    /* the next query (at n_keep) reads back to kiln_window_first(window, n_keep): those pages must still be held */
     for (int gi = 0; gi < kv->n_groups && n_keep > 0; gi++) {
-        const int32_t *t = table_of(kv, gi, seq);
-        for (int b = first_visible(&kv->g[gi], n_keep) / kv->page_size; b <= (n_keep - 1) / kv->page_size; b++)
+        const int32_t *t = kiln_pool_table(kv, gi, seq);
+        for (int b = kiln_window_first(kv->g[gi].window, n_keep) / kv->page_size; b <= (n_keep - 1) / kv->page_size; b++)
             if (t[b] < 0) return KILN_E_ROLLBACK_WINDOW;
     }
     release_from(kv, seq, (n_keep + kv->page_size - 1) / kv->page_size);
@@ -126,7 +117,7 @@ int kiln_kv_rollback(kiln_kv *kv, int seq, int n_keep) {
 
 /* Blocks [b0, b1] of a sequence that are written: how many need a page of their own. */
 static int pages_needed(const kiln_kv *kv, int gi, int seq, int b0, int b1) {
-    const int32_t *t = table_of(kv, gi, seq);
+    const int32_t *t = kiln_pool_table(kv, gi, seq);
     int need = 0;
     for (int b = b0; b <= b1; b++) need += t[b] < 0 || kv->g[gi].refs[t[b]] > 1;
     return need;
@@ -136,10 +127,10 @@ static int pages_needed(const kiln_kv *kv, int gi, int seq, int b0, int b1) {
  * the page is shared (copy on write). The caller has checked that the pool has enough. */
 static void make_private(kiln_kv *kv, int gi, int seq, int b0, int b1) {
     kiln_kv_group *g = &kv->g[gi];
-    int32_t *t = table_of(kv, gi, seq);
+    int32_t *t = kiln_pool_table(kv, gi, seq);
     for (int b = b0; b <= b1; b++) {
         if (t[b] >= 0 && g->refs[t[b]] == 1) continue;
-        const int p = take_page(g);
+        const int p = kiln_kv_take_page(g);
         if (t[b] >= 0) {
             memcpy(g->pages + (size_t)p * g->page_bytes, g->pages + (size_t)t[b] * g->page_bytes, g->page_bytes);
             drop_page(g, t[b]);
@@ -151,8 +142,8 @@ static void make_private(kiln_kv *kv, int gi, int seq, int b0, int b1) {
 /* drop a sliding group's blocks that lie wholly before what the next query (at n_past) can read */
 static void drop_behind_window(kiln_kv *kv, int gi, int seq) {
     kiln_kv_group *g = &kv->g[gi];
-    int32_t *t = table_of(kv, gi, seq);
-    for (int b = 0; g->window && b < first_visible(g, kv->n_past[seq]) / kv->page_size; b++)
+    int32_t *t = kiln_pool_table(kv, gi, seq);
+    for (int b = 0; g->window && b < kiln_window_first(g->window, kv->n_past[seq]) / kv->page_size; b++)
         if (t[b] >= 0) drop_page(g, t[b]), t[b] = -1;
 }
 
@@ -189,8 +180,8 @@ int kiln_kv_keep_begin(kiln_kv *kv, int seq, const int32_t *keep, int n, int *fi
         if (keep[r] != r && changed == n) changed = r;
     }
     for (int gi = 0; gi < kv->n_groups; gi++) { /* the rows the next query (at n) reads must have a source */
-        const int32_t *t = table_of(kv, gi, seq);
-        const int lo = first_visible(&kv->g[gi], n);
+        const int32_t *t = kiln_pool_table(kv, gi, seq);
+        const int lo = kiln_window_first(kv->g[gi].window, n);
         for (int r = lo; r < n; r++)
             if (t[keep[r] / kv->page_size] < 0) return KILN_E_SHIFT_WINDOW;
         const int w0 = changed > lo ? changed : lo; /* the first row written */
@@ -198,7 +189,7 @@ int kiln_kv_keep_begin(kiln_kv *kv, int seq, const int32_t *keep, int n, int *fi
             return KILN_E_KV_FULL;
     }
     for (int gi = 0; gi < kv->n_groups; gi++) {
-        const int lo = first_visible(&kv->g[gi], n), w0 = changed > lo ? changed : lo;
+        const int lo = kiln_window_first(kv->g[gi].window, n), w0 = changed > lo ? changed : lo;
         if (w0 < n) make_private(kv, gi, seq, w0 / kv->page_size, (n - 1) / kv->page_size);
     }
     *first_changed = changed;
@@ -232,7 +223,7 @@ int kiln_kv_share(kiln_kv *kv, int seq, int first, int n, int32_t *pages) {
     if (!pages || first < 0 || n < 0 || (first + n) * kv->page_size > kv->n_past[seq]) return KILN_E_ARG;
     for (int b = 0; b < n; b++)
         for (int gi = 0; gi < kv->n_groups; gi++) {
-            const int32_t p = table_of(kv, gi, seq)[first + b];
+            const int32_t p = kiln_pool_table(kv, gi, seq)[first + b];
             if (p >= 0) kv->g[gi].refs[p]++;
             pages[b * kv->n_groups + gi] = p;
         }
@@ -260,7 +251,7 @@ int kiln_kv_attach(kiln_kv *kv, int seq, const int32_t *pages, int n) {
     if (!pages || n < 0 || n > kv->max_blocks || n * kv->page_size > kv->n_ctx) return KILN_E_ARG;
     const int n_pos = n * kv->page_size;
     for (int gi = 0; gi < kv->n_groups; gi++) {
-        const int first_read = n > 0 ? first_visible(&kv->g[gi], n_pos) / kv->page_size : n;
+        const int first_read = n > 0 ? kiln_window_first(kv->g[gi].window, n_pos) / kv->page_size : n;
         for (int b = 0; b < n; b++) {
             const int32_t p = pages[b * kv->n_groups + gi];
             if (!held_or_none(&kv->g[gi], p)) return KILN_E_ARG;
@@ -271,84 +262,8 @@ int kiln_kv_attach(kiln_kv *kv, int seq, const int32_t *pages, int n) {
         for (int gi = 0; gi < kv->n_groups; gi++) {
             const int32_t p = pages[b * kv->n_groups + gi];
             if (p >= 0) kv->g[gi].refs[p]++;
-            table_of(kv, gi, seq)[b] = p;
+            kiln_pool_table(kv, gi, seq)[b] = p;
         }
     kv->n_past[seq] = n_pos;
-    return KILN_OK;
-}
-
-/* The blocks a state holds: ceil(n_past / page_size). */
-static int state_blocks(const kiln_kv *kv, int n_past) { return (n_past + kv->page_size - 1) / kv->page_size; }
-
-size_t kiln_kv_state_size(const kiln_kv *kv, int seq) {
-    if (kiln_kv_check(kv, seq) != KILN_OK) return 0;
-    const int nb = state_blocks(kv, kv->n_past[seq]);
-    size_t size = sizeof(int32_t);
-    for (int gi = 0; gi < kv->n_groups; gi++) {
-        const int32_t *t = table_of(kv, gi, seq);
-        size += (size_t)nb;
-        for (int b = 0; b < nb; b++) size += t[b] >= 0 ? kv->g[gi].page_bytes : 0;
-    }
-    return size;
-}
-
-int kiln_kv_state_save(const kiln_kv *kv, int seq, uint8_t *buf, size_t size) {
-    if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
-    if (!buf || size != kiln_kv_state_size(kv, seq)) return KILN_E_ARG;
-    const int32_t n_past = kv->n_past[seq];
-    const int nb = state_blocks(kv, n_past);
-    memcpy(buf, &n_past, sizeof n_past);
-    uint8_t *at = buf + sizeof n_past;
-    for (int gi = 0; gi < kv->n_groups; gi++) {
-        const int32_t *t = table_of(kv, gi, seq);
-        for (int b = 0; b < nb; b++) *at++ = t[b] >= 0;
-        for (int b = 0; b < nb; b++)
-            if (t[b] >= 0) {
-                memcpy(at, kv->g[gi].pages + (size_t)t[b] * kv->g[gi].page_bytes, kv->g[gi].page_bytes);
-                at += kv->g[gi].page_bytes;
-            }
-    }
-    return KILN_OK;
-}
-
-int kiln_kv_state_load(kiln_kv *kv, int seq, const uint8_t *buf, size_t size) {
-    if (kiln_kv_check(kv, seq) != KILN_OK) return KILN_E_SEQ;
-    if (kv->n_past[seq] != 0) return KILN_E_SEQ;
-    int32_t n_past;
-    if (!buf || size < sizeof n_past) return KILN_E_ARG;
-    memcpy(&n_past, buf, sizeof n_past);
-    if (n_past < 0 || n_past > kv->n_ctx) return KILN_E_CTX_FULL;
-    const int nb = state_blocks(kv, n_past);
-    /* walk the state once to check it, counting the pages each group needs */
-    size_t want = sizeof n_past;
-    const uint8_t *at = buf + sizeof n_past;
-    for (int gi = 0; gi < kv->n_groups; gi++) {
-        if (want + (size_t)nb > size) return KILN_E_ARG;
-        const int first_read = n_past > 0 ? first_visible(&kv->g[gi], n_past) / kv->page_size : nb;
-        int held = 0;
-        for (int b = 0; b < nb; b++) {
-            if (at[b] > 1 || (!at[b] && b >= first_read)) return KILN_E_ARG;
-            held += at[b];
-        }
-        if (held > kv->g[gi].n_free) return KILN_E_KV_FULL;
-        want += (size_t)nb + (size_t)held * kv->g[gi].page_bytes;
-        at += nb + (size_t)held * kv->g[gi].page_bytes;
-        if (want > size) return KILN_E_ARG;
-    }
-    if (want != size) return KILN_E_ARG;
-    at = buf + sizeof n_past;
-    for (int gi = 0; gi < kv->n_groups; gi++) {
-        kiln_kv_group *g = &kv->g[gi];
-        int32_t *t = table_of(kv, gi, seq);
-        const uint8_t *present = at;
-        at += nb;
-        for (int b = 0; b < nb; b++)
-            if (present[b]) {
-                t[b] = take_page(g);
-                memcpy(g->pages + (size_t)t[b] * g->page_bytes, at, g->page_bytes);
-                at += g->page_bytes;
-            }
-    }
-    kv->n_past[seq] = n_past;
     return KILN_OK;
 }

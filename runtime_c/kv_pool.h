@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "window.h"
+
 #define KILN_KV_MAX_GROUPS 4
 
 /* One layer group's pool: full context (window 0) or a sliding window. */
@@ -81,9 +83,17 @@ int kiln_kv_release(kiln_kv *kv, const int32_t *pages, int n);
  * query must read. */
 int kiln_kv_attach(kiln_kv *kv, int seq, const int32_t *pages, int n);
 
+/* for kv_pool.c and kv_state.c: a sequence's block table in a group; a free page, its count 1
+   (the caller checked n_free) */
+static inline int32_t *kiln_pool_table(const kiln_kv *kv, int group, int seq) {
+    return kv->g[group].tables + (size_t)seq * kv->max_blocks;
+}
+int kiln_kv_take_page(kiln_kv_group *g);
+
 /* A sequence's state as bytes, for a file: n_past (int32); then for each group, one int8 per
  * block b < ceil(n_past / page_size), 1 where the sequence holds a page; then those pages'
  * bytes, group by group, in block order. */
+/* (kv_state.c) */
 size_t kiln_kv_state_size(const kiln_kv *kv, int seq); /* 0 for a sequence that is not open */
 int kiln_kv_state_save(const kiln_kv *kv, int seq, uint8_t *buf, size_t size);
 /* An empty open sequence takes a saved state: every field is checked against this pool (the

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "window.h"
 
 static inline const int32_t *kiln_kv_table(const kiln_kv_view *kv, int seq) {
     return kv->tables + (size_t)seq * kv->max_blocks;
@@ -19,9 +20,6 @@ static inline uint8_t *kiln_kv_row(const kiln_kv_view *kv, const int32_t *table,
            ((size_t)h * kv->page_size + pos % kv->page_size) * row_bytes;
 }
 
-/* the first position a query at `pos` sees: 0, or the start of its sliding window */
-static inline int kiln_kv_first_visible(const kiln_kv_view *kv, int pos) {
-    return kv->window > 0 && pos - kv->window + 1 > 0 ? pos - kv->window + 1 : 0;
-}
+static inline int kiln_kv_first_visible(const kiln_kv_view *kv, int pos) { return kiln_window_first(kv->window, pos); }
 
 #endif

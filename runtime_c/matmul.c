@@ -22,12 +22,13 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
     return scratch;
 }
 
-void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
-                    const float *x, int n_rows, float *y, void *scratch) {
+/* the GGUF rows: each thread a range of whole tiles of 8 rows */
+static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
+                           const float *x, int n_rows, float *y, void *scratch) {
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
     const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
-    int o0, o1; /* whole tiles of 8 rows */
+    int o0, o1;
     kiln_share(t, n_out, 8, &o0, &o1);
     if (o0 == o1) return;
     kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0,
@@ -35,32 +36,33 @@ void kiln_matmul_mt(const kiln_thread *t, int type, const void *w, const float *
     kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
 }
 
-void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in, const float *x, int n_rows,
-                 float *y, void *scratch) {
-    const kiln_thread alone = {0, 1, NULL};
-    kiln_matmul_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
-}
-
-void kiln_matmul_x8_mt(const kiln_thread *t, int type, const void *packed, const void *w, const float *bias, int n_out,
-                       int n_in, const float *x, int n_rows, float *y, void *scratch) {
+void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
+                    const float *x, int n_rows, float *y, void *scratch) {
 #ifdef KILN_HAVE_VNNI
-    if (packed && kiln_x8_supported(type, n_out, n_in)) {
+    if (w->packed && kiln_x8_supported(w->type, n_out, n_in)) {
         _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
-        const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
+        const uint8_t *act = kiln_quantize_rows_mt(t, w->type, x, n_rows, n_in, scratch, local);
         int g0, g1;
         kiln_share(t, n_out / 8, 2, &g0, &g1); /* pairs of groups share vectors */
         if (g1 == g0) return;
-        kiln_x8_gemm(type, packed, g0, g1, n_in, act, kiln_act_row_bytes(type, n_in), n_rows, y, (size_t)n_out);
+        kiln_x8_gemm(w->type, w->packed, g0, g1, n_in, act, kiln_act_row_bytes(w->type, n_in), n_rows, y,
+                     (size_t)n_out);
         kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
         return;
     }
 #endif
-    (void)packed;
-    kiln_matmul_mt(t, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
+    matmul_rows_mt(t, w->type, w->data, bias, n_out, n_in, x, n_rows, y, scratch);
+}
+
+void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in, const float *x, int n_rows,
+                 float *y, void *scratch) {
+    const kiln_thread alone = {0, 1, NULL};
+    matmul_rows_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
 }
 
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch) {
     const kiln_thread alone = {0, 1, NULL};
-    kiln_matmul_x8_mt(&alone, type, packed, w, bias, n_out, n_in, x, n_rows, y, scratch);
+    const kiln_weight weight = {type, w, packed};
+    kiln_matmul_mt(&alone, &weight, bias, n_out, n_in, x, n_rows, y, scratch);
 }

@@ -129,9 +129,9 @@ void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int r
     }
 }
 
-void kiln_embed_mt(const kiln_thread *t, int type, float *y, const void *table, const int32_t *ids, int rows,
+void kiln_embed_mt(const kiln_thread *t, float *y, const kiln_weight *table, const int32_t *ids, int rows,
                    int n_embd, float scale) {
     int r0, r1;
     kiln_share(t, rows, 1, &r0, &r1);
-    if (r1 > r0) kiln_embed(type, y + (size_t)r0 * n_embd, table, ids + r0, r1 - r0, n_embd, scale);
+    if (r1 > r0) kiln_embed(table->type, y + (size_t)r0 * n_embd, table->data, ids + r0, r1 - r0, n_embd, scale);
 }

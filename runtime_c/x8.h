@@ -8,7 +8,7 @@
 #include "fp16.h"
 #include "quant_impl.h"
 
-#define X8_MAX_BLOCKS 1024 /* n_in up to 32768 */
+#define X8_MAX_BLOCKS (KILN_X8_MAX_IN / 32)
 
 /* bytes of one kx8 block: a K-quant super-block of 8 rows */
 static inline size_t kiln_kx8_bytes(int type) {

@@ -43,15 +43,46 @@ size_t kiln_x8_bytes(int type, int n_out, int n_in) {
     return (size_t)n_out * kiln_row_bytes(type, n_in);
 }
 
-int kiln_x8_supported(int type, int n_out, int n_in) {
-#ifdef KILN_HAVE_VNNI
+int kiln_x8_packs(int type, int n_out, int n_in) {
     kiln_b32 f;
-    if (kiln_is_kquant(type)) return n_out % 8 == 0 && n_in % QK_K == 0 && n_in / 32 <= X8_MAX_BLOCKS;
-    return kiln_b32_of(type, &f) && n_out % 8 == 0 && n_in % 32 == 0 && n_in / 32 <= X8_MAX_BLOCKS;
+    if (n_out % 8 != 0 || n_in > KILN_X8_MAX_IN) return 0;
+    return kiln_is_kquant(type) ? n_in % QK_K == 0 : kiln_b32_of(type, &f) && n_in % 32 == 0;
+}
+
+int kiln_x8_kernels(void) {
+#ifdef KILN_HAVE_VNNI
+    return 1;
 #else
-    (void)type, (void)n_out, (void)n_in;
-    return 0; /* no x8 kernel in this build: matmuls read the GGUF layout */
+    return 0; /* matmuls read the GGUF layout */
 #endif
+}
+
+int kiln_x8_supported(int type, int n_out, int n_in) { return kiln_x8_kernels() && kiln_x8_packs(type, n_out, n_in); }
+
+/* The packed file: this header, then the packed region. It names the GGUF the region was packed
+   from (its size and the CRC-32 of its header), so that a library never maps another's. */
+typedef struct {
+    char magic[8];
+    uint64_t gguf_bytes;
+    uint32_t gguf_crc, zero;
+    uint64_t packed_bytes;
+} packed_header;
+_Static_assert(sizeof(packed_header) <= KILN_PACKED_HEADER_BYTES, "the packed header fits its bytes");
+static const char PACKED_MAGIC[8] = {'K', 'I', 'L', 'N', 'X', '8', 0, 1};
+
+void kiln_packed_header(uint8_t out[KILN_PACKED_HEADER_BYTES], uint64_t gguf_bytes, uint32_t gguf_crc,
+                        uint64_t packed_bytes) {
+    packed_header h = {{0}, gguf_bytes, gguf_crc, 0, packed_bytes};
+    memcpy(h.magic, PACKED_MAGIC, sizeof h.magic);
+    memset(out, 0, KILN_PACKED_HEADER_BYTES);
+    memcpy(out, &h, sizeof h);
+}
+
+int kiln_packed_header_matches(const uint8_t *in, uint64_t gguf_bytes, uint32_t gguf_crc, uint64_t packed_bytes) {
+    packed_header h;
+    memcpy(&h, in, sizeof h);
+    return memcmp(h.magic, PACKED_MAGIC, sizeof h.magic) == 0 && h.gguf_bytes == gguf_bytes &&
+           h.gguf_crc == gguf_crc && h.packed_bytes == packed_bytes;
 }
 
 /* Weight j (0..31) of a GGUF block as the unsigned byte u the x8 layout stores. */

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.runtime.model import Model, ModelError
+from compiler.runtime import Model, ModelError
 
 KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]  # q4_0: K and V in Hadamard blocks
 
@@ -110,7 +110,7 @@ def test_pages_follow_the_tokens_and_all_return(tiny_llama):
 
 def test_sliding_layers_hold_only_their_window(gemma_tiny):
     m = compiler.load(gemma_tiny, ctx=512, n_seq=2, page_size=8, prefill_chunk=16)
-    kv = m.compiled.decode.layout.kv
+    kv = m.compiled.planned.layout.kv
     full, sliding = kv.groups
     assert sliding.window == 8 and sliding.seq_pages == -(-(8 + 16 - 2) // 8) + 1
     with m.sequence() as s:

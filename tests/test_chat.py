@@ -58,7 +58,7 @@ def test_generation_stops_at_every_end_of_generation_token(smollm2):
     for tok in sorted(m.spec.tokenizer.eog_ids) + [198]:
         logits = np.zeros(m.n_vocab, np.float32)
         logits[tok] = 10
-        run = m._decoding([1], SamplingParams(temperature=0), [], max_tokens=10)
+        run = m.decoding([1], SamplingParams(temperature=0), [], max_tokens=10)
         got = run.next(logits, n_past=1)
         assert (got.text, got.token, got.finish_reason) == (("", None, "stop") if tok != 198 else ("\n", 198, None))
 

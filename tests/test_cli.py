@@ -45,8 +45,8 @@ def test_layout_json_keys_and_determinism(capsys, smollm2):
 
 
 def test_layout_json_is_byte_identical_across_processes(smollm2):
-    a = kiln("layout", "smollm2-135m", "--json", "--mode", "prefill")
-    b = kiln("layout", "smollm2-135m", "--json", "--mode", "prefill")
+    a = kiln("layout", "smollm2-135m", "--json")
+    b = kiln("layout", "smollm2-135m", "--json")
     assert a.returncode == 0 and a.stdout == b.stdout and a.stdout
 
 
@@ -62,9 +62,10 @@ def test_layout_text_map_gemma3(capsys, gemma3):
 
 
 def test_ir_prints_named_nodes(capsys, smollm2):
-    code, out, _ = run(capsys, "ir", "smollm2-135m", "--mode", "prefill", "--prefill-chunk", "32")
-    assert code == 0 and "graph prefill:" in out and "n_tokens=32" in out
-    assert "kv_copy-29" in out and "[kv_batch_copy_f32]" in out and "[matmul_x8_q4_1]" in out
+    code, out, _ = run(capsys, "ir", "smollm2-135m", "--prefill-chunk", "32")
+    assert code == 0 and "body 16 x 30 layers" in out and "n_tokens=32" in out
+    assert "kv_store" in out and "[kiln_kv_store]" in out and "[kiln_matmul]" in out
+    assert "  29  global window -  rope base 100000  attn_norm f32, attn_q q4_1" in out
 
 
 def test_models_lists_bundled(capsys, smollm2, gemma3):

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as Q
 
 import compiler
 from compiler.tools.kv_quality import DEFAULT_TEXT
-from compiler.runtime.model import ModelError
+from compiler.runtime import ModelError
 from reference import Reference, compare
 
 TEXT = DEFAULT_TEXT.read_text()
@@ -25,14 +25,14 @@ def gemma_tiny_path(tiny, smollm2):
                 sliding_window=8, tokenizer_from=smollm2)
 
 
-def shifted_logits(ref: Reference, kiln, ids: list[int], n0: int, n_keep: int, n_discard: int, n_next: int):
+def shifted_logits(ref: Reference, kiln, ids: list[int], n0: int, sinks: int, n_discard: int, n_next: int):
     """Both engines read ids[:n0], shift, then read the next n_next tokens: their logits."""
     ref.reset()
     ref.feed(ids[:n0])
-    ref.shift(n_keep, n_discard)
+    ref.shift(sinks, n_discard)
     kiln.reset()
     kiln.prefill(ids[:n0])
-    assert kiln.default_sequence.shift(n_keep, n_discard) == n0 - n_discard
+    assert kiln.default_sequence.shift(sinks, n_discard) == n0 - n_discard
     nxt = ids[n0:n0 + n_next]
     return ref.extend(nxt), kiln.prefill(nxt, logits="all")
 
@@ -120,7 +120,7 @@ def test_generation_goes_past_the_context_with_context_shift(smollm2):
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda s: s.shift(-1), "n_keep"), (lambda s: s.shift(4, 0), "n_discard"), (lambda s: s.shift(4, 97), "n_discard"),
+    (lambda s: s.shift(-1), "sinks"), (lambda s: s.shift(4, 0), "n_discard"), (lambda s: s.shift(4, 97), "n_discard"),
     (lambda s: s.keep([3, 2]), "strictly increasing"), (lambda s: s.keep([0, 100]), "strictly increasing"),
 ])
 def test_bad_shifts_are_refused_by_name(smollm2, call, match):
@@ -138,10 +138,11 @@ def test_the_server_engine_shifts_a_full_sequence_and_keeps_its_pages_out_of_the
     import threading
 
     from compiler.runtime.sampling import SamplingParams
-    from compiler.serving.engine import Engine, Request
+    from compiler.serving.engine import Engine
+    from compiler.serving.types import Request
 
     m = compiler.load(smollm2, ctx=128, n_seq=2, page_size=16)
-    engine = Engine(m, context_shift=True, n_keep=4).start()
+    engine = Engine(m, context_shift=True, sinks=4).start()
     try:
         events, done = [], threading.Event()
 

@@ -27,9 +27,11 @@ def test_greedy_and_top_k_1_pick_the_argmax():
 
 def test_seeded_sampling_is_reproducible_and_filters_apply():
     logits = np.random.default_rng(1).standard_normal(500).astype(np.float32) * 3
-    draws = [[Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=s))(logits, [])
-              for _ in range(3)] for s in (7, 7)]
-    assert draws[0] == draws[1]
+    def draws(seed: int) -> list[int]:
+        sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed))
+        return [sampler(logits, []) for _ in range(20)]
+
+    assert draws(7) == draws(7) and draws(7) != draws(8)  # the seed decides, and it is not ignored
     top5 = set(np.argsort(-logits)[:5].tolist())
     s = Sampler(SamplingParams(temperature=2.0, top_k=5, top_p=1.0, min_p=0.0, seed=1))
     assert {s(logits, []) for _ in range(200)} <= top5
@@ -66,7 +68,7 @@ def test_prefix_reuse_keeps_the_shared_prefix(smol):
     base = smol.tokenize("The history of the printing press began")
     smol.prefill(base)
     longer = base + smol.tokenize(" in Germany", add_special=False)
-    remaining = smol.default_sequence._reuse_prefix(longer)
+    remaining = smol.default_sequence.reuse_prefix(longer)
     assert smol.n_past == len(base) and remaining == longer[len(base):]
     reused = smol.prefill(remaining)
     fresh = compiler.load(smol.spec.path, ctx=256).prefill(longer)

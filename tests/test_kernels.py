@@ -6,7 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
 
-from compiler.build.cc import runtime_kernels
+from compiler.build.runtime import runtime_kernels
 
 K = runtime_kernels()
 ffi, lib = K.ffi, K.lib

@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from browser import chromium, rendered_dom, screenshot
+from browser import rendered_dom, screenshot
 from compiler.cli.main import main
 from compiler.core.options import CompileOptions
 from compiler.driver import plan
@@ -78,9 +78,8 @@ def test_sliding_window_saving_is_shaded(gemma_page):
         assert float(a["width"]) > 4 * float(held["width"])  # 8192 positions against the window's pages
 
 
-@pytest.mark.skipif(chromium() is None, reason="no chromium: `make test` installs Debian's (apt-get install chromium)")
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
-def test_chromium_draws_the_page(model, request, tmp_path):
+def test_chromium_draws_the_page(model, request, tmp_path, chromium):
     from PIL import Image
 
     lay = plan(request.getfixturevalue(model), CompileOptions(ctx=8192)).layout

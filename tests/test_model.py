@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -9,7 +12,7 @@ from gguf import GGMLQuantizationType as Q
 import compiler
 from compiler.core.errors import OptionError
 from compiler.core.paths import RUNTIME_DIR
-from compiler.runtime.model import Model, ModelError
+from compiler.runtime import Model, ModelError
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +138,14 @@ def test_packed_weights_file_is_checked_and_optional(tiny_llama, tmp_path):
 
 
 def test_second_load_reuses_the_build(tiny_llama):
-    logs: list[str] = []
+    """A new process finds the build on disk (this one would find it in sys.modules): its load
+    compiles nothing, and says the module it took was cached."""
     compiler.load(tiny_llama, ctx=24)
-    compiler.load(tiny_llama, ctx=24, log=logs.append)
-    assert not any("compiling" in line for line in logs)
+    code = ("import sys, compiler; from compiler.core.progress import LineProgress; "
+            f"compiler.load({str(tiny_llama)!r}, ctx=24, log=LineProgress(True, sys.stdout))")
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "compiling" not in again.stdout and "cached: _kiln_model_" in again.stdout, again.stdout
 
 
 def test_same_inputs_same_logits(tiny_llama):
@@ -170,11 +177,12 @@ def test_bad_thread_counts_are_refused(tiny_llama):
 def test_the_build_key_names_the_cpu_the_library_is_built_for(monkeypatch):
     """A cache shared between hosts: a CPU with other ISA extensions gets another key, so it
     builds its own library instead of loading one that may use instructions it lacks."""
-    from compiler.build import cc as build
-    src = build.CSource("runtime", build.header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"',
-                        build.runtime_sources())
-    here = build.build_key(src)
-    assert "__SSE2__" in build.target_identity(False)
-    other_cpu = build.target_identity(False) + "\n#define __AVX10_2__ 1"  # one more extension than this CPU has
-    monkeypatch.setattr(build, "target_identity", lambda sanitize, target="native": other_cpu)
-    assert build.build_key(src) != here
+    from compiler.build import extension, targets
+    from compiler.build.cc import header_cdef
+
+    ext = extension.Extension("runtime", header_cdef(RUNTIME_DIR / "kernels.h"), '#include "kernels.h"')
+    here = ext.key()
+    assert "__SSE2__" in targets.target_identity(False)
+    other_cpu = targets.target_identity(False) + "\n#define __AVX10_2__ 1"  # one more extension than this CPU has
+    monkeypatch.setattr(extension, "target_identity", lambda sanitize, target="native": other_cpu)
+    assert ext.key() != here

@@ -89,7 +89,7 @@ def test_attention_mass_is_each_querys_softmax_summed_and_leaves_logits_alone(sm
     ids = m.tokenize(TEXT)[:60]
     plain = m.prefill(ids, logits="all")
     m.reset()
-    with pytest.raises(compiler.model.ModelError, match="track_attention"):
+    with pytest.raises(compiler.runtime.ModelError, match="track_attention"):
         m.default_sequence.attention_mass()
     m.track_attention(True)
     tracked = m.prefill(ids, logits="all")

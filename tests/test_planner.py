@@ -7,9 +7,9 @@ import pytest
 
 from compiler.core.dtypes import DType
 from compiler.core.errors import OptionError
-from compiler.ir.graph import Mode, Value, ValueKind
+from compiler.ir.graph import Value, ValueKind
 from compiler.core.options import CompileOptions
-from compiler.driver import plan
+from compiler.planner.plan import plan
 from compiler.planner.allocator import allocate, arena_bytes
 from compiler.planner.events import EventKind, events, peak_live_bytes
 from compiler.planner.kv_plan import align
@@ -64,8 +64,8 @@ def test_kv_offsets_are_closed_form_and_disjoint(tiny, k, v):
     for ly in kv.layers:
         for page in range(kv.groups[ly.group].n_pages):
             for part, size in ((0, kv.k_row_bytes), (1, kv.v_row_bytes)):
-                for h in range(kv.n_head_kv):
-                    for r in range(kv.page_size):
+                for h in range(kv.config.n_head_kv):
+                    for r in range(kv.config.page_size):
                         rows.append((kv.offset(page, ly.layer, part, h, r), size))
     rows.sort()
     assert rows[0][0] >= 0 and rows[-1][0] + rows[-1][1] <= kv.total_bytes
@@ -124,21 +124,31 @@ def test_events_put_allocs_before_frees_at_one_op():
 def test_lifetimes_of_a_real_graph(smollm2):
     g = plan(smollm2, CompileOptions(ctx=128)).graph
     lts = {lt.value.name: lt for lt in lifetimes(g)}
-    labels = [n.label for n in g.nodes]
-    assert lts["inp_tokens"].first == 0
-    assert lts["inp_pos"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("k_rope-"))
-    assert lts["inp_row"].last == max(i for i, n in enumerate(g.nodes) if n.label.startswith("attn-"))
-    assert lts["attn_norm-0"].first == labels.index("attn_norm-0")
-    assert lts["attn_norm-0"].last == labels.index("v-0")
+    names = [n.name for n in g.nodes]
+    assert "inp_tokens" not in lts and "result_output" not in lts  # the batch and the logits are the caller's
+    assert (lts["x"].first, lts["x"].last) == (0, len(g.nodes) - 1)  # the residual stream: the whole step
+    assert lts["attn_norm"].first == names.index("attn_norm") and lts["attn_norm"].last == names.index("v")
+    assert all(g.section_of(lt.first) is g.section_of(lt.last) for name, lt in lts.items() if name != "x")
     assert lts["result_norm"].last == len(g.nodes) - 2  # the rows asked for are selected, then the LM head
     assert lts["result_rows"].last == len(g.nodes) - 1
-    assert "result_output" not in lts  # logits go to the caller's buffer
 
 
-@pytest.mark.parametrize("mode", [Mode.DECODE, Mode.PREFILL])
+def test_a_body_buffer_is_the_same_bytes_in_every_layer(smollm2):
+    """The body runs once per layer in the same arena bytes: its buffers live within one run, apart
+    from the state, which the planner keeps for the whole step."""
+    lay = plan(smollm2, CompileOptions(ctx=128)).layout
+    body = [name for name, first, last in lay.sections if name.startswith("body")]
+    assert body == ["body x 30 layers"]
+    acts = {b.name: b for b in lay.region("activations")}
+    assert len(acts) == len({b.name for b in lay.region("activations")})  # one buffer per value, not per layer
+    _, first, last = lay.sections[1]
+    assert all(first <= b.first_op and b.last_op <= last for b in acts.values()
+               if first <= b.first_op <= last and b.name != "x")
+
+
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
-def test_real_models_no_overlap(request, model, mode):
-    lay = plan(request.getfixturevalue(model), CompileOptions(ctx=2048), mode).layout
+def test_real_models_no_overlap(request, model):
+    lay = plan(request.getfixturevalue(model), CompileOptions(ctx=2048)).layout
     acts = lay.region("activations")
     assert_no_live_overlap(acts)
     assert lay.activation_peak_live_bytes <= lay.activation_bytes < lay.activation_bytes_without_reuse
@@ -149,9 +159,8 @@ def test_real_models_no_overlap(request, model, mode):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_synthetic_models_no_overlap(tiny, arch):
-    for mode in Mode:
-        assert_no_live_overlap(plan(tiny(arch, n_layer=6), CompileOptions(ctx=64, prefill_chunk=16), mode)
-                               .layout.region("activations"))
+    assert_no_live_overlap(plan(tiny(arch, n_layer=6), CompileOptions(ctx=64, prefill_chunk=16))
+                           .layout.region("activations"))
 
 
 def test_weights_are_file_views(smollm2):

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.runtime.model import ModelError
+from compiler.runtime import ModelError
 from compiler.serving.radix_cache import RadixCache
 
 PAGE = 16

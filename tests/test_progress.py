@@ -35,14 +35,15 @@ def test_lines_per_stage_off_a_terminal(fresh):
     lines = LINE.findall(first.stderr)
     assert [name for name, _, _ in lines] == list(STAGES)
     notes = dict((name, note) for name, _, note in lines)
-    assert notes["cc"].startswith("compiling _kiln_model_") and notes["fetch"] == str(model)
+    assert notes["cc"].startswith("compiling _kiln_model_") and "model.c" in notes["cc"] and notes["fetch"] == str(model)
     # a cached start says nothing: not a line on standard error
     again = kiln("run", str(model), "-p", "hello", "-n", "2", "--temp", "0", "--ctx", "64", cache=cache)
     assert again.returncode == 0 and again.stderr == "" and again.stdout == first.stdout
     # kiln compile shows every stage, cached or not
     compiled = kiln("compile", str(model), "--ctx", "64", cache=cache)
     notes = dict((name, note) for name, _, note in LINE.findall(compiled.stderr))
-    assert list(notes) == list(STAGES) and notes["cc"].startswith("cached: _kiln_model_")
+    assert list(notes) == list(STAGES) and notes["cc"].startswith("cached: _kiln_model_") \
+        and notes["cc"].endswith("the runtime for native was cached")
 
 
 def test_spinners_and_bars_on_a_terminal(smollm2, tmp_path):

@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     import compiler
-    from compiler.runtime.model import ModelError
+    from compiler.runtime import ModelError
     m = compiler.load(sys.argv[1], ctx=40, prefill_chunk=8, batch_tokens=12, kv_dtype=sys.argv[2], n_seq=3,
                       page_size=8, kv_pages=9, sanitize=True)
     ids = list(np.random.default_rng(0).integers(0, m.n_vocab, 21))
@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     # sequences' pages are reused, and an exhausted pool is refused
     a = m.default_sequence
     b = a.fork()
-    sliding = len(m.compiled.decode.layout.kv.groups) > 1
+    sliding = len(m.compiled.planned.layout.kv.groups) > 1
     b.rollback(0 if sliding else 13)  # into a shared page (a sliding window keeps nothing 18 back)
     c = m.sequence()
     c.prefill(ids[:5])
@@ -69,7 +69,7 @@ SCRIPT = textwrap.dedent("""
     assert np.array_equal(r.decode(3), a.decode(3))
     r.close()
     m.track_attention(False)
-    from compiler.build.cc import runtime_kernels  # the sanitized build's SIMD kernels, for the log
+    from compiler.build.runtime import runtime_kernels  # the sanitized build's SIMD kernels, for the log
     k = runtime_kernels(sanitize=True).lib
     print("simd", *(k.kiln_simd_kernels(t) for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14)))
     m.reset()
@@ -112,7 +112,7 @@ def test_sanitized_generation_and_overflow(tiny, case, tmp_path):
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "clean 40" in r.stdout, r.stderr[-3000:]
     # the sanitized library runs the same SIMD kernels as the real build (dots, dequantizers, gemms)
-    from compiler.build.cc import runtime_kernels
+    from compiler.build.runtime import runtime_kernels
     lib = runtime_kernels().lib
     simd = [int(x) for x in r.stdout.split("simd ")[1].split()[:10]]
     assert simd == [lib.kiln_simd_kernels(t) for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14)]

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.runtime.model import ModelError
+from compiler.runtime import ModelError
 
 WINDOW, CHUNK, PAGE = 8, 4, 8
 
@@ -37,7 +37,7 @@ def _ids(n, seed=0):
 
 
 def test_sliding_layers_hold_the_window_plus_a_chunk(gemma_tiny):
-    kv = _load(gemma_tiny).compiled.decode.layout.kv
+    kv = _load(gemma_tiny).compiled.planned.layout.kv
     full, sliding = kv.groups
     assert full.layers == (5,) and full.seq_pages == 96 // PAGE
     assert sliding.layers == (0, 1, 2, 3, 4) and sliding.seq_pages == 3

@@ -13,7 +13,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
-from compiler.build import cc as build
+from compiler.build import targets as build
+from compiler.core.errors import BuildError
 from synthetic import TinySpec, write_tiny_model
 
 SCALAR = "x86-64"
@@ -88,10 +89,10 @@ def test_smollm2_greedy_tokens_are_the_scalar_builds(smollm2, scalar_smollm2, ta
 
 def test_a_target_this_cpu_lacks_is_refused_by_name(monkeypatch, golden_model):
     monkeypatch.setattr(build, "missing_features", lambda target: ["avx512f", "avx512bw"] if target != "native" else [])
-    with pytest.raises(build.BuildError, match=r"target x86-64-v4 needs avx512f, avx512bw, which this CPU lacks"):
+    with pytest.raises(BuildError, match=r"target x86-64-v4 needs avx512f, avx512bw, which this CPU lacks"):
         compiler.load(golden_model, ctx=64, target="x86-64-v4")
 
 
 def test_an_unknown_target_is_refused_by_name(golden_model):
-    with pytest.raises(build.BuildError, match=r"unknown target 'pentium4'.*x86-64-v3"):
+    with pytest.raises(BuildError, match=r"unknown target 'pentium4'.*x86-64-v3"):
         compiler.load(golden_model, ctx=64, target="pentium4")

@@ -1,7 +1,8 @@
-"""Element types kiln knows, with their GGML block geometry.
+"""Element types kiln knows, with their GGML block geometry, and what the runtime does with each.
 
 Sizes come from `gguf.GGML_QUANT_SIZES` (the reference tables of the format), never from
-numbers of our own.
+numbers of our own. The C runtime has its own table (runtime_c/types.c); check_against_runtime
+holds this one to it whenever the runtime is loaded, so the two cannot drift apart.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ RUNTIME_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.Q4_
 
 
 # Weight types the runtime can interleave by eight rows (runtime_c/x8_pack.c): a matmul on
-# one of these, with a multiple of 8 output rows, reads a packed copy made at load.
+# one of these, with a multiple of 8 output rows, reads a packed copy the compiler writes.
 X8_DTYPES: tuple[DType, ...] = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K,
                                 DType.Q6_K)
 # The K-quants' x8 blocks hold a super-block of 8 rows; Q4_K and Q5_K keep their 6-bit scales
@@ -109,3 +110,31 @@ def parse_kv_dtype(text: str | DType, option: str = "kv_dtype (--kv-dtype)") -> 
         raise OptionError(
             f"{option}: unknown KV cache dtype {text!r}; choose one of {', '.join(KV_DTYPES)}"
         ) from None
+
+
+def check_against_runtime(lib) -> None:
+    """Raise if this table and the C runtime's (a cffi lib of kernels.h) disagree on any fact."""
+    from .errors import KilnError
+
+    n = 256  # a whole number of blocks of every type
+    problems = []
+    for d in DType:
+        t = d.value.value
+        if lib.kiln_type_supported(t) != (d in RUNTIME_DTYPES):
+            problems.append(f"{d.name}: supported in Python {d in RUNTIME_DTYPES}, in C {bool(lib.kiln_type_supported(t))}")
+            continue
+        if d not in RUNTIME_DTYPES:
+            continue
+        if lib.kiln_row_bytes(t, n) != d.nbytes(n):
+            problems.append(f"{d.name}: {n} elements are {d.nbytes(n)} bytes in Python, {lib.kiln_row_bytes(t, n)} in C")
+        if lib.kiln_act_row_bytes(t, n) != act_row_bytes(d, n):
+            problems.append(f"{d.name}: activation rows differ ({act_row_bytes(d, n)} vs {lib.kiln_act_row_bytes(t, n)})")
+        if bool(lib.kiln_x8_packs(t, 8, n)) != (d in X8_DTYPES):
+            problems.append(f"{d.name}: x8 layout in Python {d in X8_DTYPES}, in C {bool(lib.kiln_x8_packs(t, 8, n))}")
+        elif d in X8_DTYPES and lib.kiln_x8_bytes(t, 8, n) != x8_bytes(d, 8, n):
+            problems.append(f"{d.name}: x8 bytes {x8_bytes(d, 8, n)} vs {lib.kiln_x8_bytes(t, 8, n)}")
+        if bool(lib.kiln_kv_type_supported(t)) != (d in KV_DTYPES.values()):
+            problems.append(f"{d.name}: a KV cache type in Python {d in KV_DTYPES.values()}, in C "
+                            f"{bool(lib.kiln_kv_type_supported(t))}")
+    if problems:
+        raise KilnError("compiler/core/dtypes.py and runtime_c/types.c disagree: " + "; ".join(problems))

@@ -26,3 +26,7 @@ class GraphError(KilnError):
 
 class RegistryError(KilnError):
     """A bundled model could not be resolved, fetched or verified."""
+
+
+class BuildError(KilnError):
+    """The C compiler failed or is missing, or a build is for a CPU this one is not."""

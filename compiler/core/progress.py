@@ -34,6 +34,9 @@ class Progress:
     def note(self, text: str) -> None:
         """What the running stage did, for its line ("cached", "92.9 MB")."""
 
+    def also(self, text: str) -> None:
+        """More for the running stage's line, after its note."""
+
     def work(self, text: str) -> None:
         """The running stage did real work (downloaded, compiled, wrote): its line must be shown.
         Without stages, that is a message."""
@@ -81,6 +84,9 @@ class _Reporting(Progress):
 
     def note(self, text: str) -> None:
         self._note = text
+
+    def also(self, text: str) -> None:
+        self._note = f"{self._note}; {text}" if self._note else text
 
     def work(self, text: str) -> None:
         self._note, self._worked = text, True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -69,14 +70,15 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
     hparams = _read_hparams(meta, arch, tokenizer)
     _check_tensors_fit(path, tensors, hparams)
     with open(path, "rb") as f:
-        header_sha = hashlib.sha256(f.read(reader.data_offset)).hexdigest()
+        header = f.read(reader.data_offset)
     return ModelSpec(
         path=path,
         arch=arch,
         name=meta.text("general.name", default=path.stem),
         file_size=size,
         data_offset=int(reader.data_offset),
-        header_sha256=header_sha,
+        header_sha256=hashlib.sha256(header).hexdigest(),
+        header_crc32=zlib.crc32(header),
         hparams=hparams,
         tensors=tensors,
         tokenizer=tokenizer,

@@ -74,6 +74,7 @@ class ModelSpec:
     file_size: int
     data_offset: int  # first byte of tensor data; everything before it is the header
     header_sha256: str
+    header_crc32: int  # a compiled library knows its GGUF by its size and this (runtime_c/instance.c)
     hparams: HParams
     tensors: dict[str, TensorInfo]
     tokenizer: TokenizerData

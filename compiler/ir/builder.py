@@ -1,7 +1,9 @@
-"""The graph builder shared by both modes: the model's head, its blocks stage by stage, its tail.
+"""Build the step graph of a model: the head, one layer's body stage by stage, the tail.
 
-A template's `block` lists stages; `STAGES` maps each to the function that emits its nodes.
-Modes differ only in how many tokens a step carries and in what they keep for the logits.
+An architecture's `block` lists stages; `STAGES` maps each to the function that emits its nodes.
+The body is built once, from layer 0's tensors; every layer must then have a tensor of the same
+shape for every role the body uses, and `Graph.layers` records which (with each layer's kind,
+window and rope base).
 """
 from __future__ import annotations
 
@@ -9,43 +11,52 @@ from math import sqrt
 from typing import Callable
 
 from ..core.dtypes import DType
-from ..core.errors import ArchitectureError
-from ..frontend.spec import ModelSpec
-from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Mode, Node, NormAttrs, Op,
-                  RopeAttrs, Value, ValueKind)
-from ..frontend.architecture import EmbeddingScale, LayerKind, LMHead, Stage, Architecture
+from ..core.errors import ArchitectureError, ModelFileError
+from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Stage
+from ..frontend.spec import ModelSpec, TensorInfo
+from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, Node, NormAttrs, Op, RopeAttrs,
+                    Value, ValueKind)
+
+# The step's inputs: the batch's arrays, one entry per row.
+INPUTS = (
+    ("inp_tokens", "token ids"),
+    ("inp_pos", "rope positions"),
+    ("inp_seq", "each row's sequence"),
+    ("inp_row", "each row's index in its sequence's cache"),
+    ("inp_out", "the rows whose logits are wanted"),
+)
 
 
 class GraphBuilder:
-    """Emits nodes in schedule order and tracks the working values of the current block."""
+    """Emits nodes in schedule order and tracks the working values of the current stage."""
 
-    def __init__(self, spec: ModelSpec, arch: Architecture, mode: Mode, n_tokens: int):
-        self.spec, self.arch, self.mode, self.T = spec, arch, mode, n_tokens
+    def __init__(self, spec: ModelSpec, arch: Architecture, n_tokens: int):
+        self.spec, self.arch, self.T = spec, arch, n_tokens
         self.hp = spec.hparams
         self.nodes: list[Node] = []
-        self.layer: int | None = None
-        self.tokens = Value("inp_tokens", ValueKind.INPUT, (n_tokens,), DType.I32)
-        self.pos = Value("inp_pos", ValueKind.INPUT, (n_tokens,), DType.I32)  # rope positions
-        self.seq = Value("inp_seq", ValueKind.INPUT, (n_tokens,), DType.I32)  # each row's sequence
-        self.row = Value("inp_row", ValueKind.INPUT, (n_tokens,), DType.I32)  # its index in the sequence's cache
-        self.out = Value("inp_out", ValueKind.INPUT, (n_tokens,), DType.I32)  # rows whose logits are wanted
-        self.x: Value = self.tokens  # residual stream
-        self.cur: Value = self.tokens  # output of the latest stage
-        self.q = self.k = self.v = self.tokens
+        self.roles: dict[str, str] = {}  # role -> its tensor's name in layer 0
+        self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
+        self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
+        self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
 
     # -- primitives -------------------------------------------------------------------------
     def weight(self, name: str, view_of: str | None = None) -> Value:
         t = self.spec.tensor(view_of or name)
-        return Value(name, ValueKind.WEIGHT, t.shape, t.dtype, self.layer, t)
+        return Value(name, ValueKind.WEIGHT, t.shape, t.dtype, t)
 
-    def layer_weight(self, role: str, suffix: str = "weight") -> Value:
-        return self.weight(f"blk.{self.layer}.{role}.{suffix}")
+    def layer_weight(self, name: str, suffix: str = "weight") -> Value:
+        role = name if suffix == "weight" else f"{name}_{suffix}"
+        tensor = f"blk.0.{name}.{suffix}"
+        self.roles[role] = tensor
+        return Value(role, ValueKind.WEIGHT, self.spec.tensor(tensor).shape, None)
 
     def emit(self, op: Op, name: str, inputs: tuple[Value, ...], shape: tuple[int, ...], attrs: Attrs = None) -> Value:
-        label = name if self.layer is None else f"{name}-{self.layer}"
-        out = Value(label, ValueKind.ACTIVATION, shape, DType.F32, self.layer)
-        self.nodes.append(Node(op, name, self.layer, inputs, (out,), attrs))
+        out = Value(name, ValueKind.ACTIVATION, shape, DType.F32)
+        self.nodes.append(Node(op, name, inputs, (out,), attrs))
         return out
+
+    def add_into_x(self, name: str, y: Value) -> None:
+        self.nodes.append(Node(Op.ADD, name, (y, self.x), (self.x,)))
 
     def norm(self, name: str, x: Value, w: Value) -> Value:
         attrs = NormAttrs(eps=self.hp.norm_eps, weight_offset=self.arch.norm_weight_offset)
@@ -55,31 +66,61 @@ class GraphBuilder:
         inputs = (x, self.layer_weight(role)) + ((self.layer_weight(role, "bias"),) if bias else ())
         return self.emit(Op.MATMUL, name, inputs, shape)
 
-    # -- model head and tail ----------------------------------------------------------------
-    def embed(self) -> None:
-        scale = sqrt(self.hp.n_embd) if self.arch.embedding_scale is EmbeddingScale.SQRT_N_EMBD else 1.0
-        self.x = self.emit(Op.EMBED, "inp_embd", (self.tokens, self.weight("token_embd.weight")),
-                           (self.T, self.hp.n_embd), EmbedAttrs(scale))
+    def take(self) -> tuple[Node, ...]:
+        nodes, self.nodes = tuple(self.nodes), []
+        return nodes
 
-    def logits(self) -> None:
-        self.layer = None
+    # -- head, body, tail --------------------------------------------------------------------
+    def head(self) -> tuple[Node, ...]:
+        scale = sqrt(self.hp.n_embd) if self.arch.embedding_scale is EmbeddingScale.SQRT_N_EMBD else 1.0
+        self.nodes.append(Node(Op.EMBED, "inp_embd", (self.inputs["inp_tokens"], self.weight("token_embd.weight")),
+                               (self.x,), EmbedAttrs(scale)))
+        return self.take()
+
+    def body(self) -> tuple[Node, ...]:
+        for stage in self.arch.block:
+            STAGES[stage](self)
+        return self.take()
+
+    def tail(self) -> tuple[Node, ...]:
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
-        x = self.emit(Op.SELECT_ROWS, "result_rows", (x, self.out), x.shape)
+        x = self.emit(Op.SELECT_ROWS, "result_rows", (x, self.inputs["inp_out"]), x.shape)
         tied = self.arch.lm_head is LMHead.TIED or "output.weight" not in self.spec.tensors
         head = self.weight("output.weight", view_of="token_embd.weight" if tied else None)
         logits = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_vocab), DType.F32)
-        self.nodes.append(Node(Op.LOGITS, "result_output", None, (x, head), (logits,)))
+        self.nodes.append(Node(Op.LOGITS, "result_output", (x, head), (logits,)))
+        return self.take()
 
-    def blocks(self) -> None:
+    def layers(self) -> tuple[Layer, ...]:
+        out = []
         for il in range(self.hp.n_layer):
-            self.layer = il
-            for stage in self.arch.block:
-                STAGES[stage](self)
+            kind = self.arch.layer_kind(il)
+            window = None
+            if kind is LayerKind.LOCAL:
+                if self.hp.sliding_window is None:
+                    raise ArchitectureError(
+                        f"{self.spec.path}: the {self.arch.arch} architecture makes layer {il} a sliding-window "
+                        f"layer, but the file has no '{self.spec.arch}.attention.sliding_window'")
+                window = self.hp.sliding_window
+            base = self.arch.rope_base_local if kind is LayerKind.LOCAL else self.hp.rope_base
+            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, role, t0)
+                                                      for role, t0 in self.roles.items()}))
+        return tuple(out)
 
-    def graph(self) -> Graph:
-        logits = self.nodes[-1].outputs[0]
-        inputs = (self.tokens, self.pos, self.seq, self.row, self.out)
-        return Graph(self.mode, self.T, inputs, (logits,), tuple(self.nodes))
+    def _layer_tensor(self, il: int, role: str, name0: str) -> TensorInfo:
+        t = self.spec.tensor(name0.replace("blk.0.", f"blk.{il}.", 1))
+        t0 = self.spec.tensor(name0)
+        if t.shape != t0.shape:
+            raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' is {list(t.shape)} but '{name0}' is "
+                                 f"{list(t0.shape)}; every layer must have the same shapes")
+        return t
+
+
+def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int) -> Graph:
+    """The step graph for batches of up to n_tokens rows."""
+    b = GraphBuilder(spec, arch, n_tokens)
+    head, body, tail = b.head(), b.body(), b.tail()
+    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, body, tail, b.layers())
 
 
 # -- block stages ---------------------------------------------------------------------------
@@ -99,29 +140,16 @@ def _qk_norm(b: GraphBuilder) -> None:
     b.k = b.norm("k_norm", b.k, b.layer_weight("attn_k_norm"))
 
 
-def _is_local(b: GraphBuilder) -> bool:
-    return b.arch.layer_kind(b.layer) is LayerKind.LOCAL
-
-
 def _rope(b: GraphBuilder) -> None:
-    base = b.arch.rope_base_local if _is_local(b) else b.hp.rope_base
-    attrs = RopeAttrs(layout=b.arch.rope_layout, base=base, n_rot=b.hp.n_rot)
-    b.q = b.emit(Op.ROPE, "q_rope", (b.q, b.pos), b.q.shape, attrs)
-    b.k = b.emit(Op.ROPE, "k_rope", (b.k, b.pos), b.k.shape, attrs)
+    attrs = RopeAttrs(layout=b.arch.rope_layout, n_rot=b.hp.n_rot)
+    b.q = b.emit(Op.ROPE, "q_rope", (b.q, b.inputs["inp_pos"]), b.q.shape, attrs)
+    b.k = b.emit(Op.ROPE, "k_rope", (b.k, b.inputs["inp_pos"]), b.k.shape, attrs)
 
 
 def _attention(b: GraphBuilder) -> None:
     hp = b.hp
-    window = None
-    if _is_local(b):
-        if hp.sliding_window is None:
-            raise ArchitectureError(
-                f"{b.spec.path}: the {b.arch.arch} architecture file makes layer {b.layer} a sliding-window layer, "
-                f"but the file has no '{b.spec.arch}.attention.sliding_window'"
-            )
-        window = hp.sliding_window
-    attrs = AttentionAttrs(kind=b.arch.layer_kind(b.layer), window=window, n_head=hp.n_head,
-                           n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, scale=1.0 / sqrt(hp.head_dim))
+    attrs = AttentionAttrs(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+                           scale=1.0 / sqrt(hp.head_dim))
     b.cur = b.emit(Op.ATTENTION, "attn", (b.q, b.k, b.v), (b.T, hp.n_head * hp.head_dim), attrs)
 
 
@@ -134,7 +162,7 @@ def _attn_post_norm(b: GraphBuilder) -> None:
 
 
 def _attn_residual(b: GraphBuilder) -> None:
-    b.x = b.emit(Op.ADD, "ffn_inp", (b.cur, b.x), b.x.shape)
+    b.add_into_x("ffn_inp", b.cur)
 
 
 def _ffn_norm(b: GraphBuilder) -> None:
@@ -157,7 +185,7 @@ def _ffn_post_norm(b: GraphBuilder) -> None:
 
 
 def _ffn_residual(b: GraphBuilder) -> None:
-    b.x = b.emit(Op.ADD, "l_out", (b.cur, b.x), b.x.shape)
+    b.add_into_x("l_out", b.cur)
 
 
 STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
@@ -176,24 +204,3 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.FFN_RESIDUAL: _ffn_residual,
 }
 assert set(STAGES) == set(Stage)
-
-
-def build_decode(spec: ModelSpec, arch: Architecture) -> Graph:
-    """Decode: one token per step."""
-    b = GraphBuilder(spec, arch, Mode.DECODE, n_tokens=1)
-    b.embed()
-    b.blocks()
-    b.logits()
-    return b.graph()
-
-
-def build_prefill(spec: ModelSpec, arch: Architecture, batch_tokens: int) -> Graph:
-    """The batch step: up to `batch_tokens` rows of any sequences (prefill chunks beside decode
-    tokens). Buffers are planned for a full batch. The LM head runs on the rows the caller asks
-    for (the last, or all) and writes straight into the caller's logits buffer, so the arena never
-    holds [chunk, vocab]."""
-    b = GraphBuilder(spec, arch, Mode.PREFILL, n_tokens=batch_tokens)
-    b.embed()
-    b.blocks()
-    b.logits()
-    return b.graph()

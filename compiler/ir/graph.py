@@ -1,56 +1,60 @@
-"""The op-level IR: typed values, nodes with one of a fixed set of ops, and a graph per mode.
+"""The op-level IR: typed values, nodes with one of a fixed set of ops, and the step graph.
+
+A step runs a batch of rows (decode tokens beside prefill chunks): the graph's `head` (the
+embedding), then its `body` once for every layer, then its `tail` (final norm, logits). The body
+is written once, for any layer: its weights are named by their role in a layer (`attn_q`), and
+`layers` says which tensor each role is in each layer, with what else differs between layers
+(kind, window, rope base). The residual stream is the graph's `state`: one buffer the head
+writes, each layer adds into, and the tail reads.
 
 Values and nodes are immutable; passes return new graphs, so each pass can be tested by
-comparing the graph before and after it. Every node carries a short name and its layer,
-printed llama.cpp-style as `name-layer` (e.g. `attn_norm-3`).
+comparing the graph before and after it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from math import prod
+from typing import Mapping
 
 from ..core.dtypes import DType
-from ..frontend.spec import TensorInfo
 from ..frontend.architecture import Activation, LayerKind, RopeLayout
+from ..frontend.spec import TensorInfo
 
 
 class Op(Enum):
     EMBED = "embed"  # gather weight rows by token id, times a scale
     RMS_NORM = "rms_norm"  # x / rms(x) * (w + offset), over the last axis
     MATMUL = "matmul"  # y = x W^T (+ bias); W is [n_out, n_in]
-    ROPE = "rope"  # rotate each head by its position
+    ROPE = "rope"  # rotate each head by its position (the layer's rope base)
     HADAMARD = "hadamard"  # each block of 64 times the orthonormal Hadamard matrix (its own inverse)
-    ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, GQA
-    KV_STORE = "kv_cache_store"  # decode: write this token's K and V into the cache
-    KV_BATCH_COPY = "kv_cache_batch_copy"  # prefill: write a chunk's K and V, transposed head-major
-    ADD = "add"  # residual connection
+    ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, GQA, over the layer's cache
+    KV_STORE = "kv_cache_store"  # write the step's K and V rows into the layer's cache
+    ADD = "add"  # y = a + b; into the residual stream, in place
     GLU = "glu"  # act(gate) * up
     SELECT_ROWS = "select_rows"  # the rows whose logits the caller asked for, in order
-    LOGITS = "logits"  # LM head over the rows the caller asks for (the last, or all), into caller memory
-
-
-class Mode(Enum):
-    DECODE = "decode"
-    PREFILL = "prefill"
+    LOGITS = "logits"  # LM head over the rows the caller asks for, into caller memory
 
 
 class ValueKind(Enum):
-    INPUT = "input"  # filled each step from the batch (token ids, positions, sequences, rows wanted)
-    WEIGHT = "weight"  # a read-only view of the GGUF file
-    ACTIVATION = "activation"  # lives in the planned activation arena
-    KV = "kv"  # persistent per-layer cache state
+    INPUT = "input"  # the step's batch arrays (token ids, positions, sequences, rows wanted): caller memory
+    WEIGHT = "weight"  # a read-only view of the GGUF file (or its packed copy)
+    ACTIVATION = "activation"  # lives in the planned activation arena during its live range
+    STATE = "state"  # the residual stream: in the arena for the whole step, updated in place by each layer
+    KV = "kv"  # the layer's pages of the persistent cache
     OUTPUT = "output"  # written straight into the caller's buffer (logits); never in the arena
+
+
+ARENA_KINDS = (ValueKind.ACTIVATION, ValueKind.STATE)
 
 
 @dataclass(frozen=True)
 class Value:
     name: str
     kind: ValueKind
-    shape: tuple[int, ...]
-    dtype: DType
-    layer: int | None = None
-    tensor: TensorInfo | None = None  # weights only: the file range this value views
+    shape: tuple[int, ...]  # [rows, ...] for activations; a layer weight's shape is the same in every layer
+    dtype: DType | None  # None for a layer weight: its type is its tensor's in each layer (Graph.layers)
+    tensor: TensorInfo | None = None  # a head or tail weight: the file range it views
 
     @property
     def n_elems(self) -> int:
@@ -58,7 +62,9 @@ class Value:
 
     @property
     def nbytes(self) -> int:
-        return self.tensor.nbytes if self.tensor is not None else self.dtype.nbytes(self.n_elems)
+        if self.tensor is not None:
+            return self.tensor.nbytes
+        return self.dtype.nbytes(self.n_elems)
 
 
 @dataclass(frozen=True)
@@ -75,14 +81,11 @@ class EmbedAttrs:
 @dataclass(frozen=True)
 class RopeAttrs:
     layout: RopeLayout
-    base: float
     n_rot: int
 
 
 @dataclass(frozen=True)
 class AttentionAttrs:
-    kind: LayerKind
-    window: int | None  # local layers: a query at p sees keys in (p - window, p]
     n_head: int
     n_head_kv: int
     head_dim: int
@@ -105,7 +108,6 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.HADAMARD: None,
     Op.ATTENTION: AttentionAttrs,
     Op.KV_STORE: None,
-    Op.KV_BATCH_COPY: None,
     Op.ADD: None,
     Op.GLU: GluAttrs,
     Op.SELECT_ROWS: None,
@@ -116,53 +118,72 @@ OP_ATTRS: dict[Op, type | None] = {
 @dataclass(frozen=True)
 class Node:
     op: Op
-    name: str
-    layer: int | None
+    name: str  # llama.cpp's names (attn_norm, ffn_inp, ...): grep the generated C and the maps for them
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
     attrs: Attrs = None
-    kernel: str | None = None  # set by the kernel-selection pass
+    kernel: str | None = None  # the runtime function, set by the kernel-selection pass
     scratch: Value | None = None  # working memory the kernel needs during this op only
 
-    @property
-    def label(self) -> str:
-        return self.name if self.layer is None else f"{self.name}-{self.layer}"
+
+@dataclass(frozen=True)
+class Layer:
+    """What one layer's run of the body uses: its tensors by role, and how it differs from others."""
+    index: int
+    kind: LayerKind
+    window: int | None  # local layers: a query at p sees keys in (p - window, p]
+    rope_base: float
+    weights: Mapping[str, TensorInfo] = field(hash=False)  # role -> tensor ("attn_q" -> blk.3.attn_q.weight)
+
+
+class Section(Enum):
+    HEAD = "head"
+    BODY = "body"  # run once per layer
+    TAIL = "tail"
 
 
 @dataclass(frozen=True)
 class Graph:
-    mode: Mode
-    n_tokens: int  # tokens per step the buffers are planned for (1, or the prefill chunk)
+    n_tokens: int  # rows a step is planned for (the batch)
     inputs: tuple[Value, ...]
+    state: tuple[Value, ...]
     outputs: tuple[Value, ...]
-    nodes: tuple[Node, ...]
+    head: tuple[Node, ...]
+    body: tuple[Node, ...]
+    tail: tuple[Node, ...]
+    layers: tuple[Layer, ...]
 
-    def weights(self) -> list[Value]:
-        return [v for n in self.nodes for v in n.inputs if v.kind is ValueKind.WEIGHT]
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The schedule with the body once: op indices in the plan and the maps count in it."""
+        return self.head + self.body + self.tail
+
+    def sections(self) -> list[tuple[Section, tuple[Node, ...]]]:
+        return [(Section.HEAD, self.head), (Section.BODY, self.body), (Section.TAIL, self.tail)]
+
+    def section_of(self, index: int) -> Section:
+        if index < len(self.head):
+            return Section.HEAD
+        return Section.BODY if index < len(self.head) + len(self.body) else Section.TAIL
 
     def input(self, name: str) -> Value:
         return next(v for v in self.inputs if v.name == name)
 
+    def with_nodes(self, section: Section, nodes) -> "Graph":
+        from dataclasses import replace
+
+        return replace(self, **{section.value: tuple(nodes)})
+
+    def weights(self) -> list[Value]:
+        return [v for n in self.nodes for v in n.inputs if v.kind is ValueKind.WEIGHT]
+
+    def layer_tensors(self, role: str) -> list[TensorInfo]:
+        """The tensor a body weight role names, in each layer."""
+        return [ly.weights[role] for ly in self.layers]
+
+    def tensors(self, v: Value) -> list[TensorInfo]:
+        """Every tensor a weight value stands for: its own, or one per layer."""
+        return [v.tensor] if v.tensor is not None else self.layer_tensors(v.name)
+
     def activations(self) -> list[Value]:
         return [v for n in self.nodes for v in n.outputs if v.kind is ValueKind.ACTIVATION]
-
-
-def _fmt_value(v: Value) -> str:
-    shape = "x".join(str(d) for d in v.shape)
-    return f"{v.name}:{v.dtype.label}[{shape}]"
-
-
-def format_graph(g: Graph) -> str:
-    """One line per node: index, label, op, kernel, outputs <- inputs."""
-    lines = [
-        f"graph {g.mode.value}: {len(g.nodes)} ops, n_tokens={g.n_tokens}",
-        "inputs:  " + ", ".join(_fmt_value(v) for v in g.inputs),
-        "outputs: " + ", ".join(_fmt_value(v) for v in g.outputs),
-    ]
-    width = max((len(n.label) for n in g.nodes), default=0)
-    for i, n in enumerate(g.nodes):
-        outs = ", ".join(_fmt_value(v) for v in n.outputs) or "-"
-        ins = ", ".join(_fmt_value(v) for v in n.inputs)
-        kernel = f" [{n.kernel}]" if n.kernel else ""
-        lines.append(f"{i:4d}  {n.label:<{width}}  {n.op.value}{kernel}  {outs} <- {ins}")
-    return "\n".join(lines) + "\n"

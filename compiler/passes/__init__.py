@@ -6,7 +6,7 @@ from typing import Callable
 
 from ..frontend.spec import ModelSpec
 from ..ir.graph import Graph
-from ..planner.kv_plan import KVPlan
+from ..ir.kv import KVConfig
 from .kernel_select import select_kernels
 from .kv_insert import insert_kv_ops
 from .kv_rotate import rotate_kv
@@ -17,7 +17,7 @@ from .validate import validate
 @dataclass(frozen=True)
 class PassContext:
     spec: ModelSpec
-    kv: KVPlan
+    kv: KVConfig
 
 
 PIPELINE: tuple[tuple[str, Callable[[Graph, PassContext], Graph]], ...] = (

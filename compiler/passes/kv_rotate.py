@@ -1,4 +1,4 @@
-"""Hold a quantized K (V) cache in Hadamard blocks, as llama.cpp does (kv_plan.py says why).
+"""Hold a quantized K (V) cache in Hadamard blocks, as llama.cpp does (ir/kv.py says why).
 
 Before: attention(q_rope, k_rope, v)
 After:  K rotated: attention(q_rot, k_rot, v) with q_rot = H q_rope, k_rot = H k_rope;
@@ -11,34 +11,34 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir.graph import Graph, Node, Op, Value
-from ..planner.kv_plan import KVPlan
+from ..ir.graph import Graph, Node, Op, Section, Value
+from ..ir.kv import KVConfig
 
 
 def _rotated(v: Value, name: str) -> tuple[Node, Value]:
-    out = replace(v, name=f"{name}-{v.layer}")
-    return Node(Op.HADAMARD, name, v.layer, (v,), (out,)), out
+    out = replace(v, name=name)
+    return Node(Op.HADAMARD, name, (v,), (out,)), out
 
 
-def rotate_kv(g: Graph, plan: KVPlan) -> Graph:
-    if not (plan.k_hadamard or plan.v_hadamard):
+def rotate_kv(g: Graph, kv: KVConfig) -> Graph:
+    if not (kv.k_hadamard or kv.v_hadamard):
         return g
     nodes: list[Node] = []
-    for n in g.nodes:
+    for n in g.body:
         if n.op is not Op.ATTENTION:
             nodes.append(n)
             continue
         q, k, v = n.inputs
-        if plan.k_hadamard:
+        if kv.k_hadamard:
             (rq, q), (rk, k) = _rotated(q, "q_rot"), _rotated(k, "k_rot")
             nodes += [rq, rk]
-        if plan.v_hadamard:
+        if kv.v_hadamard:
             rv, v = _rotated(v, "v_rot")
             nodes.append(rv)
             (out,) = n.outputs
-            inner = replace(out, name=f"attn_rot-{n.layer}")
+            inner = replace(out, name="attn_rot")
             nodes.append(replace(n, name="attn_rot", inputs=(q, k, v), outputs=(inner,)))
-            nodes.append(Node(Op.HADAMARD, "attn", n.layer, (inner,), (out,)))
+            nodes.append(Node(Op.HADAMARD, "attn", (inner,), (out,)))
         else:
             nodes.append(replace(n, inputs=(q, k, v)))
-    return replace(g, nodes=tuple(nodes))
+    return g.with_nodes(Section.BODY, nodes)

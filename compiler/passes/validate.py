@@ -1,8 +1,11 @@
 """Check a graph before memory is planned for it.
 
-- every value is defined once, and before it is used;
+- every value is defined once, and before it is used, in its section: the body sees the step's
+  inputs, the state and its own values, since it runs once per layer; the state (the residual
+  stream) is written by the embedding and by in-place adds only;
 - every activation is used (or is a graph output);
-- every weight value is used exactly once, and every tensor of the file is used;
+- every weight value is used exactly once, every layer binds a tensor to each of the body's
+  weight roles, and every tensor of the file is used;
 - each op has the attrs its type needs, and its shapes agree (one rule per op).
 All problems are collected and reported together.
 """
@@ -13,8 +16,8 @@ from typing import Callable
 
 from ..core.errors import GraphError
 from ..frontend.spec import ModelSpec
-from ..ir.graph import OP_ATTRS, AttentionAttrs, Graph, Node, Op, ValueKind
-from ..planner.kv_plan import HADAMARD_BLOCK
+from ..core.cconst import HADAMARD_BLOCK
+from ..ir.graph import OP_ATTRS, AttentionAttrs, Graph, Node, Op, Section, ValueKind
 
 ShapeRule = Callable[[Node], "str | None"]
 
@@ -103,6 +106,13 @@ def _select_rows(n: Node) -> str | None:
     return None
 
 
+def _add(n: Node) -> str | None:
+    problem = _elementwise(n)
+    if problem is None and n.outputs[0].kind is ValueKind.STATE and n.inputs[1] != n.outputs[0]:
+        return "an add into the state must add to the state itself (in place)"
+    return problem
+
+
 SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.EMBED: _embed,
     Op.RMS_NORM: _norm,
@@ -111,42 +121,49 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.HADAMARD: _hadamard,
     Op.ATTENTION: _attention,
     Op.KV_STORE: _kv_write,
-    Op.KV_BATCH_COPY: _kv_write,
-    Op.ADD: _elementwise,
+    Op.ADD: _add,
     Op.GLU: _elementwise,
     Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _matmul,
 }
 assert set(SHAPE_RULES) == set(Op)
 
-_ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV)
+_ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE)
+_WRITES_STATE = (Op.EMBED, Op.ADD)
 
 
 def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
     problems: list[str] = []
-    defined: set[str] = {v.name for v in g.inputs}
     used: dict[str, int] = {}
     weight_uses: dict[str, int] = {}
-    for i, n in enumerate(g.nodes):
-        where = f"op {i} ({n.label})"
-        for v in n.inputs:
-            if v.kind in _ALWAYS_DEFINED:
+    for section, nodes in g.sections():
+        defined: set[str] = set()  # a section sees its own values only
+        for n in nodes:
+            where = f"{section.value} op {n.name}"
+            for v in n.inputs:
                 if v.kind is ValueKind.WEIGHT:
                     weight_uses[v.name] = weight_uses.get(v.name, 0) + 1
-            elif v.name not in defined:
-                problems.append(f"{where}: input '{v.name}' is used before it is defined")
-            used[v.name] = used.get(v.name, 0) + 1
-        for v in n.outputs:
-            if v.name in defined:
-                problems.append(f"{where}: '{v.name}' is defined twice")
-            defined.add(v.name)
-        expected = OP_ATTRS[n.op]
-        if (n.attrs is None) != (expected is None) or (expected and not isinstance(n.attrs, expected)):
-            problems.append(f"{where}: {n.op.value} needs attrs {expected.__name__ if expected else None}")
-            continue
-        shape_problem = SHAPE_RULES[n.op](n)
-        if shape_problem:
-            problems.append(f"{where}: {n.op.value}: {shape_problem}")
+                    if (v.tensor is None) != (section is Section.BODY):
+                        problems.append(f"{where}: weight '{v.name}' must be a layer's role in the body "
+                                        "and a file tensor elsewhere")
+                elif v.kind not in _ALWAYS_DEFINED and v.name not in defined:
+                    problems.append(f"{where}: input '{v.name}' is used before it is defined")
+                used[v.name] = used.get(v.name, 0) + 1
+            for v in n.outputs:
+                if v.kind is ValueKind.STATE:
+                    if n.op not in _WRITES_STATE:
+                        problems.append(f"{where}: {n.op.value} writes the state '{v.name}'")
+                    continue
+                if v.name in defined:
+                    problems.append(f"{where}: '{v.name}' is defined twice")
+                defined.add(v.name)
+            expected = OP_ATTRS[n.op]
+            if (n.attrs is None) != (expected is None) or (expected and not isinstance(n.attrs, expected)):
+                problems.append(f"{where}: {n.op.value} needs attrs {expected.__name__ if expected else None}")
+                continue
+            shape_problem = SHAPE_RULES[n.op](n)
+            if shape_problem:
+                problems.append(f"{where}: {n.op.value}: {shape_problem}")
     outputs = {v.name for v in g.outputs}
     for v in g.activations():
         if v.name not in used and v.name not in outputs:
@@ -154,11 +171,15 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
     for name, count in sorted(weight_uses.items()):
         if count != 1:
             problems.append(f"weight '{name}' is used {count} times (expected exactly once)")
+    roles = {v.name for n in g.body for v in n.inputs if v.kind is ValueKind.WEIGHT}
+    for ly in g.layers:
+        if set(ly.weights) != roles:
+            problems.append(f"layer {ly.index} binds {sorted(ly.weights)}, but the body uses {sorted(roles)}")
     if spec is not None:
-        viewed = {v.tensor.name for v in g.weights() if v.tensor is not None}
+        viewed = {t.name for v in g.weights() for t in g.tensors(v)}
         for name in spec.tensors:
             if name not in viewed:
-                problems.append(f"tensor '{name}' of {spec.path.name} is not used by the {spec.arch} template")
+                problems.append(f"tensor '{name}' of {spec.path.name} is not used by the {spec.arch} architecture")
     return problems
 
 
@@ -167,5 +188,5 @@ def validate(g: Graph, spec: ModelSpec | None = None) -> Graph:
     if problems:
         shown = "\n  ".join(problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise GraphError(f"the {g.mode.value} graph is invalid:\n  {shown}{more}")
+        raise GraphError(f"the step graph is invalid:\n  {shown}{more}")
     return g

@@ -10,11 +10,7 @@ head-major inside so that attention streams one head's rows of a page contiguous
         K: pool_offset[g] + p*page_bytes[g] + k_offset[l] + (h*page_size + r)*k_row_bytes
         V: pool_offset[g] + p*page_bytes[g] + v_offset[l] + (h*page_size + r)*v_row_bytes
 
-K and V may have different element types (llama.cpp's -ctk / -ctv), so their rows may differ
-in size. A quantized K (or V) is held in Hadamard blocks of 64, as llama.cpp holds it: Q and K
-(V, and attention's output) are rotated by the orthonormal 64x64 Hadamard matrix, which leaves
-every dot product as it was but spreads a head's outlier channels over the block, so that a
-block's one scale fits all its values (passes/kv_rotate.py).
+K and V may have different element types (ir/kv.py), so their rows may differ in size.
 
 A sequence maps positions to pages through one block table per group (block b holds
 positions b*page_size ..). A sliding group needs at most the pages that cover the window
@@ -27,15 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.dtypes import DType
-from ..core.errors import OptionError
-from ..frontend.spec import HParams
 from ..core.options import CompileOptions
-from ..frontend.architecture import LayerKind, Architecture
+from ..frontend.architecture import LayerKind
+from ..ir.graph import Layer
+from ..ir.kv import KVConfig
 
 ALIGN = 64
-HADAMARD_BLOCK = 64  # runtime_c/kernels.h KILN_HADAMARD_BLOCK
-FLOAT_KV = (DType.F32, DType.F16)  # cache types held as they are; the quantized ones are rotated
 
 
 def align(n: int, a: int = ALIGN) -> int:
@@ -44,6 +37,11 @@ def align(n: int, a: int = ALIGN) -> int:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def window_pages(window: int, batch_tokens: int, page_size: int, max_blocks: int) -> int:
+    """The most pages of a sliding group one sequence holds at once (the module's proof)."""
+    return min(max_blocks, ceil_div(window + batch_tokens - 2, page_size) + 1)
 
 
 @dataclass(frozen=True)
@@ -82,20 +80,12 @@ class KVGroup:
 
 @dataclass(frozen=True)
 class KVPlan:
-    k_dtype: DType
-    v_dtype: DType
-    n_seq: int
-    ctx: int
-    page_size: int
-    n_head_kv: int
-    head_dim: int
+    config: KVConfig
     k_row_bytes: int  # one position of one head
     v_row_bytes: int
     max_blocks: int  # block-table entries per sequence and group: ceil(ctx / page_size)
     groups: tuple[KVGroup, ...]
     layers: tuple[KVLayer, ...]
-    k_hadamard: bool = False  # K (with Q) held in Hadamard blocks
-    v_hadamard: bool = False  # V held in Hadamard blocks (attention's output rotated back)
 
     @property
     def total_bytes(self) -> int:
@@ -104,18 +94,12 @@ class KVPlan:
     @property
     def full_context_bytes(self) -> int:
         """n_seq x ctx positions in every layer: what the cache would take without pages or windows."""
-        return self.n_seq * self.ctx * self.page_tokens_bytes
+        return self.config.n_seq * self.config.ctx * self.page_tokens_bytes
 
     @property
     def page_tokens_bytes(self) -> int:
         """Bytes one position takes across every layer (all groups)."""
-        return len(self.layers) * self.n_head_kv * (self.k_row_bytes + self.v_row_bytes)
-
-    @property
-    def dtype_label(self) -> str:
-        """'f16', or 'q4_0/f16' when K and V differ."""
-        k, v = self.k_dtype.label, self.v_dtype.label
-        return k if k == v else f"{k}/{v}"
+        return len(self.layers) * self.config.n_head_kv * (self.k_row_bytes + self.v_row_bytes)
 
     def offset(self, page: int, layer: int, kv: int, head: int, row: int) -> int:
         """Byte offset of (page, layer, K=0|V=1, kv_head, row in page) in the KV region."""
@@ -123,46 +107,31 @@ class KVPlan:
         g = self.groups[ly.group]
         row_bytes = self.v_row_bytes if kv else self.k_row_bytes
         return (g.pool_offset + page * g.page_bytes + (ly.v_offset if kv else ly.offset)
-                + (head * self.page_size + row) * row_bytes)
+                + (head * self.config.page_size + row) * row_bytes)
 
 
-def _group_key(kind: LayerKind, hp: HParams) -> int | None:
-    return hp.sliding_window if kind is LayerKind.LOCAL else None
-
-
-def plan_kv(hp: HParams, arch: Architecture, opts: CompileOptions) -> KVPlan:
-    for part, dtype in (("k", opts.kv_dtype_k), ("v", opts.kv_dtype_v)):
-        if hp.head_dim % dtype.block_elems:
-            raise OptionError(
-                f"kv_dtype_{part} (--kv-dtype-{part}) {dtype.label} stores blocks of {dtype.block_elems} "
-                f"but head_dim is {hp.head_dim}; use f16 or f32"
-            )
-    ps = opts.page_size
-    k_row, v_row = opts.kv_dtype_k.nbytes(hp.head_dim), opts.kv_dtype_v.nbytes(hp.head_dim)
-    max_blocks = ceil_div(opts.ctx, ps)
-    windows = [_group_key(arch.layer_kind(il), hp) for il in range(hp.n_layer)]
+def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions) -> KVPlan:
+    ps = config.page_size
+    k_row, v_row = config.k_dtype.nbytes(config.head_dim), config.v_dtype.nbytes(config.head_dim)
+    max_blocks = ceil_div(config.ctx, ps)
     # full-context group first, then sliding groups by window: a fixed order for a fixed layout
-    keys = sorted(set(windows), key=lambda w: (w is not None, w or 0))
-    k_bytes, v_bytes = align(hp.n_head_kv * ps * k_row), align(hp.n_head_kv * ps * v_row)
-    layers: list[KVLayer] = []
+    keys = sorted({ly.window for ly in layers}, key=lambda w: (w is not None, w or 0))
+    k_bytes, v_bytes = align(config.n_head_kv * ps * k_row), align(config.n_head_kv * ps * v_row)
+    kv_layers: list[KVLayer] = []
     groups: list[KVGroup] = []
     pool_offset = 0
     for gi, window in enumerate(keys):
-        members = tuple(il for il in range(hp.n_layer) if windows[il] == window)
+        members = tuple(ly.index for ly in layers if ly.window == window)
         if window is None:
             seq_pages = max_blocks
-            n_pages = opts.n_seq * max_blocks if opts.kv_pages is None else opts.kv_pages
+            n_pages = config.n_seq * max_blocks if opts.kv_pages is None else opts.kv_pages
         else:
-            seq_pages = min(max_blocks, ceil_div(window + opts.batch_tokens - 2, ps) + 1)
-            n_pages = opts.n_seq * seq_pages
+            seq_pages = window_pages(window, opts.batch_tokens, ps, max_blocks)
+            n_pages = config.n_seq * seq_pages
         for i, il in enumerate(members):
-            layers.append(KVLayer(il, arch.layer_kind(il), window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
+            kv_layers.append(KVLayer(il, layers[il].kind, window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
         page_bytes = (k_bytes + v_bytes) * len(members)
         groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
         pool_offset += align(n_pages * page_bytes)
-    layers.sort(key=lambda ly: ly.layer)
-    def rotated(dtype: DType) -> bool:
-        return opts.kv_rotation and dtype not in FLOAT_KV and hp.head_dim % HADAMARD_BLOCK == 0
-
-    return KVPlan(opts.kv_dtype_k, opts.kv_dtype_v, opts.n_seq, opts.ctx, ps, hp.n_head_kv, hp.head_dim, k_row, v_row,
-                  max_blocks, tuple(groups), tuple(layers), rotated(opts.kv_dtype_k), rotated(opts.kv_dtype_v))
+    kv_layers.sort(key=lambda ly: ly.layer)
+    return KVPlan(config, k_row, v_row, max_blocks, tuple(groups), tuple(kv_layers))

@@ -1,8 +1,9 @@
-"""The memory layout of one mode: every buffer with its region, offset, size and live range.
+"""The memory layout of the step: every buffer with its region, offset, size and live range.
 
 Offsets are relative to their region: weights to the GGUF file (they are mmapped views),
 kv to a page of the layer's group (kv_plan.py: pages repeat every page_bytes in the group's
-pool), activations to the activation arena.
+pool), activations to the activation arena. Live ranges are op indices in the schedule with the
+body once (Graph.nodes): a body buffer holds the same bytes in every layer's run.
 """
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from dataclasses import asdict, dataclass, fields
 
 from ..frontend.spec import HParams, ModelSpec
 from ..ir.graph import Graph, Op, ValueKind
+from ..ir.kv import KVConfig
 from ..core.options import CompileOptions
 from ..frontend.architecture import Architecture
 from .allocator import allocate, arena_bytes
 from .events import events, peak_live_bytes
-from .kv_plan import KVPlan, align
+from .kv_plan import KVPlan, align, plan_kv
 from .liveness import lifetimes
 from .packed import PackedWeight, packed_bytes, plan_packed
 
@@ -36,8 +38,6 @@ class Buffer:
 class LayoutConfig:
     model: str
     arch: str
-    mode: str
-    n_tokens: int
     ctx: int
     kv_dtype: str  # both parts' type, or "k/v" when they differ
     kv_dtype_k: str
@@ -67,6 +67,7 @@ class Layout:
     activation_bytes_without_reuse: int
     activation_peak_live_bytes: int
     packed: tuple[PackedWeight, ...] = ()
+    sections: tuple[tuple[str, int, int], ...] = ()  # (head | body | tail, first op, last op)
 
     @property
     def packed_bytes(self) -> int:
@@ -76,11 +77,12 @@ class Layout:
         return [b for b in self.buffers if b.region == name]
 
 
-def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOptions, kv: KVPlan) -> Layout:
+def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOptions, kv_config: KVConfig) -> Layout:
+    kv = plan_kv(kv_config, g.layers, opts)
     config = LayoutConfig(
-        model=spec.path.name, arch=spec.arch, mode=g.mode.value, n_tokens=g.n_tokens, ctx=opts.ctx,
-        kv_dtype=kv.dtype_label, kv_dtype_k=kv.k_dtype.label, kv_dtype_v=kv.v_dtype.label, prefill_chunk=opts.prefill_chunk, n_seq=opts.n_seq,
-        page_size=kv.page_size, kv_pages=kv.groups[0].n_pages, batch_tokens=opts.batch_tokens,
+        model=spec.path.name, arch=spec.arch, ctx=opts.ctx, kv_dtype=kv_config.dtype_label,
+        kv_dtype_k=kv_config.k_dtype.label, kv_dtype_v=kv_config.v_dtype.label, prefill_chunk=opts.prefill_chunk,
+        n_seq=opts.n_seq, page_size=kv_config.page_size, kv_pages=kv.groups[0].n_pages, batch_tokens=opts.batch_tokens,
         rope_base_local=arch.rope_base_local, hparams=spec.hparams,
     )
     lts = lifetimes(g)
@@ -102,17 +104,29 @@ def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOpti
         activation_bytes_without_reuse=sum(p.size for p in placements),
         activation_peak_live_bytes=peak_live_bytes(evs, lambda lt: align(lt.value.nbytes)),
         packed=packed,
+        sections=_sections(g),
     )
+
+
+def _sections(g: Graph) -> tuple[tuple[str, int, int], ...]:
+    out, first = [], 0
+    for section, nodes in g.sections():
+        name = f"body x {len(g.layers)} layers" if section.value == "body" else section.value
+        out.append((name, first, first + len(nodes) - 1))
+        first += len(nodes)
+    return tuple(out)
 
 
 def _weight_buffers(g: Graph) -> list[Buffer]:
     out = []
     for i, n in enumerate(g.nodes):
         for v in n.inputs:
-            if v.kind is ValueKind.WEIGHT:
-                t = v.tensor
-                note = "" if t.name == v.name else f"view of {t.name}"
-                out.append(Buffer(v.name, "weights", t.offset, t.nbytes, t.shape, t.dtype.label, i, i, note))
+            if v.kind is not ValueKind.WEIGHT:
+                continue
+            for t in g.tensors(v):
+                note = f"view of {t.name}" if v.tensor is not None and t.name != v.name else ""
+                out.append(Buffer(v.name if v.tensor is not None else t.name, "weights", t.offset, t.nbytes, t.shape,
+                                  t.dtype.label, i, i, note))
     return sorted(out, key=lambda b: (b.offset, b.name))
 
 
@@ -122,15 +136,15 @@ def _packed_buffers(packed: tuple[PackedWeight, ...]) -> list[Buffer]:
 
 
 def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:
-    writes = {n.layer: i for i, n in enumerate(g.nodes) if n.op in (Op.KV_STORE, Op.KV_BATCH_COPY)}
-    reads = {n.layer: i for i, n in enumerate(g.nodes) if n.op is Op.ATTENTION}
+    write = next(i for i, n in enumerate(g.nodes) if n.op is Op.KV_STORE)
+    read = next(i for i, n in enumerate(g.nodes) if n.op is Op.ATTENTION)
+    c = kv.config
     out = []
     for ly in kv.layers:
-        g = kv.groups[ly.group]
-        shape = (kv.n_head_kv, kv.page_size, kv.head_dim)
-        note = f"in each page of group {g.index} ({g.n_pages} pages of {g.page_bytes:,} bytes" + (
+        grp = kv.groups[ly.group]
+        shape = (c.n_head_kv, c.page_size, c.head_dim)
+        note = f"in each page of group {grp.index} ({grp.n_pages} pages of {grp.page_bytes:,} bytes" + (
             f"; window {ly.window})" if ly.window else ")")
-        for part, offset, size, dtype in (("k", ly.offset, ly.k_bytes, kv.k_dtype), ("v", ly.v_offset, ly.v_bytes, kv.v_dtype)):
-            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, size, shape, dtype.label,
-                              writes.get(ly.layer, 0), reads.get(ly.layer, 0), note))
+        for part, offset, size, dtype in (("k", ly.offset, ly.k_bytes, c.k_dtype), ("v", ly.v_offset, ly.v_bytes, c.v_dtype)):
+            out.append(Buffer(f"kv_cache-{ly.layer}.{part}", "kv", offset, size, shape, dtype.label, write, read, note))
     return out

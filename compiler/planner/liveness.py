@@ -1,15 +1,15 @@
-"""Lifetimes of the activation arena's buffers: [first op that touches it, last op that reads it].
+"""Lifetimes of the activation arena's buffers: [first op that touches it, last op that reads it],
+over the schedule with the body once (Graph.nodes).
 
-Graph inputs are live from op 0. Graph outputs (logits) are written into the caller's
-buffer, so they take no arena space.
+A body value lives within one run of the body, so one run's range is the range of every run.
+The state (the residual stream) is carried from layer to layer: it lives for the whole step.
+The step's inputs and its logits are the caller's memory and take no arena space.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.graph import Graph, Value, ValueKind
-
-ARENA_KINDS = (ValueKind.INPUT, ValueKind.ACTIVATION)
+from ..ir.graph import ARENA_KINDS, Graph, Value, ValueKind
 
 
 @dataclass(frozen=True)
@@ -23,18 +23,20 @@ class Lifetime:
 
 
 def lifetimes(g: Graph) -> list[Lifetime]:
-    first: dict[str, int] = {v.name: 0 for v in g.inputs}
-    last: dict[str, int] = {v.name: 0 for v in g.inputs}
-    values: dict[str, Value] = {v.name: v for v in g.inputs}
+    end = len(g.nodes) - 1
+    first: dict[str, int] = {v.name: 0 for v in g.state}
+    last: dict[str, int] = {v.name: end for v in g.state}
+    values: dict[str, Value] = {v.name: v for v in g.state}
     for i, n in enumerate(g.nodes):
         for v in n.outputs:
-            if v.kind in ARENA_KINDS:
+            if v.kind is ValueKind.ACTIVATION:
                 values[v.name] = v
                 first[v.name] = last[v.name] = i
         for v in n.inputs:
-            if v.kind in ARENA_KINDS:
+            if v.kind is ValueKind.ACTIVATION:
                 last[v.name] = i
         if n.scratch is not None:
             values[n.scratch.name] = n.scratch
             first[n.scratch.name] = last[n.scratch.name] = i
+    assert all(v.kind in ARENA_KINDS for v in values.values())
     return [Lifetime(values[name], first[name], last[name]) for name in values]

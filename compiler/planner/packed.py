@@ -1,19 +1,23 @@
-"""The packed-weights region: matmuls whose kernel reads weights interleaved by eight rows
-(x8, runtime_c/x8_pack.c) read a copy at an offset fixed here, in a file the compiler
-writes (compiler/packing.py).
+"""The packed-weights region: matmuls whose kernel can read weights interleaved by eight rows
+(x8, runtime_c/x8_pack.c) read a copy at an offset fixed here, in a file the compiler writes
+(build/packing.py). A build without the x8 kernels reads the GGUF rows instead; the values are the
+same bits either way.
 
 An x8 copy has the bytes of the GGUF rows it replaces (Q4_K and Q5_K a few more: dtypes.x8_bytes);
-a weight used by several x8 matmuls (none today) is packed once. Offsets are 64-byte aligned, in
-order of first use.
+a tensor two matmuls share is packed once. Offsets are 64-byte aligned, in the order a step reads
+them: the head's, then each layer's in turn, then the tail's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.dtypes import DType, x8_bytes
-from ..ir.graph import Graph, ValueKind
-from ..passes.kernel_select import X8_KERNELS
+from ..core.cconst import X8_MAX_IN
+from ..core.dtypes import X8_DTYPES, DType, x8_bytes
+from ..frontend.spec import TensorInfo
+from ..ir.graph import Graph, Op, ValueKind
 from .kv_plan import align
+
+PACKED_OPS = (Op.MATMUL, Op.LOGITS)
 
 
 @dataclass(frozen=True)
@@ -29,18 +33,32 @@ class PackedWeight:
     src_size: int = 0  # of the GGUF rows it is made from
 
 
+def packs(t: TensorInfo) -> bool:
+    """Whether a matmul's weight has an x8 copy: an x8 type, whole groups of 8 rows, rows the x8
+    kernels take (kiln_x8_packs)."""
+    return t.dtype in X8_DTYPES and len(t.shape) == 2 and t.shape[0] % 8 == 0 and t.shape[1] <= X8_MAX_IN
+
+
+def _reads(g: Graph):
+    """(op index, tensor) of every matmul weight, in the order a step reads them."""
+    first_body, first_tail = len(g.head), len(g.head) + len(g.body)
+    for i, n in enumerate(g.head):
+        yield from ((i, v.tensor) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
+    for ly in g.layers:
+        for i, n in enumerate(g.body, first_body):
+            yield from ((i, ly.weights[v.name]) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
+    for i, n in enumerate(g.tail, first_tail):
+        yield from ((i, v.tensor) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
+
+
 def plan_packed(g: Graph) -> tuple[PackedWeight, ...]:
     out: dict[str, PackedWeight] = {}
     end = 0
-    for i, n in enumerate(g.nodes):
-        if n.kernel not in X8_KERNELS:
+    for i, t in _reads(g):
+        if t.name in out or not packs(t):
             continue
-        w = next(v for v in n.inputs if v.kind is ValueKind.WEIGHT)
-        t = w.tensor
-        if t.name in out:
-            continue
-        size = x8_bytes(w.dtype, w.shape[0], w.shape[1])
-        out[t.name] = PackedWeight(t.name, w.dtype, w.shape[0], w.shape[1], t.offset, end, size, i, t.nbytes)
+        size = x8_bytes(t.dtype, t.shape[0], t.shape[1])
+        out[t.name] = PackedWeight(t.name, t.dtype, t.shape[0], t.shape[1], t.offset, end, size, i, t.nbytes)
         end = align(end + size)
     return tuple(out.values())
 

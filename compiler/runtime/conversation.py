@@ -1,4 +1,4 @@
-"""`kiln chat`: a multi-turn conversation on one sequence, and the terminal loop around it.
+"""A multi-turn conversation on one sequence (`kiln chat`'s; cli/chat.py is its terminal loop).
 
 The conversation is rendered with the model's chat template on every turn, and the sequence
 keeps what it already holds of it: the rendering of the earlier turns is a prefix of the new
@@ -8,23 +8,14 @@ and the history always agree.
 """
 from __future__ import annotations
 
-import signal
-import sys
 import time
 from dataclasses import dataclass
 
 from ..text.chat import chat_template, render_chat
 from ..core.errors import KilnError
+from ..core.sequences import common_prefix
 from .model import Model
 from .sampling import SamplingParams
-
-HELP = """commands:
-  /system TEXT   set the system message (empty: none)
-  /reset         forget the conversation (the system message stays)
-  /stats         KV cache use and the last turn's speed
-  /help          this text
-  /exit          leave (Ctrl-D too); Ctrl-C stops a reply, not the conversation"""
-
 
 @dataclass
 class TurnStats:
@@ -69,9 +60,7 @@ class ChatSession:
         except KilnError:
             self.history.pop()
             raise
-        held = self.seq.tokens
-        reused = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
-        st = self.last = TurnStats(prompt_tokens=len(ids), reused=min(reused, len(ids) - 1))
+        st = self.last = TurnStats(prompt_tokens=len(ids), reused=min(common_prefix(self.seq.tokens, ids), len(ids) - 1))
         st.prefilled = len(ids) - st.reused
         p = self.params
         pieces = self.seq.generate(ids, max_tokens=self.max_tokens, temperature=p.temperature, top_k=p.top_k,
@@ -106,56 +95,3 @@ class ChatSession:
         pages = ", ".join(f"{g['pages_used']} of {g['pages_total']}" for g in kv["groups"])
         return (f"KV cache: {self.seq.n_past} of {m.n_ctx} positions held, pages used {pages} "
                 f"({m.page_size} positions a page), {len(self.history)} messages\n{self.last.render()}")
-
-
-def repl(session: ChatSession, banner: str, out=sys.stdout) -> None:
-    """Read lines until /exit or end of input; a line is a command or a message."""
-    try:
-        import readline  # noqa: F401  line editing and history for input(), where the platform has it
-    except ImportError:
-        pass
-
-    def on_sigint(signum, frame):
-        session.interrupted = True
-
-    out.write(banner + "\n")
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            out.write("\n")
-            return
-        except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
-            out.write("^C\n")
-            continue
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("/"):
-            cmd, _, arg = line.partition(" ")
-            if cmd in ("/exit", "/quit"):
-                return
-            if cmd == "/reset":
-                session.reset()
-                out.write("(conversation cleared)\n")
-            elif cmd == "/stats":
-                out.write(session.stats() + "\n")
-            elif cmd == "/system":
-                session.system = arg.strip()
-                out.write(f"(system message {'set' if session.system else 'cleared'})\n")
-            elif cmd == "/help":
-                out.write(HELP + "\n")
-            else:
-                out.write(f"unknown command {cmd}; /help lists them\n")
-            continue
-        session.interrupted = False
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            for piece in session.reply(line):
-                out.write(piece)
-                out.flush()
-        except KilnError as e:  # a message that does not fit the context: say so, keep the conversation
-            out.write(f"kiln: {e}; /reset to start over, or run kiln chat with a larger --ctx")
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        out.write(" [stopped]\n" if session.interrupted else "\n")

@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 
 from ..core.errors import KilnError
-from ..build.packing import header_crc32
+from ..core.files import atomic_file
 
 MAGIC = b"KILNKV\0\1"
 FORMAT = 1
@@ -33,14 +33,15 @@ class KVFileError(KilnError):
 
 def layout_identity(model) -> dict:
     """What a state's bytes depend on: the model and the planned cache layout."""
-    spec, kv = model.spec, model.compiled.decode.layout.kv
+    spec, kv = model.spec, model.compiled.planned.layout.kv
+    c = kv.config
     return {
         "gguf_bytes": spec.file_size,
-        "gguf_header_crc32": header_crc32(spec),
-        "kv_dtype_k": kv.k_dtype.label,
-        "kv_dtype_v": kv.v_dtype.label,
-        "kv_hadamard": [kv.k_hadamard, kv.v_hadamard],
-        "page_size": kv.page_size,
+        "gguf_header_crc32": spec.header_crc32,
+        "kv_dtype_k": c.k_dtype.label,
+        "kv_dtype_v": c.v_dtype.label,
+        "kv_hadamard": [c.k_hadamard, c.v_hadamard],
+        "page_size": c.page_size,
         "groups": [{"window": g.window or 0, "page_bytes": g.page_bytes} for g in kv.groups],
     }
 
@@ -52,16 +53,11 @@ def write(path: str | os.PathLike[str], model, tokens: list[int], state: bytes, 
               "exact": bool(exact), "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
     blob = json.dumps(header, separators=(",", ":")).encode()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with atomic_file(path) as f:
             f.write(MAGIC + _LEN.pack(len(blob)) + blob)
             f.write(state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise KVFileError(f"{path}: cannot write the KV state ({e.strerror})") from None
     return len(MAGIC) + _LEN.size + len(blob) + len(state)
 

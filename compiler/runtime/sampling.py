@@ -36,6 +36,9 @@ class SamplingParams:
                 raise OptionError(f"sampling option {name} is out of range: {getattr(self, name)!r}")
 
 
+DEFAULTS = SamplingParams()  # llama.cpp's defaults: the Python API, the CLI and the server start from these
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.p = params

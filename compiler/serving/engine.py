@@ -18,80 +18,27 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..core.errors import KilnError
-from ..runtime.generation import Decoding
-from ..runtime.model import Model, ModelError, PoolFullError, Sequence
-from ..runtime.sampling import SamplingParams
+from ..core.sequences import common_prefix
+from ..planner.kv_plan import window_pages
+from ..runtime import Model, ModelError, PoolFullError, Sequence
 from .metrics import Metrics
-from .radix_cache import Match, RadixCache
+from .radix_cache import RadixCache
+from .types import EngineStats, Event, QueueFull, Request, TokenLogprob, Usage
 
 log = logging.getLogger("kiln.serve")
 
 
-class QueueFull(KilnError):
-    """The waiting queue is at its limit; try again later."""
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # the most likely tokens and their logprobs, best first
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class Event:
-    """What a request hears from the engine: a token (its text may be empty while a stop string
-    could still match), then one event with finish_reason (stop or length) or error set."""
-    text: str = ""
-    token: int | None = None
-    logprob: TokenLogprob | None = None
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    max_tokens: int
-    stops: list[str]
-    emit: Callable[[Event], None]
-    logprobs: int | None = None  # None: off; n: the sampled token's logprob and the n most likely
-    ignore_eos: bool = False
-    # the engine's state
-    output: list[int] = field(default_factory=list)
-    seq: Sequence | None = None
-    held: Match | None = None
-    todo: list[int] = field(default_factory=list)  # tokens to run before the next sample
-    cached_tokens: int | None = None  # of the first admission
-    done: bool = False
-    arrival: float = field(default_factory=time.monotonic)
-    last_token_at: float | None = None
-    order: int = 0  # admission order; the newest is preempted first
-    resume: list[int] | None = None  # after a preemption of a shifted sequence: the tokens it held
-    decoding: Decoding | None = None  # the sampler, the penalties' history, the text and the stop rules
-
-
 class Engine:
     def __init__(self, model: Model, max_queue: int = 64, prefix_cache: bool = True,
-                 metrics: Metrics | None = None, context_shift: bool = False, n_keep: int = 4):
+                 metrics: Metrics | None = None, context_shift: bool = False, sinks: int = 4):
         self.model = model
-        self.n_keep = n_keep if context_shift else None  # None: a full context ends a request
+        self.sinks = sinks if context_shift else None  # None: a full context ends a request
         self.n_slots, self.budget = model.options.n_seq, model.options.batch_tokens
         if self.budget < self.n_slots:
             raise KilnError(f"batch_tokens ({self.budget}) must be at least n_seq ({self.n_slots}), so that one "
@@ -107,7 +54,7 @@ class Engine:
         self._admitted = 0
         self.slots: dict[int, list[int]] = {}  # sequence slot -> the tokens of the last request it served
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
-        self.metrics.observe_engine(self)
+        self.metrics.watch(self.stats)
 
     # -- the callers' side (any thread) -----------------------------------------------------
     def start(self) -> "Engine":
@@ -127,8 +74,8 @@ class Engine:
             if self._queued >= self.max_queue:
                 raise QueueFull(f"{self._queued} requests are waiting (the limit, --max-queue)")
             self._queued += 1
-        r.decoding = self.model._decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos,
-                                          context_shift=self.n_keep is not None)
+        r.decoding = self.model.decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos,
+                                          context_shift=self.sinks is not None)
         self._inbox.put(("submit", r))
 
     def cancel(self, r: Request) -> None:
@@ -172,10 +119,14 @@ class Engine:
         finally:
             seq.close()
 
-    def counts(self) -> tuple[int, int]:
-        """(running, waiting) requests."""
+    def stats(self) -> EngineStats:
+        """The engine now, for /metrics (any thread)."""
+        kv = self.model.kv_stats()
         with self._lock:
-            return len(self.running), self._queued
+            running, waiting = len(self.running), self._queued
+        return EngineStats(kv["pages_total"], kv["pages_used"], kv["utilization"],
+                           self.cache.pages_held if self.cache else 0, self.cache.evicted_pages if self.cache else 0,
+                           running, waiting)
 
     # -- the engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -199,7 +150,8 @@ class Engine:
                 log.exception("engine step failed")
                 for r in list(self.running):
                     self._finish(r, error=f"internal error: {e}")
-            self.metrics.observe_engine(self)
+            if self.cache:
+                self.metrics.evictions(self.cache.evicted_pages)
 
     def _open(self, make: Callable[[], Sequence]) -> Sequence:
         """A sequence for a slot action; QueueFull while every slot or page is taken by requests."""
@@ -289,11 +241,7 @@ class Engine:
         for r in self.running:
             if r.output or len(r.todo) <= 1:
                 continue
-            n = 0
-            for a, b in zip(ids, r.prompt_ids):
-                if a != b:
-                    break
-                n += 1
+            n = common_prefix(ids, r.prompt_ids)
             best = max(best, min(n, len(ids) - 1) // self.model.page_size * self.model.page_size)
         return best
 
@@ -303,17 +251,17 @@ class Engine:
         stats, ps, short = self.model.kv_stats()["groups"], self.model.page_size, 0
         for g in stats:
             need = -(-n_new // ps) + 1
-            if g["window"]:
-                need = min(need, -(-g["window"] // ps) + 2)
+            if g["window"]:  # a sliding group holds no more than the planner's bound, whatever n_new
+                need = window_pages(g["window"], self.budget, ps, max_blocks=need)
             short = max(short, need + len(self.running) - g["pages_free"])
         return short
 
     def _step(self) -> None:
-        if self.n_keep is not None:
+        if self.sinks is not None:
             for r in self.running:
                 if len(r.todo) == 1 and r.seq.n_past >= self.model.n_ctx:
                     try:
-                        r.seq.shift_if_full(self.n_keep)
+                        r.seq.shift_if_full(self.sinks)
                     except PoolFullError:  # its shared pages must be copied: free some, try again
                         self._make_room([(r, r.todo)])
                         return
@@ -344,7 +292,7 @@ class Engine:
         r.last_token_at = now
         if got.token is not None:
             r.output.append(got.token)
-        lp = _logprob(logits, got.token, r.logprobs) if r.logprobs is not None and got.token is not None else None
+        lp = TokenLogprob.of(logits, got.token, r.logprobs) if r.logprobs is not None and got.token is not None else None
         r.emit(Event(text=got.text, token=got.token, logprob=lp))
         if got.finish_reason:
             self._finish(r, reason=got.finish_reason)
@@ -399,9 +347,3 @@ class Engine:
         self.waiting.appendleft(r)
         self.metrics.preempted()
 
-
-def _logprob(logits: np.ndarray, tok: int, n_top: int) -> TokenLogprob:
-    x = logits.astype(np.float64)
-    lse = x.max() + math.log(np.exp(x - x.max()).sum())
-    top = np.argsort(-x, kind="stable")[:n_top] if n_top else []
-    return TokenLogprob(tok, float(x[tok] - lse), tuple((int(t), float(x[t] - lse)) for t in top))

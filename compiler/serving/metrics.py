@@ -1,16 +1,15 @@
 """The server's Prometheus metrics, all in the kiln_ namespace, on a registry of its own (so that
 several servers can live in one process). Counters and histograms are updated by the engine
-thread as things happen; the gauges are read from the engine and the pool when /metrics is
+thread as things happen; the gauges are read through the engine's stats() when /metrics is
 scraped."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-if TYPE_CHECKING:
-    from .engine import Engine
+from .types import EngineStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 
@@ -32,7 +31,7 @@ class Metrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("kiln_inter_token_latency_seconds", "Time between a request's tokens",
                              buckets=_LATENCY_BUCKETS, registry=r)
-        self._engine: Engine | None = None
+        self._stats: Callable[[], EngineStats] | None = None
         self._evicted_seen = 0
         r.register(self)
 
@@ -52,29 +51,30 @@ class Metrics:
     def preempted(self) -> None:
         self.preemptions.inc()
 
-    def observe_engine(self, engine: "Engine") -> None:
-        self._engine = engine
-        if engine.cache and engine.cache.evicted_pages > self._evicted_seen:
-            self.evicted.inc(engine.cache.evicted_pages - self._evicted_seen)
-            self._evicted_seen = engine.cache.evicted_pages
+    def evictions(self, total: int) -> None:
+        """The prefix cache's evictions so far; the counter takes what is new."""
+        if total > self._evicted_seen:
+            self.evicted.inc(total - self._evicted_seen)
+            self._evicted_seen = total
+
+    def watch(self, stats: Callable[[], EngineStats]) -> None:
+        """Where the gauges are read from at scrape time."""
+        self._stats = stats
 
     # -- a prometheus_client collector: the gauges, read at scrape time -------------------------
     def describe(self):
         return []
 
     def collect(self):
-        e = self._engine
-        if e is None:
+        if self._stats is None:
             return
-        stats = e.model.kv_stats()
-        running, waiting = e.counts()
-        yield GaugeMetricFamily("kiln_kv_pages_total", "KV pages in the pool (all layer groups)", stats["pages_total"])
-        yield GaugeMetricFamily("kiln_kv_pages_used", "KV pages in use", stats["pages_used"])
-        yield GaugeMetricFamily("kiln_kv_utilization", "Fraction of KV pages in use", stats["utilization"])
-        yield GaugeMetricFamily("kiln_prefix_cache_pages", "Blocks held by the prefix cache",
-                                e.cache.pages_held if e.cache else 0)
-        yield GaugeMetricFamily("kiln_requests_running", "Requests being served", running)
-        yield GaugeMetricFamily("kiln_requests_waiting", "Requests waiting to be admitted", waiting)
+        s = self._stats()
+        yield GaugeMetricFamily("kiln_kv_pages_total", "KV pages in the pool (all layer groups)", s.pages_total)
+        yield GaugeMetricFamily("kiln_kv_pages_used", "KV pages in use", s.pages_used)
+        yield GaugeMetricFamily("kiln_kv_utilization", "Fraction of KV pages in use", s.utilization)
+        yield GaugeMetricFamily("kiln_prefix_cache_pages", "Blocks held by the prefix cache", s.prefix_cache_pages)
+        yield GaugeMetricFamily("kiln_requests_running", "Requests being served", s.running)
+        yield GaugeMetricFamily("kiln_requests_waiting", "Requests waiting to be admitted", s.waiting)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from ..runtime.sampling import SamplingParams
-from .engine import TokenLogprob, Usage
+from .types import TokenLogprob, Usage
 
 _DEFAULTS = SamplingParams()
 

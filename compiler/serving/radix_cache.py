@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runtime.model import Model, Sequence
+from ..runtime import Model, Sequence
 
 
 @dataclass(eq=False)

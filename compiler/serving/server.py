@@ -22,7 +22,8 @@ from ..core.version import __version__
 from ..text.chat import render_chat
 from ..core.errors import KilnError
 from ..runtime.kv_file import KVFileError
-from .engine import Engine, Event, QueueFull, Request
+from .engine import Engine
+from .types import Event, QueueFull, Request
 from .protocol import ChatRequest, CompletionRequest, Envelope, SlotRequest, chat_logprobs, completion_logprobs
 
 MAX_BODY_BYTES = 4 << 20

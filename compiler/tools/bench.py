@@ -72,7 +72,7 @@ class _Engine:
 
 
 def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str) -> tuple[_Engine, object]:
-    from ..runtime.model import load
+    from ..runtime import load
 
     m = load(model, ctx=ctx, kv_dtype=kv_dtype, threads=threads)
     return _Engine(m.reset, lambda ids: m.prefill(ids), lambda tok: m.decode(tok)), m
@@ -143,7 +143,7 @@ def read_bandwidth_gb_s(threads: int = 1, nbytes: int = 192 << 20, reps: int = 5
 
 def decode_bytes_per_token(m) -> int:
     """Bytes one decode step must read: every weight it touches (one embedding row) plus the KV cache."""
-    layout = m.compiled.decode.layout
+    layout = m.compiled.planned.layout
     total = 0
     for b in layout.region("weights"):
         total += b.size // b.shape[0] if b.name == "token_embd.weight" else b.size

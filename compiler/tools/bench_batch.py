@@ -124,7 +124,7 @@ class LlamaBatched:
 
 def run_batch_bench(model, batches: list[int], depth: int, tg: int, threads: int, reps: int, kv_dtype: str,
                     log=lambda s: None) -> list[BatchResult]:
-    from ..runtime.model import load
+    from ..runtime import load
 
     m = load(model, ctx=depth + tg + 1, n_seq=max(batches), kv_dtype=kv_dtype, threads=threads,
              batch_tokens=max(max(batches), 256))
@@ -167,7 +167,7 @@ def render_batch(results: list[BatchResult], model: str, threads: int, depth: in
 def run_page_size_sweep(model, sizes: list[int], depths: list[int], tg: int, threads: int, reps: int, kv_dtype: str,
                         log=lambda s: None) -> dict[int, dict[int, float]]:
     """kiln's one-sequence decode tok/s at each depth, for each page size: {size: {depth: tok/s}}."""
-    from ..runtime.model import load
+    from ..runtime import load
 
     out: dict[int, dict[int, float]] = {}
     for size in sizes:

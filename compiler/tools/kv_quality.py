@@ -17,7 +17,8 @@ import numpy as np
 
 from ..core.dtypes import parse_kv_dtype
 from ..core.errors import OptionError
-from ..runtime.model import load
+from ..core.numerics import log_softmax
+from ..runtime import load
 from .perplexity import token_nll
 
 DEFAULT_TEXT = Path(__file__).parent / "data" / "long_text.txt"
@@ -54,12 +55,6 @@ class _Reader:
     read: Callable[[list[int]], np.ndarray]
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 def compare_caches(base: _Reader, other: _Reader, ids: list[int]) -> tuple[float, float, float, float]:
     """Mean KL(base || other), top-1 agreement, and both caches' mean NLL of ids[1:]."""
     base.reset()
@@ -69,7 +64,7 @@ def compare_caches(base: _Reader, other: _Reader, ids: list[int]) -> tuple[float
     for i in range(0, len(ids), STEP):
         chunk = ids[i:i + STEP]
         a, b = base.read(chunk), other.read(chunk)
-        lp, lq = _log_softmax(a), _log_softmax(b)
+        lp, lq = log_softmax(a), log_softmax(b)
         kl_sum += float((np.exp(lp) * (lp - lq)).sum())
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         rows_a = a[:-1] if prev_a is None else np.vstack([prev_a[None], a[:-1]])
@@ -94,7 +89,7 @@ def measure(model: str | os.PathLike[str], dtypes: list[str], text: str, ctx: in
     """One row per dtype for kiln (and then for llama.cpp when asked), each engine's f32 cache first."""
     m = load(model, ctx=ctx, kv_dtype="f32", prefill_chunk=prefill_chunk, log=log)
     ids = m.tokenize(text)[:ctx]
-    f32_bytes = m.compiled.decode.layout.kv.total_bytes
+    f32_bytes = m.compiled.planned.layout.kv.total_bytes
     pairs = [parse_pair(d) for d in dtypes]
     if not pairs:
         raise OptionError("kv_dtype (--kv-dtype): name at least one dtype to measure against f32")
@@ -102,7 +97,7 @@ def measure(model: str | os.PathLike[str], dtypes: list[str], text: str, ctx: in
 
     def kiln(k: str, v: str) -> _Reader:
         other = load(model, ctx=ctx, kv_dtype_k=k, kv_dtype_v=v, prefill_chunk=prefill_chunk, log=log)
-        kv_bytes[_label(k, v)] = other.compiled.decode.layout.kv.total_bytes
+        kv_bytes[_label(k, v)] = other.compiled.planned.layout.kv.total_bytes
         return _Reader(other.reset, lambda chunk: other.prefill(chunk, logits="all"))
 
     engines = [("kiln", _Reader(m.reset, lambda chunk: m.prefill(chunk, logits="all")), kiln)]

@@ -77,12 +77,12 @@ class LlamaCpp:
         """Append ids to what the context holds; their logits [len(ids), vocab]."""
         return self._read(ids, range(len(ids)))
 
-    def shift(self, n_keep: int, n_discard: int) -> None:
-        """llama.cpp's context shift: remove positions [n_keep, n_keep + n_discard) and move the
+    def shift(self, sinks: int, n_discard: int) -> None:
+        """llama.cpp's context shift: remove positions [sinks, sinks + n_discard) and move the
         rest down by n_discard (the keys are rotated at the next decode)."""
         mem = llama_cpp.llama_get_memory(self.llm.ctx)
-        assert llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
-        llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, self.n_past, -n_discard)
+        assert llama_cpp.llama_memory_seq_rm(mem, 0, sinks, sinks + n_discard)
+        llama_cpp.llama_memory_seq_add(mem, 0, sinks + n_discard, self.n_past, -n_discard)
         self.n_past -= n_discard
 
     def greedy(self, ids: list[int], n: int) -> list[int]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import OptionError
+from ..core.numerics import log_softmax
 
 DEFAULT_TEXT = Path(__file__).parent / "data" / "scandal_in_bohemia.txt"
 DEFAULT_TEXT_SOURCE = ("A Scandal in Bohemia, from The Adventures of Sherlock Holmes by Arthur Conan Doyle "
@@ -55,10 +56,8 @@ class Perplexity:
 
 def token_nll(logits: np.ndarray, targets: SequenceABC[int]) -> np.ndarray:
     """-log softmax(logits[i])[targets[i]] for each row, in float64."""
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    log_z = np.log(np.exp(x).sum(axis=-1))
-    return log_z - x[np.arange(len(x)), np.asarray(targets)]
+    lp = log_softmax(logits)
+    return -lp[np.arange(len(lp)), np.asarray(targets)]
 
 
 def chunk_inputs(ids: list[int], ctx: int, bos: int | None) -> list[list[int]]:
@@ -132,8 +131,8 @@ def measure(model, text: str, mode: str, sinks: int = 4, batch: int = 32, n_disc
         raise OptionError(f"policy (--policy) h2o keeps positions by attention in every layer, but "
                           f"{model.spec.path.name} has sliding-window layers, which keep only their window")
     ids = model.tokenize(text)
-    kv = model.compiled.decode.layout.kv
-    k, v = kv.k_dtype.label, kv.v_dtype.label
+    kv = model.compiled.planned.layout.kv
+    k, v = kv.config.k_dtype.label, kv.config.v_dtype.label
     if mode == "chunks":
         tok = model.spec.tokenizer
         bos = tok.bos_id if tok.add_bos else None

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..build.cc import CSource, header_cdef, load_extension
-from ..ir.graph import Mode, Op
+from ..build.cc import header_cdef
+from ..build.extension import Extension, load_extension
+from ..ir.graph import Op, Section, ValueKind
 from ..core.options import CompileOptions
 
 from ..core.paths import RUNTIME_DIR  # noqa: E402
@@ -32,8 +33,8 @@ class Peak:
 
 def int8_peak(threads: int, log=lambda s: None) -> Peak:
     """The best of five runs of the VNNI microbenchmark, each about 0.2 s; the AMX one likewise."""
-    mod = load_extension(CSource("int8_peak", header_cdef(BENCH_DIR / "vnni_peak.h"), '#include "vnni_peak.h"',
-                                 (BENCH_DIR / "vnni_peak.c",), (BENCH_DIR,)), log)
+    mod = load_extension(Extension("int8_peak", header_cdef(BENCH_DIR / "vnni_peak.h"), '#include "vnni_peak.h"',
+                                   (BENCH_DIR / "vnni_peak.c",), (BENCH_DIR,)), log)
     isa = mod.ffi.string(mod.lib.kiln_int8_isa()).decode()
     probe = mod.lib.kiln_int8_peak(1, 1 << 16)
     iters = max(1 << 16, int(0.2 * probe / (16 * 64))) if probe > 0 else 1
@@ -81,27 +82,38 @@ def _positions(depth: int, pp: int, chunk: int) -> list[np.ndarray]:
     return [np.arange(depth + s, depth + min(s + chunk, pp)) for s in range(0, pp, chunk)]
 
 
-def _macs(node, steps: list[np.ndarray], windows: dict[int, int | None], n_head: int) -> tuple[int, bool]:
-    """Multiply-adds of one op over a run's steps, and whether they are int8 (quantized matmuls)."""
+def _kernel_name(g, node) -> str:
+    """A kernel as the profile reports it: a matmul with its weights' types (a body op runs each layer's)."""
+    w = next((v for v in node.inputs if v.kind is ValueKind.WEIGHT), None)
+    if node.op not in (Op.MATMUL, Op.LOGITS) or w is None:
+        return node.kernel
+    return f"{node.kernel} {'/'.join(sorted({t.dtype.label for t in g.tensors(w)}))}"
+
+
+def _macs(g, index: int, node, steps: list[np.ndarray], n_head: int) -> tuple[int, bool]:
+    """Multiply-adds of one op over a run's steps (a body op over every layer), and whether they are
+    int8 (quantized matmuls)."""
+    layers = g.layers if g.section_of(index) is Section.BODY else (None,)
     if node.op in (Op.MATMUL, Op.LOGITS):
-        w = next(v for v in node.inputs if v.tensor is not None)
+        w = next(v for v in node.inputs if v.kind is ValueKind.WEIGHT)
         n_out, n_in = w.shape[0], w.shape[-1]
         rows = 1 if node.op is Op.LOGITS else sum(len(p) for p in steps)  # kiln_eval wants the last row's logits
-        return n_out * n_in * rows, w.dtype.label not in ("f32", "f16", "bf16")
+        return n_out * n_in * rows * len(layers), all(t.dtype.label not in ("f32", "f16", "bf16") for t in g.tensors(w))
     if node.op is Op.ATTENTION:
         head_dim = node.inputs[0].shape[-1]
-        window = windows.get(node.layer)
-        reads = sum(int(np.minimum(p + 1, window).sum()) if window else int((p + 1).sum()) for p in steps)
+        reads = sum(int(np.minimum(p + 1, ly.window).sum()) if ly.window else int((p + 1).sum())
+                    for ly in layers for p in steps)
         return 2 * n_head * head_dim * reads, False
     return 0, False
 
 
 def run_profile(model: str, threads: int, pp: int, depth: int, reps: int, kv_dtype: str, log=lambda s: None) -> Profile:
-    from ..runtime.model import load_options
+    from ..runtime import load_options
 
     opts = CompileOptions(ctx=depth + pp + 1, kv_dtype=kv_dtype)
     m = load_options(model, opts, threads, log=log, profile=True)
-    nodes = m.compiled.prefill.graph.nodes
+    g = m.compiled.planned.graph
+    nodes = g.nodes
     rng = np.random.default_rng(0)
     ids = rng.integers(0, m.n_vocab, depth + pp).tolist()
     totals, walls = np.zeros(len(nodes)), []
@@ -118,13 +130,12 @@ def run_profile(model: str, threads: int, pp: int, depth: int, reps: int, kv_dty
             totals += per_op
             walls.append(wall)
     per_run = totals / reps
-    kv = m.compiled.prefill.layout.kv
-    windows = {ly.layer: ly.window for ly in kv.layers}
     steps = _positions(depth, pp, opts.prefill_chunk)
-    by_kernel: dict[str, KernelTime] = {}
-    for node, secs in zip(nodes, per_run):
-        k = by_kernel.setdefault(node.kernel, KernelTime(node.kernel, node.op.value))
-        macs, int8 = _macs(node, steps, windows, m.spec.hparams.n_head)
+    by_kernel: dict[tuple[str, str], KernelTime] = {}  # the logits' matmul is its own row, not the layers'
+    for i, (node, secs) in enumerate(zip(nodes, per_run)):
+        name = _kernel_name(g, node)
+        k = by_kernel.setdefault((name, node.op.value), KernelTime(name, node.op.value))
+        macs, int8 = _macs(g, i, node, steps, m.spec.hparams.n_head)
         k.count, k.seconds, k.macs, k.int8 = k.count + 1, k.seconds + float(secs), k.macs + macs, int8 or k.int8
     name = Path(str(model)).name
     return Profile(name, m.n_threads, pp, depth, opts.prefill_chunk, float(np.median(walls)),

@@ -21,7 +21,7 @@ static int fail(const char *what, int status) {
 }
 
 /* whitespace-separated token ids from path ("-": stdin); *n gets their count; NULL on error */
-static int32_t *read_ids(const char *path, int *n) {
+static int32_t *read_ids(const char *path, int n_vocab, int *n) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!f) {
         fprintf(stderr, "generate: %s: %s\n", path, strerror(errno));
@@ -32,8 +32,8 @@ static int32_t *read_ids(const char *path, int *n) {
     long v;
     int got;
     while (ids && (got = fscanf(f, "%ld", &v)) == 1) {
-        if (v < 0 || v >= kiln_n_vocab()) {
-            fprintf(stderr, "generate: %s: token id %ld is outside [0, %d)\n", path, v, kiln_n_vocab());
+        if (v < 0 || v >= n_vocab) {
+            fprintf(stderr, "generate: %s: token id %ld is outside [0, %d)\n", path, v, n_vocab);
             free(ids);
             ids = NULL;
             break;
@@ -70,29 +70,30 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL.gguf IDS_FILE N_TOKENS [PACKED_FILE|-] [THREADS]\n", argv[0]);
         return 2;
     }
-    int n_prompt = 0;
-    int32_t *prompt = read_ids(argv[2], &n_prompt);
-    if (!prompt) return 1;
-    char *end;
-    long n_gen = strtol(argv[3], &end, 10);
-    if (*end || n_gen < 0 || n_prompt + n_gen > kiln_n_ctx()) {
-        fprintf(stderr, "generate: N_TOKENS must be a count with prompt + N <= n_ctx = %d (prompt: %d tokens)\n",
-                kiln_n_ctx(), n_prompt);
-        return 2;
-    }
     const char *packed = argc > 4 && strcmp(argv[4], "-") != 0 ? argv[4] : NULL;
     int threads = argc > 5 ? atoi(argv[5]) : 1;
-
     kiln_model *m;
     int status = kiln_open(&m, argv[1], packed, threads);
     if (status < 0) return fail(argv[1], status);
+    int n_vocab = kiln_n_vocab(m), n_ctx = kiln_n_ctx(m);
+
+    int n_prompt = 0;
+    int32_t *prompt = read_ids(argv[2], n_vocab, &n_prompt);
+    if (!prompt) return 1;
+    char *end;
+    long n_gen = strtol(argv[3], &end, 10);
+    if (*end || n_gen < 0 || n_prompt + n_gen > n_ctx) {
+        fprintf(stderr, "generate: N_TOKENS must be a count with prompt + N <= n_ctx = %d (prompt: %d tokens)\n",
+                n_ctx, n_prompt);
+        return 2;
+    }
     int seq = kiln_seq_open(m);
-    float *logits = malloc((size_t)kiln_n_vocab() * sizeof *logits);
+    float *logits = malloc((size_t)n_vocab * sizeof *logits);
     if (seq < 0 || !logits) return fail("opening a sequence", seq < 0 ? seq : KILN_E_NOMEM);
 
     status = kiln_eval(m, seq, prompt, n_prompt, logits, 0); /* prefill, in chunks: the last token's logits */
     for (long i = 0; i < n_gen && status >= 0; i++) {
-        int32_t next = argmax(logits, kiln_n_vocab());
+        int32_t next = argmax(logits, n_vocab);
         printf(i ? " %d" : "%d", next);
         if (i + 1 < n_gen) status = kiln_eval(m, seq, &next, 1, logits, 0);
     }

@@ -13,7 +13,6 @@ the same Layout gives the same bytes.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,11 +128,11 @@ def _kv_page(lay: Layout, group) -> Drawing:
     for ly in kv.layers:
         if ly.group != group.index:
             continue
-        for part, offset, size, dtype, colour in (("K", ly.offset, ly.k_bytes, kv.k_dtype, K_COLOUR),
-                                                  ("V", ly.v_offset, ly.v_bytes, kv.v_dtype, V_COLOUR)):
+        for part, offset, size, dtype, colour in (("K", ly.offset, ly.k_bytes, kv.config.k_dtype, K_COLOUR),
+                                                  ("V", ly.v_offset, ly.v_bytes, kv.config.v_dtype, V_COLOUR)):
             items.append((offset, size, colour,
                           f"layer {ly.layer} {part} ({ly.kind.value}{f', window {ly.window}' if ly.window else ''})\n"
-                          f"shape [{kv.n_head_kv} x {kv.page_size} x {kv.head_dim}] {dtype.label}\n"
+                          f"shape [{kv.config.n_head_kv} x {kv.config.page_size} x {kv.config.head_dim}] {dtype.label}\n"
                           f"offset {offset:#x} in each page, {size:,} bytes\n"
                           f"page bytes {group.page_bytes:,}; written by op {_kv_ops(lay, ly.layer)}"))
     return _wrapped(items, group.page_bytes, lines=1, line_h=26)
@@ -146,9 +145,9 @@ def _kv_ops(lay: Layout, layer: int) -> str:
 
 def _kv_layers(lay: Layout) -> Drawing:
     """Each layer's bytes in the pool (solid) and, shaded, what n_seq x ctx positions would add."""
-    kv = lay.kv
-    row_bytes = kv.n_head_kv * (kv.k_row_bytes + kv.v_row_bytes)
-    full = kv.n_seq * kv.ctx * row_bytes
+    kv, kc = lay.kv, lay.kv.config
+    row_bytes = kc.n_head_kv * (kv.k_row_bytes + kv.v_row_bytes)
+    full = kc.n_seq * kc.ctx * row_bytes
     held = {ly.layer: kv.groups[ly.group].n_pages * ly.page_bytes for ly in kv.layers}
     scale = (WIDTH - 260) / max([full, *held.values()], default=1)
     shapes, labels, bar_h, step = [], [], 12, 15
@@ -157,7 +156,7 @@ def _kv_layers(lay: Layout) -> Drawing:
         kind = f"{ly.kind.value}{f', window {ly.window}' if ly.window else ''}"
         info = (f"layer {ly.layer} ({kind}), group {ly.group}\nin the pool: {held[ly.layer]:,} bytes "
                 f"({_size(held[ly.layer])}), {kv.groups[ly.group].n_pages} pages x {ly.page_bytes:,}\n"
-                f"holding {kv.n_seq} x {kv.ctx} positions: {full:,} bytes ({_size(full)})")
+                f"holding {kc.n_seq} x {kc.ctx} positions: {full:,} bytes ({_size(full)})")
         colour = "#59a14f" if ly.window else "#4e79a7"
         shapes.append(Shape(0, y, round(max(held[ly.layer] * scale, 0.5), 2), bar_h, colour, info))
         if full > held[ly.layer]:
@@ -167,16 +166,8 @@ def _kv_layers(lay: Layout) -> Drawing:
     return Drawing(len(kv.layers) * step, tuple(shapes), tuple(labels))
 
 
-_LAYER = re.compile(r"-(\d+)(?=\.|$)")  # node names carry their layer: "ffn_up-3", "attn-3.spans"
-
-
-def _base(name: str) -> str:
-    """A buffer's kind: its name without the layer number."""
-    return _LAYER.sub("", name)
-
-
 def _kind_colours(lay: Layout) -> dict[str, str]:
-    kinds = sorted({_base(b.name) for b in lay.region("activations")})
+    kinds = sorted({b.name for b in lay.region("activations")})
     return {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(kinds)}
 
 
@@ -188,19 +179,12 @@ def _activations(lay: Layout, height: float = 520) -> Drawing:
     y_scale = height / max(lay.activation_bytes, 1)
     shapes = tuple(Shape(round(b.first_op * x_scale, 2), round(b.offset * y_scale, 2),
                          round(max((b.last_op - b.first_op + 1) * x_scale, 0.5), 2),
-                         round(max(b.size * y_scale, 0.5), 2), colour[_base(b.name)],
+                         round(max(b.size * y_scale, 0.5), 2), colour[b.name],
                          _info(b, f"live from op {b.first_op} to op {b.last_op}"))
                    for b in sorted(bufs, key=lambda b: (b.first_op, b.offset, b.name)))
     labels = [Label(-6, round(f * height, 2) + 4, _size(int(f * lay.activation_bytes)), "end")
               for f in (0, 0.25, 0.5, 0.75, 1)]
-    firsts: dict[int, int] = {}  # layer -> the first op that writes one of its buffers
-    for b in bufs:
-        m = _LAYER.search(b.name)
-        if m:
-            firsts[int(m[1])] = min(firsts.get(int(m[1]), b.first_op), b.first_op)
-    every = max(1, len(firsts) // 12)
-    labels += [Label(round(op * x_scale, 2), height + 16, f"L{layer}") for layer, op in sorted(firsts.items())
-               if layer % every == 0]
+    labels += [Label(round(first * x_scale, 2), height + 16, name) for name, first, _ in lay.sections]
     return Drawing(height, shapes, tuple(labels))
 
 

@@ -29,8 +29,9 @@ def _buffer_rows(buffers: list[Buffer]) -> list[str]:
 
 
 def render_text(lay: Layout) -> str:
-    c, kv = lay.config, lay.kv
-    out = [f"kiln memory layout: {c.model} ({c.arch}), {c.mode} graph of {lay.n_ops} ops", ""]
+    c, kv, kc = lay.config, lay.kv, lay.kv.config
+    out = [f"kiln memory layout: {c.model} ({c.arch}), a step of up to {c.batch_tokens} rows: {lay.n_ops} ops, "
+           f"the layer body once", ""]
     out.append("CONFIGURATION")
     out += [f"  {k:<16} {v}" for k, v in c.items()]
 
@@ -39,20 +40,20 @@ def render_text(lay: Layout) -> str:
             f"  weights          {_mib(lay.weights_bytes)}, mmapped views of the GGUF",
             f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, in a file the "
             f"compiler writes and the library maps (where the build has the x8 kernel)",
-            f"  kv pool          {_mib(kv.total_bytes)}: pages of {kv.page_size} positions, {kv.dtype_label}, "
-            f"shared by up to {kv.n_seq} sequence(s)",
+            f"  kv pool          {_mib(kv.total_bytes)}: pages of {kc.page_size} positions, {kc.dtype_label}, "
+            f"shared by up to {kc.n_seq} sequence(s)",
             f"  activations      {_mib(lay.activation_bytes)}",
             f"    without reuse  {_mib(lay.activation_bytes_without_reuse)}; "
             f"reuse saves {saved:,} bytes ({_pct(saved, lay.activation_bytes_without_reuse)})",
             f"    peak live      {_mib(lay.activation_peak_live_bytes)} (lower bound for any allocator)"]
     saved = kv.full_context_bytes - kv.total_bytes
-    out.append(f"  kv without paging {_mib(kv.full_context_bytes)}: {kv.n_seq} x {kv.ctx} positions in every layer; "
+    out.append(f"  kv without paging {_mib(kv.full_context_bytes)}: {kc.n_seq} x {kc.ctx} positions in every layer; "
                f"the pool saves {saved:,} bytes ({_pct(saved, kv.full_context_bytes)})")
 
-    out += ["", "ACTIVATIONS (offsets within the activation arena; live = op range in the schedule)"]
+    out += ["", "ACTIVATIONS (offsets within the activation arena; live = op range in the schedule, the body once)"]
     out += _buffer_rows(lay.region("activations"))
 
-    out += ["", f"KV POOL (pages of {kv.page_size} positions; row = {kv.k_row_bytes} (K) and {kv.v_row_bytes} (V) bytes = one position of one head; "
+    out += ["", f"KV POOL (pages of {kc.page_size} positions; row = {kv.k_row_bytes} (K) and {kv.v_row_bytes} (V) bytes = one position of one head; "
                 f"block tables of {kv.max_blocks} entries per sequence and group)",
             f"  {'group':>5}  {'window':>6} {'layers':>6}  {'page bytes':>12}  {'pages':>7}  {'per seq':>7}  "
             f"{'pool offset':>12}  {'pool bytes':>14}"]
@@ -61,7 +62,7 @@ def render_text(lay: Layout) -> str:
                    f"{g.seq_pages:>7}  {g.pool_offset:#12x}  {g.pool_bytes:>14,}")
     for g in kv.groups:
         if g.window:
-            out.append(f"  group {g.index}: a sequence holds at most {g.seq_pages} pages ({g.seq_pages * kv.page_size} "
+            out.append(f"  group {g.index}: a sequence holds at most {g.seq_pages} pages ({g.seq_pages * kc.page_size} "
                        f"positions) of its sliding layers: the window of {g.window} plus a step's "
                        f"{lay.config.batch_tokens} rows; older pages return to the pool")
     out += [f"  {'layer':>5}  {'kind':<6} {'window':>6} {'group':>5}  {'k_offset':>12}  {'v_offset':>12}  {'bytes/page':>12}"]
@@ -69,8 +70,8 @@ def render_text(lay: Layout) -> str:
         out.append(f"  {ly.layer:>5}  {ly.kind.value:<6} {ly.window or '-':>6} {ly.group:>5}  "
                    f"{ly.offset:#12x}  {ly.v_offset:#12x}  {ly.page_bytes:>12,}")
     out.append(f"  offset(page, layer, K|V, head, row) = pool_offset[group] + page*page_bytes[group] + "
-               f"(K ? k_offset[layer] + (head*{kv.page_size} + row) * {kv.k_row_bytes} : "
-               f"v_offset[layer] + (head*{kv.page_size} + row) * {kv.v_row_bytes})")
+               f"(K ? k_offset[layer] + (head*{kc.page_size} + row) * {kv.k_row_bytes} : "
+               f"v_offset[layer] + (head*{kc.page_size} + row) * {kv.v_row_bytes})")
 
     out += ["", "WEIGHTS (offsets within the GGUF file)"]
     out += _buffer_rows(lay.region("weights"))
@@ -81,7 +82,7 @@ def render_text(lay: Layout) -> str:
 
 
 def layout_dict(lay: Layout) -> dict:
-    kv = lay.kv
+    kv, kc = lay.kv, lay.kv.config
     return {
         "config": dict(lay.config.items()),
         "n_ops": lay.n_ops,
@@ -95,11 +96,11 @@ def layout_dict(lay: Layout) -> dict:
             "kv_bytes_full_context": kv.full_context_bytes,
         },
         "kv_pool": {
-            "page_size": kv.page_size,
+            "page_size": kc.page_size,
             "n_pages": sum(g.n_pages for g in kv.groups),
             "page_bytes": sum(g.page_bytes for g in kv.groups),
             "pool_bytes": kv.total_bytes,
-            "max_seq": kv.n_seq,
+            "max_seq": kc.n_seq,
             "bytes_without_paging": kv.full_context_bytes,
             "groups": [{"group": g.index, "window": g.window, "layers": list(g.layers), "page_bytes": g.page_bytes,
                         "n_pages": g.n_pages, "pages_per_seq_max": g.seq_pages, "pool_offset": g.pool_offset,

@@ -1,0 +1,112 @@
+"""kiln bench and kiln bench-serve: kiln and llama.cpp side by side, in one run."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..core.errors import KilnError
+from ..frontend.registry import BUNDLED, resolve
+from .common import add_model_argument, int_list, log
+
+
+def run_bench(a: argparse.Namespace) -> None:
+    from ..runtime import default_threads, load
+    from ..tools.bench import decode_bytes_per_token, default_tests, read_bandwidth_gb_s, render, run_bench, write_json
+
+    threads = a.threads or default_threads()
+    if threads < 1 or a.reps < 1:
+        raise KilnError("--threads and --reps must be at least 1")
+    batches = int_list(a.batch, "--batch", "sequence counts, such as 1,2,4,8") if a.batch else []
+    meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype}
+    results = []
+    if a.pp_depth < 0 or a.pp < 1:
+        raise KilnError("--pp must be at least 1 and --pp-depth at least 0")
+    if a.profile:
+        from ..tools import profile
+
+        p = profile.run_profile(a.model, threads, a.pp, a.pp_depth, a.reps, a.kv_dtype, log=log)
+        sys.stdout.write(profile.render(p))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(profile.as_json(p), f, indent=1)
+        return
+    if a.page_sizes:
+        from ..tools.bench_batch import render_page_sizes, run_page_size_sweep
+
+        sizes = int_list(a.page_sizes, "--page-sizes", "page sizes, such as 16,32,64,128")
+        sweep = run_page_size_sweep(a.model, sizes, [1024, 4096], a.tg, threads, a.reps, a.kv_dtype, log=log)
+        sys.stdout.write(render_page_sizes(sweep, str(a.model), threads, a.tg, a.kv_dtype))
+        meta["page_sizes"] = {str(k): {str(d): v for d, v in row.items()} for k, row in sweep.items()}
+    elif not a.batch_only:
+        tests = default_tests(a.pp, a.tg, a.depth, a.pp_depth)
+        results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=log)
+        m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
+        meta["decode_bytes_per_token"], meta["read_bandwidth_gb_s"] = decode_bytes_per_token(m), read_bandwidth_gb_s(threads)
+        sys.stdout.write(render(results, str(a.model), threads, meta["decode_bytes_per_token"],
+                                meta["read_bandwidth_gb_s"]))
+    if batches:
+        from ..tools.bench_batch import render_batch, run_batch_bench
+
+        batched = run_batch_bench(a.model, batches, a.batch_depth, a.tg, threads, a.reps, a.kv_dtype, log=log)
+        sys.stdout.write(render_batch(batched, str(a.model), threads, a.batch_depth, a.tg, a.kv_dtype))
+        meta["batched"] = [{"batch": r.batch, "kiln_tok_s": r.kiln_tok_s, "llamacpp_tok_s": r.llamacpp_tok_s,
+                            "ratio": r.ratio} for r in batched]
+        meta["batch_depth"] = a.batch_depth
+    if a.json:
+        write_json(a.json, results, **meta)
+
+
+def run_bench_serve(a: argparse.Namespace) -> None:
+    from ..runtime import default_threads
+    from ..tools import bench_serve
+
+    for flag, value in (("--requests", a.requests), ("--concurrency", a.concurrency), ("--system-words", a.system_words)):
+        if value < 1:
+            raise KilnError(f"{flag} must be at least 1, got {value}")
+    w = bench_serve.Workload(a.requests, a.concurrency, a.system_words)
+    name = a.model if a.model in BUNDLED else None
+    path = resolve(a.model, log)
+    rows = bench_serve.run(path, name or path.stem, w, a.threads or default_threads(), a.ctx, a.kv_dtype,
+                           a.llama_server, log=log)
+    print(bench_serve.render(rows, w))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"workload": vars(w), "results": rows}, f, indent=2)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="pp/tg/tg-at-depth side by side with llama.cpp (same GGUF, same threads)")
+    add_model_argument(p)
+    p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: all cores)")
+    p.add_argument("--kv-dtype", default="f32", help="KV cache dtype for both engines")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up")
+    p.add_argument("--pp", type=int, default=512, help="prompt tokens for the pp test")
+    p.add_argument("--tg", type=int, default=128, help="generated tokens for the tg tests")
+    p.add_argument("--depth", type=int, default=1024, help="tokens already in the cache for the tg@depth test")
+    p.add_argument("--pp-depth", type=int, default=0,
+                   help="also time the pp test on top of this many cached tokens (with --profile: profile that)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead, time each kernel of kiln's prefill (a profiling build) against the int8 peak "
+                        "that runtime_c/bench/vnni_peak.c measures")
+    p.add_argument("--batch", help="also decode B sequences at once for each B of this list (e.g. 1,2,4,8,16), "
+                                   "against llama.cpp's batched decode")
+    p.add_argument("--batch-depth", type=int, default=128, help="tokens in each sequence before the batched decode")
+    p.add_argument("--batch-only", action="store_true", help="run only the batched decode")
+    p.add_argument("--page-sizes", help="instead, time kiln's decode at depth 1024 and 4096 for each page size of "
+                                        "this list (e.g. 16,32,64,128)")
+    p.add_argument("--json", help="also write the results here")
+    p.set_defaults(run=run_bench)
+
+    p = sub.add_parser("bench-serve", help="a serving workload against kiln serve and llama.cpp's llama-server")
+    add_model_argument(p)
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight; each server gets as many slots")
+    p.add_argument("--system-words", type=int, default=385, help="words of the shared system prompt (~1.3 tokens each)")
+    p.add_argument("--ctx", type=int, default=1024, help="context per sequence, on both servers")
+    p.add_argument("--kv-dtype", default="f16", help="KV cache dtype on both servers")
+    p.add_argument("--threads", type=int, default=None, help="threads for both servers (default: physical cores)")
+    p.add_argument("--llama-server", default=None, help="llama-server binary (default: on PATH or beside python); "
+                                                         "'none' runs kiln alone")
+    p.add_argument("--json", help="also write the results here")
+    p.set_defaults(run=run_bench_serve)

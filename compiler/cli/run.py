@@ -1,0 +1,43 @@
+"""kiln run: stream a continuation of a prompt (the model is compiled on first use, then cached)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..frontend.gguf_reader import read_model
+from ..frontend.registry import resolve
+from ..text.chat import render_chat
+from .common import (add_build_options, add_model_options, add_sampling_options, add_shift_options, add_threads,
+                     check_keep, load, log, options)
+
+
+def run(a: argparse.Namespace) -> None:
+    o = options(a)
+    check_keep(a)
+    prompt = a.prompt
+    if a.chat:  # before compiling, so that a model with no template fails at once
+        prompt = render_chat(read_model(resolve(a.model, log)), [{"role": "user", "content": a.prompt}])
+    m = load(a, o)
+    ids = m.prompt_ids(prompt)  # tokenized and checked against the context before any output
+    if not a.chat:
+        sys.stdout.write(a.prompt)
+    for piece in m.generate(ids, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
+                            min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed, stream=True,
+                            context_shift=a.context_shift, sinks=a.keep):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="generate text, streaming it (the model is compiled on first use, then cached)")
+    add_model_options(p)
+    add_build_options(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+    p.add_argument("-n", type=int, default=128, help="tokens to generate at most")
+    add_sampling_options(p)
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the chat template: the GGUF's own, or the architecture's built-in one")
+    add_threads(p)
+    add_shift_options(p)
+    p.set_defaults(run=run)

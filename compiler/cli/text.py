@@ -1,0 +1,71 @@
+"""kiln tokenize and kiln detokenize: text to token ids and back, with no model compiled."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..core.errors import KilnError
+from ..frontend.gguf_reader import read_model
+from ..frontend.registry import resolve
+from ..text.tokenizer import make_tokenizer
+from .common import add_model_argument, log, read_text
+
+
+def _tokenizer(model: str):
+    spec = read_model(resolve(model, log))
+    return spec, make_tokenizer(spec.tokenizer, str(spec.path))
+
+
+def _input_text(a: argparse.Namespace) -> str:
+    """-p TEXT, -f FILE, or standard input."""
+    if a.prompt is not None:
+        return a.prompt
+    if a.file:
+        return read_text(a.file, None, "--file")[0]
+    return sys.stdin.read()
+
+
+def run_tokenize(a: argparse.Namespace) -> None:
+    _, tok = _tokenizer(a.model)
+    ids = tok.tokenize(_input_text(a), add_special=not a.no_bos, parse_special=not a.no_parse_special)
+    if a.pieces:  # llama-tokenize's view: one token a line
+        for i in ids:
+            print(f"{i:>6} -> {tok.token_bytes(i, True).decode('utf-8', errors='replace')!r}")
+    else:
+        print(" ".join(map(str, ids)))
+
+
+def run_detokenize(a: argparse.Namespace) -> None:
+    spec, tok = _tokenizer(a.model)
+    words = _input_text(a).split()
+    n_vocab = len(spec.tokenizer.tokens)
+    ids = []
+    for i, w in enumerate(words):
+        try:
+            t = int(w)
+        except ValueError:
+            t = -1
+        if not 0 <= t < n_vocab:
+            raise KilnError(f"detokenize: item {i} ({w!r}) is not a token id in [0, {n_vocab}) of {spec.path.name}")
+        ids.append(t)
+    sys.stdout.write(tok.detokenize(ids, special=a.special) + "\n")
+
+
+def register(sub) -> None:
+    for name, helptext in (("tokenize", "text to token ids, space-separated on one line (as examples/c/generate.c "
+                                         "reads them)"),
+                           ("detokenize", "token ids (whitespace-separated) to text")):
+        p = sub.add_parser(name, help=helptext)
+        add_model_argument(p)
+        src = p.add_mutually_exclusive_group()
+        src.add_argument("-p", "--prompt", help="the text (tokenize) or ids (detokenize); default: standard input")
+        src.add_argument("-f", "--file", help="read it from this file")
+        if name == "tokenize":
+            p.add_argument("--no-bos", action="store_true", help="do not add the BOS token the GGUF asks for")
+            p.add_argument("--no-parse-special", action="store_true",
+                           help="read special-token text such as <|im_start|> as plain text")
+            p.add_argument("--pieces", action="store_true", help="one 'id -> piece' a line (llama-tokenize's view)")
+            p.set_defaults(run=run_tokenize)
+        else:
+            p.add_argument("--special", action="store_true", help="render special tokens as their text")
+            p.set_defaults(run=run_detokenize)

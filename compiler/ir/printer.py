@@ -1,0 +1,42 @@
+"""The IR as text (`kiln ir`): one line per node, the body once, then what each layer binds."""
+from __future__ import annotations
+
+from .graph import Graph, Node, Value
+
+
+def _value(v: Value) -> str:
+    shape = "x".join(str(d) for d in v.shape)
+    return f"{v.name}:{v.dtype.label if v.dtype else 'w'}[{shape}]"
+
+
+def _node(i: int, n: Node, width: int) -> str:
+    outs = ", ".join(_value(v) for v in n.outputs) or "-"
+    ins = ", ".join(_value(v) for v in n.inputs)
+    kernel = f" [{n.kernel}]" if n.kernel else ""
+    return f"{i:4d}  {n.name:<{width}}  {n.op.value}{kernel}  {outs} <- {ins}"
+
+
+def format_graph(g: Graph) -> str:
+    """Index, name, op, kernel, outputs <- inputs; layer weights print as `role:w[shape]`, their
+    tensor and type in each layer listed at the end."""
+    lines = [
+        f"graph: {len(g.nodes)} ops (head {len(g.head)}, body {len(g.body)} x {len(g.layers)} layers, "
+        f"tail {len(g.tail)}), n_tokens={g.n_tokens}",
+        "inputs:  " + ", ".join(_value(v) for v in g.inputs),
+        "state:   " + ", ".join(_value(v) for v in g.state),
+        "outputs: " + ", ".join(_value(v) for v in g.outputs),
+    ]
+    width = max((len(n.name) for n in g.nodes), default=0)
+    i = 0
+    for section, nodes in g.sections():
+        title = {"head": "head", "body": f"body, for each layer 0..{len(g.layers) - 1}", "tail": "tail"}
+        lines.append(title[section.value])
+        for n in nodes:
+            lines.append(_node(i, n, width))
+            i += 1
+    lines.append("layers")
+    for ly in g.layers:
+        weights = ", ".join(f"{role} {t.dtype.label}" for role, t in ly.weights.items())
+        lines.append(f"{ly.index:4d}  {ly.kind.value:<6} window {ly.window or '-'}  rope base {ly.rope_base:g}  "
+                     f"{weights}")
+    return "\n".join(lines) + "\n"

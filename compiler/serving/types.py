@@ -1,0 +1,88 @@
+"""What the server, the engine and the metrics pass between them: a request and what it hears
+back, and a snapshot of the engine's state. The protocol and the metrics know these types, not
+the engine."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..core.errors import KilnError
+from ..core.numerics import log_softmax
+from ..runtime import Sequence
+from ..runtime.generation import Decoding
+from ..runtime.sampling import SamplingParams
+from .radix_cache import Match
+
+
+class QueueFull(KilnError):
+    """The waiting queue is at its limit; try again later."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the most likely tokens and their logprobs, best first
+
+    @classmethod
+    def of(cls, logits: np.ndarray, token: int, n_top: int) -> "TokenLogprob":
+        lp = log_softmax(logits)
+        top = np.argsort(-lp, kind="stable")[:n_top] if n_top else []
+        return cls(token, float(lp[token]), tuple((int(t), float(lp[t])) for t in top))
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a request hears from the engine: a token (its text may be empty while a stop string
+    could still match), then one event with finish_reason (stop or length) or error set."""
+    text: str = ""
+    token: int | None = None
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine at one moment, for /metrics."""
+    pages_total: int
+    pages_used: int
+    utilization: float
+    prefix_cache_pages: int
+    evicted_pages: int  # by the prefix cache, since the engine started
+    running: int
+    waiting: int
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stops: list[str]
+    emit: Callable[[Event], None]
+    logprobs: int | None = None  # None: off; n: the sampled token's logprob and the n most likely
+    ignore_eos: bool = False
+    # the engine's state
+    output: list[int] = field(default_factory=list)
+    seq: Sequence | None = None
+    held: Match | None = None
+    todo: list[int] = field(default_factory=list)  # tokens to run before the next sample
+    cached_tokens: int | None = None  # of the first admission
+    done: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
+    order: int = 0  # admission order; the newest is preempted first
+    resume: list[int] | None = None  # after a preemption of a shifted sequence: the tokens it held
+    decoding: Decoding | None = None  # the sampler, the penalties' history, the text and the stop rules

@@ -1,0 +1,16 @@
+/* constants.h: the runtime's numbers the compiler plans with. compiler/core/cconst.py reads them
+ * through cffi's C parser, so each is written once, here. */
+#ifndef KILN_CONSTANTS_H
+#define KILN_CONSTANTS_H
+
+enum kiln_constants {
+    KILN_MAX_HEAD_DIM = 512,      /* attention's and rope's per-head stack buffers */
+    KILN_HADAMARD_BLOCK = 64,     /* a quantized K or V is held in Hadamard blocks of this many values */
+    KILN_ATTN_SPAN = 64,          /* attention cuts every history at multiples of this many positions */
+    KILN_ATTN_SPAN_STATE = 2,     /* a span's softmax state: its max and denominator, then head_dim sums */
+    KILN_LOCAL_ACT_BYTES = 20480, /* a decode matmul quantizes its one row on the stack: n_in up to 16384 */
+    KILN_X8_MAX_IN = 32768,       /* the longest row the x8 layout's kernels take */
+    KILN_PACKED_HEADER_BYTES = 64 /* the packed weights file's header (x8_pack.c writes and checks it) */
+};
+
+#endif
