@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.core.numerics import log_softmax
 from compiler.tools.llamacpp import LlamaCpp as Reference  # noqa: F401 (the tests import it from here)
 
 
@@ -19,11 +20,6 @@ class Agreement:
 def compare(ref_logits: np.ndarray, kiln_logits: np.ndarray, rows_at_once: int = 16) -> Agreement:
     """KL(llama.cpp || kiln) and top-1 agreement over the rows given, a few rows at a time: the
     float64 temporaries of [rows, 262k] logits would otherwise take gigabytes."""
-    def log_softmax(x):
-        x = x.astype(np.float64)
-        x = x - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
     kl, top1, max_abs = 0.0, 0, 0.0
     for i in range(0, len(ref_logits), rows_at_once):
         a, b = ref_logits[i:i + rows_at_once], kiln_logits[i:i + rows_at_once]

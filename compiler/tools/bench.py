@@ -78,33 +78,20 @@ def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str) -> tuple[_E
     return _Engine(m.reset, lambda ids: m.prefill(ids), lambda tok: m.decode(tok)), m
 
 
-# GGML type ids of the KV cache dtypes both engines offer
-LLAMACPP_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q8_0": 8}
-
-
-def flash_attn_settings(kv_dtype_v: str) -> dict[str, bool]:
-    """The llama.cpp settings a comparison runs: flash attention off and on, except that
-    llama.cpp keeps a quantized V cache only with its flash-attention path."""
-    return {"fa off": False, "fa on": True} if kv_dtype_v in ("f32", "f16") else {"fa on": True}
-
-
 def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str, flash_attn: bool) -> _Engine:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        raise KilnError("kiln bench compares against llama.cpp: install llama-cpp-python "
-                        "(`make dev` does)") from None
-    t = LLAMACPP_KV_TYPES[kv_dtype]
-    llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                n_threads_batch=threads, type_k=t, type_v=t,
-                flash_attn=flash_attn, verbose=False)
-    return _Engine(llm.reset, lambda ids: llm.eval(ids), lambda tok: llm.eval([tok]))
+    """llama.cpp as kiln bench runs it: batches of 512, and a decode step's logits copied out, as kiln's are."""
+    from .llamacpp import LlamaCpp
+
+    llm = LlamaCpp(path, n_ctx=ctx, kv_dtype=kv_dtype, n_batch=512, threads=threads, flash_attn=flash_attn)
+    return _Engine(llm.reset, llm.eval, lambda tok: llm.eval([tok]))
 
 
 def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
               log=lambda s: None) -> list[BenchResult]:
     ctx = max(t.depth + t.n_timed for t in tests) + 1
     kiln, m = kiln_engine(model, ctx, threads, kv_dtype)
+    from .llamacpp import flash_attn_settings
+
     engines = {"kiln": kiln, **{name: llamacpp_engine(m.spec.path, ctx, threads, kv_dtype, fa)
                                 for name, fa in flash_attn_settings(kv_dtype).items()}}
     tokens = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab, ctx)]

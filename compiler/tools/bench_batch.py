@@ -9,15 +9,12 @@ unified across sequences. llama.cpp runs with flash attention off and on.
 """
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import LLAMACPP_KV_TYPES, flash_attn_settings
-from ..core.errors import KilnError
 
 
 @dataclass(frozen=True)
@@ -54,72 +51,26 @@ def kiln_batched(m, batch: int, depth: int, tg: int) -> float:
             s.close()
 
 
-def _quiet():
-    try:
-        import llama_cpp as L
-    except ImportError:
-        return None
-    return L.llama_log_callback(lambda level, text, user_data: None)
+def llamacpp_batched(path, batch: int, depth: int, tg: int, threads: int, kv_dtype: str, flash_attn: bool):
+    """llama.cpp's batched decode as llama-batched-bench runs it: B sequences in one unified cache,
+    each prefilled with `depth` tokens, then `tg` steps of one llama_batch with a row per sequence.
+    Returns run() -> aggregate tok/s, and the context (to close)."""
+    from .llamacpp import LlamaCpp
 
+    llm = LlamaCpp(path, n_ctx=batch * (depth + tg) + 64, kv_dtype=kv_dtype, n_batch=max(512, batch, depth),
+                   threads=threads, flash_attn=flash_attn, n_seq=batch)
 
-_QUIET = _quiet()  # kept alive: llama.cpp calls it for every log line
-
-
-class LlamaBatched:
-    """llama.cpp's batched decode, as llama-batched-bench runs it."""
-
-    def __init__(self, path, batch: int, depth: int, tg: int, threads: int, kv_dtype: str, flash_attn: bool):
-        try:
-            import llama_cpp as L
-        except ImportError:
-            raise KilnError("kiln bench compares against llama.cpp: install llama-cpp-python (`make dev` does)") from None
-        self.L = L
-        L.llama_log_set(_QUIET, ctypes.c_void_p())
-        L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
-        if not self.model:
-            raise KilnError(f"{path}: llama.cpp could not load it")
-        cp = L.llama_context_default_params()
-        cp.n_ctx = batch * (depth + tg) + 64
-        cp.n_batch = cp.n_ubatch = max(512, batch)
-        cp.n_seq_max = batch
-        cp.kv_unified = True
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.type_k = cp.type_v = LLAMACPP_KV_TYPES[kv_dtype]
-        cp.flash_attn_type = 1 if flash_attn else 0
-        self.ctx = L.llama_init_from_model(self.model, cp)
-        if not self.ctx:
-            raise KilnError(f"llama.cpp could not make a context for {batch} sequences")
-        self.batch, self.depth, self.tg = batch, depth, tg
-        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        self.b = L.llama_batch_init(max(depth, batch), 0, 1)
-
-    def _decode(self, rows: list[tuple[int, int, int]]) -> None:
-        b = self.b
-        for i, (tok, pos, seq) in enumerate(rows):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, 1
-            b.seq_id[i][0] = seq
-        b.n_tokens = len(rows)
-        if self.L.llama_decode(self.ctx, b) != 0:
-            raise KilnError("llama.cpp: llama_decode failed")
-
-    def run(self) -> float:
-        L = self.L
-        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-        for s in range(self.batch):
-            self._decode([(t, p, s) for p, t in enumerate(_tokens(self.depth, self.n_vocab, s))])
-        toks = _tokens(self.tg * self.batch, self.n_vocab, 99)
+    def run() -> float:
+        llm.reset()
+        for s in range(batch):
+            llm.decode([(t, p, s, True) for p, t in enumerate(_tokens(depth, llm.n_vocab, s))])
+        toks = _tokens(tg * batch, llm.n_vocab, 99)
         start = time.perf_counter()
-        for j in range(self.tg):
-            self._decode([(toks[j * self.batch + s], self.depth + j, s) for s in range(self.batch)])
-        return self.batch * self.tg / (time.perf_counter() - start)
+        for j in range(tg):
+            llm.decode([(toks[j * batch + s], depth + j, s, True) for s in range(batch)])
+        return batch * tg / (time.perf_counter() - start)
 
-    def close(self) -> None:
-        L = self.L
-        L.llama_batch_free(self.b)
-        L.llama_free(self.ctx)
-        L.llama_model_free(self.model)
+    return run, llm
 
 
 def run_batch_bench(model, batches: list[int], depth: int, tg: int, threads: int, reps: int, kv_dtype: str,
@@ -128,21 +79,24 @@ def run_batch_bench(model, batches: list[int], depth: int, tg: int, threads: int
 
     m = load(model, ctx=depth + tg + 1, n_seq=max(batches), kv_dtype=kv_dtype, threads=threads,
              batch_tokens=max(max(batches), 256))
+    from .llamacpp import flash_attn_settings
+
     settings = flash_attn_settings(kv_dtype)
     results = []
     for batch in batches:
-        refs = {name: LlamaBatched(m.spec.path, batch, depth, tg, threads, kv_dtype, fa) for name, fa in settings.items()}
+        refs = {name: llamacpp_batched(m.spec.path, batch, depth, tg, threads, kv_dtype, fa)
+                for name, fa in settings.items()}
         runs: dict[str, list[float]] = {"kiln": [], **{name: [] for name in refs}}
         try:
             for rep in range(reps + 1):  # the first round warms up and is not counted
                 speeds = {"kiln": kiln_batched(m, batch, depth, tg)}
-                speeds |= {name: ref.run() for name, ref in refs.items()}
+                speeds |= {name: run() for name, (run, _) in refs.items()}
                 if rep:
                     for name, v in speeds.items():
                         runs[name].append(v)
         finally:
-            for ref in refs.values():
-                ref.close()
+            for _, llm in refs.values():
+                llm.close()
         med = {name: statistics.median(v) for name, v in runs.items()}
         r = BatchResult(batch, med.pop("kiln"), med)
         log(f"batch {batch}: kiln {r.kiln_tok_s:.1f} tok/s, llama.cpp "
