@@ -10,6 +10,7 @@ import sys
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from compiler.build.runtime import runtime_kernels
 from synthetic import TinySpec, write_tiny_model
 
 STAGES = ("fetch", "plan", "generate", "cc", "pack")
@@ -60,6 +61,8 @@ def test_spinners_and_bars_on_a_terminal(smollm2, tmp_path):
     out = child.before
     assert child.exitstatus == 0, out
     assert re.search("[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]", out)  # rich's spinner ran
-    assert "━" in out and re.search(r"pack .*\d+(\.\d+)?/96\.4 MB", out)  # the packing bar, in bytes
+    assert "━" in out
+    if runtime_kernels().lib.kiln_x8_kernels():  # a build without the x8 kernels packs nothing
+        assert re.search(r"pack .*\d+(\.\d+)?/96\.4 MB", out)  # the packing bar, in bytes
     finished = re.findall(r"kiln: (fetch|plan|generate|cc|pack) +\d+\.\d\ds", out)
     assert finished == list(STAGES)

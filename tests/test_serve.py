@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import re
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import numpy as np
@@ -15,9 +10,8 @@ import openai
 import pytest
 
 import compiler
+from server_process import KEY, MODEL, Server
 
-MODEL = "smollm2-135m"
-KEY = "test-key"
 SYSTEM = ("You are a careful assistant for a museum of natural history. You answer visitors' questions about "
           "fossils, minerals, meteorites and the animals of every continent. Keep answers short and friendly, "
           "name the hall where the exhibit can be found when you know it, and never invent facts. ") * 3
@@ -26,51 +20,6 @@ QUESTIONS = ["Where are the dinosaurs?", "What is a trilobite?", "Do you have me
              "What did mammoths eat?", "Is a bat a bird?", "What is obsidian?", "How big was T. rex?",
              "What is a geode?", "Why are flamingos pink?", "What is the largest crystal?",
              "Where do penguins live?", "What is a coelacanth?"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, *args: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "compiler", "serve", MODEL, "--port", str(self.port),
-                                      *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 300  # a first run compiles the library
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kiln serve exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        self.stop()
-        raise TimeoutError("kiln serve did not come up")
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, timeout=120, max_retries=0, **kw)
-
-    def metric(self, name: str) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
-
-    def wait_idle(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while self.metric("kiln_requests_running") or self.metric("kiln_requests_waiting"):
-            assert time.monotonic() < deadline, "requests still running"
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -296,9 +245,18 @@ def test_slot_save_and_restore_carry_a_cache_to_another_server(tmp_path, smollm2
     try:
         r = httpx.post(second.url + "/slots/1?action=restore", json={"filename": "story.kv"}, timeout=60)
         assert r.status_code == 200 and r.json()["n_restored"] == saved["n_saved"], r.text
-        b = second.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        # the restored cache is slot 1's own: a request must name the slot to start from it
+        other = second.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        assert other.usage.prompt_tokens_details.cached_tokens == 0
+        b = second.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                               extra_body={"id_slot": 1})
         cached = b.usage.prompt_tokens_details.cached_tokens
         assert cached >= (a.usage.prompt_tokens - 1) // 16 * 16 > 0 and b.choices[0].text == a.choices[0].text
+        # a save does not overwrite unless asked
+        r = httpx.post(second.url + "/slots/1?action=save", json={"filename": "story.kv"}, timeout=60)
+        assert r.status_code == 400 and "overwrite" in r.json()["error"]["message"]
+        r = httpx.post(second.url + "/slots/1?action=save", json={"filename": "story.kv", "overwrite": True}, timeout=60)
+        assert r.status_code == 200, r.text
         bad = [("/slots/0?action=save", {"filename": "../escape.kv"}, 400, "filename"),
                ("/slots/0?action=save", {"filename": 7}, 400, "filename"),
                ("/slots/0?action=fly", {"filename": "x.kv"}, 400, "action"),

@@ -48,7 +48,7 @@ RECIPE = tuple(sorted(Path(__file__).parent.glob("*.py")))  # how kiln builds: a
 
 def build_key(parts: Iterable[str], files: Iterable[Path] = ()) -> str:
     h = hashlib.sha256()
-    for part in (__version__, sys.version, compiler_identity(), *parts):
+    for part in (__version__, sys.version, " ".join(cc()), compiler_identity(), *parts):
         h.update(part.encode())
         h.update(b"\0")
     for path in (*RECIPE, *files):

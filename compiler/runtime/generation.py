@@ -22,11 +22,15 @@ class TextStream:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text, self.emitted, self.stopped = "", 0, False
         self.hold = max((len(s) - 1 for s in stops), default=0)
+        self.scanned = 0  # text before this has been searched; a stop string can start only hold before it
 
     def push(self, token: int) -> str:
-        """The text that token makes certain; sets `stopped` once a stop string appears."""
+        """The text that token makes certain; sets `stopped` once a stop string appears. Each
+        token's search covers only the new text and the `hold` characters before it."""
         self.text += self.decoder.decode(self.tokenizer.token_bytes(token))
-        cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
+        start = max(0, self.scanned - self.hold)
+        self.scanned = len(self.text)
+        cut = min((i for i in (self.text.find(s, start) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
             piece, self.emitted = self.text[self.emitted:cut], len(self.text)

@@ -54,7 +54,7 @@ def write(path: str | os.PathLike[str], model, tokens: list[int], state: bytes, 
     blob = json.dumps(header, separators=(",", ":")).encode()
     path = Path(path)
     try:
-        with atomic_file(path) as f:
+        with atomic_file(path, mode=0o600) as f:  # a cache holds what its prompts said: the owner's alone
             f.write(MAGIC + _LEN.pack(len(blob)) + blob)
             f.write(state)
     except OSError as e:

@@ -89,14 +89,13 @@ class Model:
         from . import kv_file
 
         tokens, state, exact = kv_file.read(path, self)
-        if len(state) < 4 or int.from_bytes(state[:4], "little", signed=True) != len(tokens):
-            raise kv_file.KVFileError(f"{path}: the state holds a different number of positions than its "
-                                      f"{len(tokens)} tokens")
         if len(tokens) > self.n_ctx:
             raise kv_file.KVFileError(f"{path}: {len(tokens)} positions do not fit in n_ctx={self.n_ctx} (--ctx)")
         seq = self.sequence()
-        try:
+        try:  # the C side checks the state's every field; then its positions must be the tokens'
             self._call(self._lib.kiln_seq_state_load, seq.id, self._ffi.from_buffer(state), len(state), seq=seq)
+            if seq.n_past != len(tokens):
+                raise ModelError(f"the state holds {seq.n_past} positions, its header {len(tokens)} tokens")
         except ModelError as e:
             seq.close()
             raise kv_file.KVFileError(f"{path}: {e}") from None

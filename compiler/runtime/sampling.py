@@ -3,7 +3,11 @@ penalties -> top-k -> top-p -> min-p -> temperature -> draw. Temperature 0 is gr
 
 The penalties look at the last repeat_last_n tokens of the history (prompt and output), as
 llama.cpp's: repeat divides a seen token's positive logit (multiplies a negative one),
-frequency subtracts per occurrence, presence once."""
+frequency subtracts per occurrence, presence once.
+
+The sampler is total: for finite logits and parameters in range it returns a token, whatever
+the extremes (a temperature of 1e-300, a penalty of 5e-324, a top_k past the vocabulary); every
+parameter is checked when SamplingParams is made, naming it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +30,16 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # 0: off
 
     def __post_init__(self) -> None:
+        numbers = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                   "frequency_penalty")
+        for name in numbers:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
+                raise OptionError(f"sampling option {name} must be a finite number, got {v!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or not -1 <= self.seed < 2**64):
+            raise OptionError(f"sampling option seed must be an integer in [0, 2^64), or -1 for a random one, "
+                              f"got {self.seed!r}")
         checks = (("temperature", self.temperature >= 0), ("top_k", self.top_k >= 0),
                   ("top_p", 0 < self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
                   ("repeat_penalty", self.repeat_penalty > 0), ("repeat_last_n", self.repeat_last_n >= 0),
@@ -39,10 +53,13 @@ class SamplingParams:
 DEFAULTS = SamplingParams()  # llama.cpp's defaults: the Python API, the CLI and the server start from these
 
 
+_FINITE = 1e300  # logits are clipped to this after the penalties, so no difference of two is infinite
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.p = params
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = np.random.default_rng(None if params.seed == -1 else params.seed)
 
     def __call__(self, logits: np.ndarray, history: list[int]) -> int:
         p = self.p
@@ -50,13 +67,13 @@ class Sampler:
         penalised = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
         if penalised and history and p.repeat_last_n:
             seen, count = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64), return_counts=True)
-            x[seen] = np.where(x[seen] > 0, x[seen] / p.repeat_penalty, x[seen] * p.repeat_penalty)
+            with np.errstate(over="ignore", under="ignore"):
+                x[seen] = np.where(x[seen] > 0, x[seen] / p.repeat_penalty, x[seen] * p.repeat_penalty)
             x[seen] -= count * p.frequency_penalty + p.presence_penalty
+            np.clip(x, -_FINITE, _FINITE, out=x)
         if p.temperature == 0:
             return int(np.argmax(x))
-        order = np.argsort(-x, kind="stable")
-        if p.top_k:
-            order = order[:p.top_k]
+        order = self._best_first(x, p.top_k)
         probs = np.exp(x[order] - x[order[0]])
         probs /= probs.sum()
         if p.top_p < 1.0:
@@ -65,6 +82,18 @@ class Sampler:
         if p.min_p > 0:
             keep = probs >= p.min_p * probs[0]
             order, probs = order[keep], probs[keep]
-        z = x[order] / p.temperature
-        w = np.exp(z - z.max())
+        with np.errstate(over="ignore", under="ignore"):  # a tiny temperature sends all but the best to -inf
+            w = np.exp((x[order] - x[order[0]]) / p.temperature)
         return int(order[self.rng.choice(len(order), p=w / w.sum())])
+
+    @staticmethod
+    def _best_first(x: np.ndarray, top_k: int) -> np.ndarray:
+        """Token ids by logit, best first (ties by id): the top_k of them (0: all) found by a
+        partial selection, so that only those are sorted."""
+        if 0 < top_k < len(x):
+            part = np.argpartition(-x, top_k - 1)[:top_k]
+            kth = x[part].min()
+            part = np.flatnonzero(x >= kth)  # every token tied with the k-th, so ties break by id as a full sort does
+            order = part[np.lexsort((part, -x[part]))]
+            return order[:top_k]
+        return np.argsort(-x, kind="stable")

@@ -126,6 +126,12 @@ class Sequence:
                 m._ffi.cast("int32_t *", m._ffi.from_buffer(pages)), seq=self)
         return pages
 
+    def state_size(self) -> int:
+        """The bytes of this sequence's KV state, as save would write them (less the file's header)."""
+        m = self.model
+        with m._lock:
+            return int(m._lib.kiln_seq_state_size(m._m, self._live()))
+
     def save(self, path: str | os.PathLike[str]) -> int:
         """Write the sequence's KV cache and tokens to a file (kv_file.py); returns its size in bytes.
         m.sequence_from(path) gives them back, bit for bit."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .types import EngineStats
 
@@ -75,6 +75,7 @@ class Metrics:
         yield GaugeMetricFamily("kiln_prefix_cache_pages", "Blocks held by the prefix cache", s.prefix_cache_pages)
         yield GaugeMetricFamily("kiln_requests_running", "Requests being served", s.running)
         yield GaugeMetricFamily("kiln_requests_waiting", "Requests waiting to be admitted", s.waiting)
+        yield CounterMetricFamily("kiln_engine_faults", "Engine rounds that failed on an internal error", s.faults)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

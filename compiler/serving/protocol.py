@@ -37,11 +37,12 @@ class _Sampling(_Strict):
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[int, Field(ge=-1, lt=2**64)] | None = None  # -1: a random seed, as llama.cpp's
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Literal[1] = 1
     ignore_eos: bool = False  # llama-server's and vLLM's: generate max_tokens whatever the model says
+    id_slot: Annotated[int, Field(ge=0, lt=2**31)] | None = None  # llama-server's: start from the slot's restored cache
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -67,12 +68,17 @@ class _Sampling(_Strict):
 class SlotRequest(_Strict):
     """POST /slots/{id}?action=save|restore: a file name under --slot-save-path, never a path."""
     filename: StrictStr = Field(min_length=1, max_length=255)
+    overwrite: bool = False  # a save replaces an existing file only when asked
 
     @field_validator("filename")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if any(c in name for c in "/\\\0") or name.startswith("."):
-            raise ValueError("must be a plain file name: no path separators, NUL, or leading dot")
+        if any(c in name for c in "/\\") or name.startswith(".") or not name.isprintable():
+            raise ValueError("must be a plain file name: no path separators, control characters or leading dot")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode (a lone surrogate is not)") from None
         return name
 
 
@@ -125,9 +131,11 @@ def new_id(prefix: str) -> str:
 
 
 def usage_json(u: Usage) -> dict:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens}
+    if u.cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
+    return out
 
 
 class Envelope:

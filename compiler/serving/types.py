@@ -38,7 +38,10 @@ class TokenLogprob:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int | None  # None: not told (with several API keys it would tell one tenant of another's prompts)
+
+    def hidden_cache(self) -> "Usage":
+        return Usage(self.prompt_tokens, self.completion_tokens, None)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class EngineStats:
     evicted_pages: int  # by the prefix cache, since the engine started
     running: int
     waiting: int
+    faults: int  # engine rounds that failed on a bug (their running requests failed with them)
 
 
 @dataclass(eq=False)
@@ -74,7 +78,9 @@ class Request:
     emit: Callable[[Event], None]
     logprobs: int | None = None  # None: off; n: the sampled token's logprob and the n most likely
     ignore_eos: bool = False
+    id_slot: int | None = None  # llama-server's: start from this slot's own (restored) cache, if it matches
     # the engine's state
+    private: bool = False  # it read a slot's own cache: its pages never enter the shared prefix cache
     output: list[int] = field(default_factory=list)
     seq: Sequence | None = None
     held: Match | None = None

@@ -5,6 +5,7 @@ token texts). A GGUF without one gets its architecture's built-in template
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 from jinja2.exceptions import TemplateError as JinjaTemplateError
@@ -41,17 +42,45 @@ def _raise(message: str):
 
 
 def render_chat(spec: ModelSpec, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    return render_chat_spans(spec, messages, add_generation_prompt)[0]
+
+
+def render_chat_spans(spec: ModelSpec, messages: list[dict[str, str]],
+                      add_generation_prompt: bool = True) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered prompt, and the spans of it that are the messages' own text (to tokenize with
+    their special-token look-alikes as text: Tokenizer.tokenize's `plain`). Each message's text,
+    less its outer whitespace (which a template may trim), is framed by markers no one can guess
+    before rendering; they are taken out after, and where they were are the spans."""
     template = chat_template(spec)
     tok = spec.tokenizer
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
+    open_, close = f"\ue000{secrets.token_hex(8)}", f"{secrets.token_hex(8)}\ue001"
 
     def text(i):
         return tok.tokens[i] if i is not None else ""
 
+    def framed(content: str) -> str:
+        core = content.strip()
+        if not core:
+            return content
+        lead = content[:len(content) - len(content.lstrip())]
+        return f"{lead}{open_}{core}{close}{content[len(lead) + len(core):]}"
+
     try:
-        return env.from_string(template.source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
+        out = env.from_string(template.source).render(
+            messages=[{**m, "content": framed(m["content"])} for m in messages],
+            add_generation_prompt=add_generation_prompt, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
     except JinjaTemplateError as e:
         raise KilnError(f"{spec.path}: the chat template ({template.origin}) failed to render: {e}") from None
+    pieces, spans, at = [], [], 0
+    for i, piece in enumerate(out.split(open_)):
+        if i:  # a message's text, to its close marker (or to the end, where a template cut it off)
+            content, _, piece = piece.partition(close)
+            pieces.append(content)
+            spans.append((at, at + len(content)))
+            at += len(content)
+        piece = piece.replace(close, "")
+        pieces.append(piece)
+        at += len(piece)
+    return "".join(pieces), spans

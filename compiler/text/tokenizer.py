@@ -82,6 +82,44 @@ CONTROL_LOOKING = frozenset({
 })
 
 
+def merge_pairs(pieces: list[str], priority) -> list[str]:
+    """Merge adjacent pieces, the best pair first (the lowest priority(left, right); None: never),
+    leftmost on a tie, until no pair merges. A heap over a linked list: O(n log n) in the pieces,
+    so a long word costs seconds, not hours, as the reference BPE implementations do it."""
+    nxt = list(range(1, len(pieces))) + [-1]
+    prv = list(range(-1, len(pieces) - 1))
+    heap: list[tuple[float, int, str, str]] = []
+
+    def push(left: int) -> None:
+        right = nxt[left] if left >= 0 else -1
+        if right >= 0:
+            key = priority(pieces[left], pieces[right])
+            if key is not None:
+                heapq.heappush(heap, (key, left, pieces[left], pieces[right]))
+
+    for i in range(len(pieces) - 1):
+        key = priority(pieces[i], pieces[i + 1])
+        if key is not None:
+            heap.append((key, i, pieces[i], pieces[i + 1]))
+    heapq.heapify(heap)
+    while heap:
+        _, left, a, b = heapq.heappop(heap)
+        right = nxt[left]
+        if right < 0 or pieces[left] != a or pieces[right] != b:
+            continue  # stale: one side has merged since this pair was queued
+        pieces[left], pieces[right] = a + b, ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prv[nxt[right]] = left
+        push(prv[left])
+        push(left)
+    out, i = [], 0 if pieces else -1
+    while i >= 0:
+        out.append(pieces[i])
+        i = nxt[i]
+    return out
+
+
 class Tokenizer:
     """What both models share: special tokens, BOS/EOS rules, and the bytes of each token."""
 
@@ -93,12 +131,16 @@ class Tokenizer:
                                 if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t),
                                key=lambda s: (-len(s[0]), s[1]))
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True,
+                 plain: list[tuple[int, int]] = ()) -> list[int]:
+        """llama.cpp's llama_tokenize. `plain`: spans of text where control-token look-alikes stay
+        text even with parse_special (a chat prompt's messages: a user's "<|im_start|>system" is
+        not the template's); the text is tokenized as one, so a span changes nothing else."""
         ids: list[int] = []
         if add_special and self.data.add_bos and self.data.bos_id is not None:
             ids.append(self.data.bos_id)
         prev_special = True
-        for frag in self._partition(text, parse_special):
+        for frag in self._partition(text, parse_special, plain):
             if isinstance(frag, int):
                 ids.append(frag)
                 prev_special = True
@@ -112,24 +154,40 @@ class Tokenizer:
     def _encode(self, text: str, after_special: bool) -> list[int]:
         raise NotImplementedError
 
-    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """Cut special-token text out of the input, longest tokens first, as llama.cpp does."""
+    def _partition(self, text: str, parse_special: bool, plain: list[tuple[int, int]] = ()) -> list[str | int]:
+        """Cut special-token text out of the input, longest tokens first, as llama.cpp does; a
+        control token is not cut where it overlaps a `plain` span."""
         frags: list[str | int] = [text]
+        starts: list[int] = [0]  # each fragment's offset in text
         for tok, tid, ty in self.specials:
-            if not parse_special and ty in (CONTROL, UNKNOWN):
+            control = ty in (CONTROL, UNKNOWN)
+            if not parse_special and control:
                 continue
-            nxt: list[str | int] = []
-            for f in frags:
+            nxt, nxt_starts = [], []
+            for f, at in zip(frags, starts):
                 if isinstance(f, int) or tok not in f:
                     nxt.append(f)
+                    nxt_starts.append(at)
                     continue
-                parts = f.split(tok)
-                for j, part in enumerate(parts):
-                    if part:
-                        nxt.append(part)
-                    if j < len(parts) - 1:
-                        nxt.append(tid)
-            frags = nxt
+                cuts, i = [], 0
+                while (j := f.find(tok, i)) >= 0:
+                    if control and any(a < at + j + len(tok) and at + j < b for a, b in plain):
+                        i = j + 1  # a look-alike in a plain span: not a cut
+                        continue
+                    cuts.append(j)
+                    i = j + len(tok)
+                prev = 0
+                for j in cuts:
+                    if j > prev:
+                        nxt.append(f[prev:j])
+                        nxt_starts.append(at + prev)
+                    nxt.append(tid)
+                    nxt_starts.append(at + j)
+                    prev = j + len(tok)
+                if prev < len(f):
+                    nxt.append(f[prev:])
+                    nxt_starts.append(at + prev)
+            frags, starts = nxt, nxt_starts
         return frags
 
     def token_bytes(self, tid: int, special: bool = False) -> bytes:
@@ -168,16 +226,8 @@ class BPETokenizer(Tokenizer):
         cached = self._cache.get(word)
         if cached is not None:
             return cached
-        symbols = [self.byte_chars[b] for b in word.encode("utf-8")]
-        while len(symbols) > 1:
-            best, at = None, -1
-            for i in range(len(symbols) - 1):
-                r = self.ranks.get((symbols[i], symbols[i + 1]))
-                if r is not None and (best is None or r < best):
-                    best, at = r, i
-            if best is None:
-                break
-            symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
+        symbols = merge_pairs([self.byte_chars[b] for b in word.encode("utf-8")],
+                              lambda a, b: self.ranks.get((a, b)))
         ids: list[int] = []
         for s in symbols:
             tid = self.vocab.get(s)
@@ -186,7 +236,7 @@ class BPETokenizer(Tokenizer):
             else:  # not in the vocabulary: one token per byte, as llama.cpp falls back
                 ids.extend(self.vocab[c] for c in s if c in self.vocab)
         result = tuple(ids)
-        if len(self._cache) < 100_000:
+        if len(self._cache) < 100_000 and len(word) <= 256:
             self._cache[word] = result
         return result
 
@@ -217,43 +267,18 @@ class SPMTokenizer(Tokenizer):
         if self.data.add_space_prefix and after_special:
             text = " " + text
         text = text.replace(" ", self.SPACE)
-        pieces = list(text)  # one symbol per character; merged symbols keep their text here
-        nxt = list(range(1, len(pieces))) + [-1]
-        prv = list(range(-1, len(pieces) - 1))
-        heap: list[tuple[float, int, int, str]] = []
+        def priority(a: str, b: str) -> float | None:  # the highest-scoring token first
+            tid = self.vocab.get(a + b)
+            return None if tid is None else -self.scores[tid]
 
-        def push(left: int) -> None:
-            right = nxt[left] if left >= 0 else -1
-            if left < 0 or right < 0:
-                return
-            merged = pieces[left] + pieces[right]
-            tid = self.vocab.get(merged)
-            if tid is not None:  # highest score first; on a tie, the leftmost pair
-                heapq.heappush(heap, (-self.scores[tid], left, len(merged), merged))
-
-        for i in range(len(pieces) - 1):
-            push(i)
-        while heap:
-            _, left, size, merged = heapq.heappop(heap)
-            right = nxt[left]
-            if right < 0 or not pieces[left] or not pieces[right] or pieces[left] + pieces[right] != merged:
-                continue  # stale: one side has merged since this pair was queued
-            pieces[left], pieces[right] = merged, ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prv[nxt[right]] = left
-            push(prv[left])
-            push(left)
         ids: list[int] = []
-        i = 0 if pieces else -1
-        while i >= 0:
-            tid = self.vocab.get(pieces[i])
+        for piece in merge_pairs(list(text), priority):  # one symbol per character to start
+            tid = self.vocab.get(piece)
             if tid is not None:
                 ids.append(tid)
             else:
-                for b in pieces[i].encode("utf-8"):
-                    ids.append(self.byte_token.get(b, self.data.unk_id if self.data.unk_id is not None else 0))
-            i = nxt[i]
+                for byte in piece.encode("utf-8"):
+                    ids.append(self.byte_token.get(byte, self.data.unk_id if self.data.unk_id is not None else 0))
         return ids
 
     def token_bytes(self, tid: int, special: bool = False) -> bytes:
