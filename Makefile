@@ -86,9 +86,12 @@ wheel-check: dev models
 	cd $(WHEEL_DIR) && KILN_CACHE=$(WHEEL_DIR)/cache venv/bin/kiln layout $(MODEL) >/dev/null
 	cd $(WHEEL_DIR) && KILN_CACHE=$(WHEEL_DIR)/cache venv/bin/kiln run $(MODEL) -p "The capital of France is" -n 4 --temp 0
 
-# The GGUF front end under 100,000 mutated headers (make test runs about 2,000).
+# The long fuzz runs: the GGUF front end under 100,000 mutated headers (make test runs about
+# 2,000) and the HTTP API under 20,000 requests (make test runs 300), and a 10-minute soak.
 fuzz: dev models
 	KILN_FUZZ_CASES=99000 KILN_FUZZ_REAL_CASES=1000 $(BIN)/pytest -q tests/test_fuzz_gguf.py
+	KILN_HTTP_FUZZ_CASES=20000 $(BIN)/pytest -q tests/test_serve_fuzz.py
+	KILN_SOAK_SECONDS=600 $(BIN)/pytest -q -s tests/test_serve_soak.py
 
 # The main job: compile the default model (cached after the first run) and stream a greedy continuation.
 PROMPT ?= Here is a short story about a robot who learns to paint:

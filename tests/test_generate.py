@@ -94,3 +94,11 @@ def test_kiln_run_rejects_bad_sampling_options(smollm2):
                        capture_output=True, text=True)
     assert r.returncode == 1 and "sampling option temperature is out of range: -1" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_partial_selection_orders_as_a_full_sort():
+    """top-k by argpartition: the same k tokens in the same order as a stable full sort, ties by id."""
+    rng = np.random.default_rng(5)
+    for x in (rng.standard_normal(5000), np.round(rng.standard_normal(5000) * 2)):  # the second full of ties
+        for k in (1, 2, 7, 40, 4999, 5000, 10**9):
+            np.testing.assert_array_equal(Sampler._best_first(x, k), np.argsort(-x, kind="stable")[:k])

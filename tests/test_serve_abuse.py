@@ -300,3 +300,19 @@ def test_a_failing_request_fails_alone_and_a_dead_engine_says_so(model):
         assert r.status_code == 503
     finally:
         engine.stop()
+
+
+def test_a_full_queue_answers_before_reading_the_body(model):
+    """Capacity is checked before the body is read, parsed or tokenized: with the queue full, even a
+    malformed body gets 503 Retry-After (not a 400 that took work to find)."""
+    from fastapi.testclient import TestClient
+
+    from compiler.serving.engine import Engine
+    from compiler.serving.http import ServerConfig
+    from compiler.serving.server import create_app
+
+    engine = Engine(model, max_queue=1)  # not started: what is queued stays queued
+    engine.submit(_request(model)[0])
+    app = TestClient(create_app(engine, ServerConfig(MODEL)))
+    r = app.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1" and "--max-queue" in r.json()["error"]["message"]

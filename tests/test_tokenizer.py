@@ -61,3 +61,22 @@ def test_qwen2_pre_tokenizer_matches_llamacpp(tiny, smollm2):
 def test_detokenize_round_trips(smollm2, text):
     tok = make_tokenizer(read_model(smollm2).tokenizer)
     assert tok.detokenize(tok.tokenize(text, add_special=False, parse_special=False)) == text
+
+
+LONG_WORDS = ["a" * 20_000, "ab" * 8_000, "hello" * 3_000 + " world", "1234567890" * 1_500, "日本語" * 3_000]
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_long_words_merge_as_llamacpps(model, request):
+    """One pre-token of thousands of symbols (the server's old quadratic case): the heap merge gives
+    llama.cpp's ids, and a 200,000-character word is merged in bounded time."""
+    import time
+
+    path = request.getfixturevalue(model)
+    tok = make_tokenizer(read_model(path).tokenizer)
+    ref = Reference(path, n_ctx=64)
+    for text in LONG_WORDS:
+        assert tok.tokenize(text, False, False) == ref.tokenize(text, False, False), text[:20]
+    t0 = time.monotonic()
+    tok.tokenize("a" * 200_000, False, False)
+    assert time.monotonic() - t0 < 60  # a bound on the wait, not a timing: quadratic took hours at 1 MB
