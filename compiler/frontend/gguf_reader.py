@@ -1,4 +1,5 @@
-"""Read a GGUF file into a typed ModelSpec (spec.py): hyperparameters, tensor table, tokenizer data.
+"""Read a GGUF file into a typed ModelSpec (spec.py): hyperparameters, tensor table, tokenizer data
+(vocab.py); read_vocab reads only the tokenizer, of any GGUF, vocab-only files included.
 
 Parsing is done by the `gguf` package. Everything kiln relies on is checked here, so the
 later stages can trust the spec: a foreign or truncated file, an architecture without a
@@ -19,13 +20,9 @@ from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
 from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
 from .gguf_check import check_layout
 from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
+from .vocab import read_tokenizer
 from ..core.errors import ModelFileError
 from .architecture import available_archs
-
-
-# Token texts that end a generation wherever a vocabulary has them (llama.cpp's llama-vocab.cpp list).
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|endoftext|>", "<|eom_id|>",
-             "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<end_of_turn>")
 
 
 class _Reader(GGUFReader):
@@ -40,24 +37,44 @@ class _Reader(GGUFReader):
 
 def read_model(path: str | os.PathLike[str]) -> ModelSpec:
     """Parse and check a GGUF file. Cached per (path, size, mtime) within the process."""
-    p = Path(path).resolve()
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot open model file ({e.strerror})") from None
+    p, st = _stat(path)
     return _read_cached(p, st.st_size, st.st_mtime_ns)
 
 
-@lru_cache(maxsize=8)
-def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
+def read_vocab(path: str | os.PathLike[str]) -> TokenizerData:
+    """Only the tokenizer of a GGUF: any architecture, tensors or none (llama.cpp's vocab-only files).
+    The file is checked as read_model checks it."""
+    p, st = _stat(path)
+    return _read_vocab_cached(p, st.st_size, st.st_mtime_ns)
+
+
+def _stat(path: str | os.PathLike[str]) -> tuple[Path, os.stat_result]:
+    p = Path(path).resolve()
+    try:
+        return p, p.stat()
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot open model file ({e.strerror})") from None
+
+
+def _open(path: Path, size: int) -> GGUFReader:
     _check_magic(path, size)
     check_layout(path)  # every length, count, type and offset, before gguf-py trusts them
     try:
-        reader = _Reader(path)
+        return _Reader(path)
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
         raise ModelFileError(
             f"{path}: cannot parse the GGUF ({e}); the file ({size:,} bytes) is truncated or corrupt, fetch it again"
         ) from None
+
+
+@lru_cache(maxsize=8)
+def _read_vocab_cached(path: Path, size: int, _mtime_ns: int) -> TokenizerData:
+    return read_tokenizer(_Metadata(path, _open(path, size)))
+
+
+@lru_cache(maxsize=8)
+def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
+    reader = _open(path, size)
     meta = _Metadata(path, reader)
     arch = meta.text("general.architecture")
     if arch not in available_archs():
@@ -65,7 +82,7 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
             f"{path}: unknown architecture '{arch}': there is no template for it "
             f"(supported: {', '.join(available_archs())}); add templates/{arch}.json to support it"
         )
-    tokenizer = _read_tokenizer(meta)
+    tokenizer = read_tokenizer(meta)
     tensors = _read_tensors(path, reader, size)
     hparams = _read_hparams(meta, arch, tokenizer)
     _check_tensors_fit(path, tensors, hparams)
@@ -261,36 +278,6 @@ def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
     if hp.n_rot != hp.head_dim:
         raise ModelFileError(f"{meta.path}: partial rotary embedding (n_rot {hp.n_rot} < head_dim {hp.head_dim}) is not supported")
     return hp
-
-
-def _read_tokenizer(meta: _Metadata) -> TokenizerData:
-    k = "tokenizer.ggml."
-    tokens = meta.array(k + "tokens")
-    if not tokens:
-        raise ModelFileError(f"{meta.path}: metadata key '{k}tokens' is missing; the file carries no vocabulary")
-    types = meta.array(k + "token_type") or [1] * len(tokens)
-    scores = meta.array(k + "scores")
-    merges = meta.array(k + "merges")
-    template = meta.get("tokenizer.chat_template")
-    eog = {meta.integer(k + key, default=None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")}
-    eog |= {i for i, text in enumerate(tokens) if text in EOG_TEXTS}
-    return TokenizerData(
-        model=meta.text(k + "model"),
-        pre=meta.text(k + "pre", default=None),
-        tokens=tuple(tokens),
-        token_types=tuple(int(t) for t in types),
-        scores=None if scores is None else tuple(float(s) for s in scores),
-        merges=None if merges is None else tuple(merges),
-        bos_id=meta.integer(k + "bos_token_id", default=None),
-        eos_id=meta.integer(k + "eos_token_id", default=None),
-        unk_id=meta.integer(k + "unknown_token_id", default=None),
-        pad_id=meta.integer(k + "padding_token_id", default=None),
-        add_bos=meta.flag(k + "add_bos_token", default=True),
-        add_eos=meta.flag(k + "add_eos_token", default=False),
-        add_space_prefix=meta.flag(k + "add_space_prefix", default=False),
-        chat_template=None if template is None else str(template),
-        eog_ids=frozenset(i for i in eog if i is not None and 0 <= i < len(tokens)),
-    )
 
 
 def _read_tensors(path: Path, reader: GGUFReader, size: int) -> dict[str, TensorInfo]:

@@ -49,7 +49,7 @@ class HParams:
 class TokenizerData:
     """The tokenizer as the GGUF stores it; the tokenizer module turns it into one that runs."""
 
-    model: str  # "gpt2" (BPE) or "llama" (SentencePiece)
+    model: str  # "gpt2" (BPE), "llama" (SentencePiece), "bert" (WordPiece), "gemma4" (BPE on U+2581 text)
     pre: str | None
     tokens: tuple[str, ...]
     token_types: tuple[int, ...]
@@ -64,6 +64,19 @@ class TokenizerData:
     add_space_prefix: bool
     chat_template: str | None
     eog_ids: frozenset[int]  # end of generation: eos, eot, eom and the turn-end tokens, as llama.cpp's set
+    # llama.cpp's settings, each from its GGUF key or, where the key is absent, from the defaults
+    # table in frontend/vocab.py (per tokenizer model and pre-tokenizer)
+    pre_type: str | None = None  # the pre-tokenizer `pre` names (None: one llama.cpp does not know)
+    sep_id: int | None = None
+    add_sep: bool = False  # WordPiece: append [SEP]
+    bos_always: bool = False  # add BOS even where the GGUF says not to (Gemma 4)
+    clean_spaces: bool = False  # detokenizing: drop spaces before punctuation (clean_up_tokenization_spaces)
+    ignore_merges: bool = False  # BPE: a pre-token that is itself a token is not merged from bytes
+    escape_whitespaces: bool = False  # spaces become U+2581 before the pieces are looked up
+    remove_extra_whitespaces: bool = False
+    lowercase: bool = True  # WordPiece normalizer
+    strip_accents: bool = True  # WordPiece normalizer
+    name: str = ""  # general.name: llama.cpp keys a few per-token attributes on it (Phi-3)
 
 
 @dataclass(frozen=True)

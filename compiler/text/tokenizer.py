@@ -1,45 +1,35 @@
 """Tokenizers built from GGUF metadata, with llama.cpp's meaning of the flags.
 
 `tokenize(text, add_special, parse_special)`:
-- add_special prepends BOS (and appends EOS) only where the GGUF says the model wants them;
+- add_special prepends BOS (and appends EOS / SEP) only where the GGUF, or llama.cpp's default
+  for its tokenizer (frontend/vocab.py), says the model wants them;
 - parse_special turns the text of control tokens (`<|im_start|>`) into their ids; user-defined
-  tokens are always matched, as llama.cpp does.
+  tokens are always matched, as llama.cpp does (specials.py: which tokens are which).
 
-Both models first cut special-token text out of the input (`Tokenizer`), then encode each
+Every model first cuts special-token text out of the input (`Tokenizer`), then encodes each
 remaining fragment:
 - BPE ("gpt2"): pre-tokenize with the regexes llama.cpp uses for the GGUF's
-  `tokenizer.ggml.pre`, map bytes to GPT-2's printable characters, merge by rank. The `regex`
-  package is used because Python's `re` has no \\p{L} / \\p{N}.
+  `tokenizer.ggml.pre` (pretokenize.py), map bytes to GPT-2's printable characters, merge by
+  rank. Gemma 4 ("gemma4") is BPE on SentencePiece-style text: spaces as U+2581, raw UTF-8,
+  <0xXX> byte tokens.
 - SentencePiece ("llama"): spaces become U+2581, adjacent pieces merge highest score first
   while the merged text is in the vocabulary, and what no token covers falls back to <0xXX>
   byte tokens.
+- WordPiece ("bert"): wpm.py.
 """
 from __future__ import annotations
 
 import heapq
-
 from functools import lru_cache
-
-import regex
 
 from ..core.errors import ModelFileError
 from ..frontend.spec import TokenizerData
+from .pretokenize import PRE_TOKENIZERS, compiled, split
+from .specials import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, stripping, token_types
+from .wpm import WordPiece
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)")
-
-# tokenizer.ggml.pre -> the regexes llama.cpp splits with, applied one after another
-PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    "gpt2": (_GPT2,),
-    "default": (_GPT2,),
-    "smollm": (r"\p{N}", _GPT2),
-    "starcoder": (r"\p{N}", _GPT2),
-    "refact": (r"\p{N}", _GPT2),
-    "qwen2": (_QWEN2,),
-}
+__all__ = ["BYTE", "CONTROL", "NORMAL", "UNKNOWN", "UNUSED", "USER_DEFINED", "Tokenizer", "make_tokenizer",
+           "merge_pairs", "gpt2_byte_chars"]
 
 
 @lru_cache(maxsize=1)
@@ -54,32 +44,6 @@ def gpt2_byte_chars() -> tuple[str, ...]:
             table[b] = chr(256 + extra)
             extra += 1
     return tuple(table[b] for b in range(256))
-
-
-def _split(pieces: list[str], pattern: regex.Pattern) -> list[str]:
-    """Split every piece at the pattern's matches, keeping matches and the text between them."""
-    out = []
-    for piece in pieces:
-        pos = 0
-        for m in pattern.finditer(piece):
-            if m.start() > pos:
-                out.append(piece[pos:m.start()])
-            if m.end() > m.start():
-                out.append(m.group())
-            pos = m.end()
-        if pos < len(piece):
-            out.append(piece[pos:])
-    return out
-
-
-# End-of-generation spellings that llama.cpp treats as control tokens whatever type the GGUF
-# gives them (it warns "control-looking token ... will be overridden"): Gemma's user-defined
-# "</s>" is one, so with parse_special off llama.cpp tokenizes it as plain text.
-CONTROL_LOOKING = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-})
 
 
 def merge_pairs(pieces: list[str], priority) -> list[str]:
@@ -120,13 +84,17 @@ def merge_pairs(pieces: list[str], priority) -> list[str]:
     return out
 
 
+_ASCII_SPACE = " \t\n\v\f\r"  # what llama.cpp strips beside an lstrip/rstrip special token (C isspace)
+
+
 class Tokenizer:
-    """What both models share: special tokens, BOS/EOS rules, and the bytes of each token."""
+    """What every model shares: special tokens, BOS/EOS rules, and the bytes of each token."""
 
     def __init__(self, data: TokenizerData, source: str = "model"):
         self.data = data
         self.vocab = {t: i for i, t in enumerate(data.tokens)}
-        self.types = [CONTROL if t in CONTROL_LOOKING else ty for t, ty in zip(data.tokens, data.token_types)]
+        self.types = token_types(data)
+        self.lstrip, self.rstrip = stripping(data, self.types)
         self.specials = sorted(((t, i, ty) for i, (t, ty) in enumerate(zip(data.tokens, self.types))
                                 if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t),
                                key=lambda s: (-len(s[0]), s[1]))
@@ -136,20 +104,24 @@ class Tokenizer:
         """llama.cpp's llama_tokenize. `plain`: spans of text where control-token look-alikes stay
         text even with parse_special (a chat prompt's messages: a user's "<|im_start|>system" is
         not the template's); the text is tokenized as one, so a span changes nothing else."""
-        ids: list[int] = []
-        if add_special and self.data.add_bos and self.data.bos_id is not None:
-            ids.append(self.data.bos_id)
+        ids: list[int] = self._first(add_special)
         prev_special = True
-        for frag in self._partition(text, parse_special, plain):
+        for frag in self._partition(text, parse_special, plain) if text else []:
             if isinstance(frag, int):
                 ids.append(frag)
                 prev_special = True
             else:
                 ids.extend(self._encode(frag, prev_special))
                 prev_special = False
-        if add_special and self.data.add_eos and self.data.eos_id is not None:
-            ids.append(self.data.eos_id)
-        return ids
+        return ids + self._last(add_special)
+
+    def _first(self, add_special: bool) -> list[int]:
+        d = self.data
+        return [d.bos_id] if add_special and d.add_bos and d.bos_id is not None else []
+
+    def _last(self, add_special: bool) -> list[int]:
+        d = self.data
+        return [d.eos_id] if add_special and d.add_eos and d.eos_id is not None else []
 
     def _encode(self, text: str, after_special: bool) -> list[int]:
         raise NotImplementedError
@@ -178,12 +150,18 @@ class Tokenizer:
                     i = j + len(tok)
                 prev = 0
                 for j in cuts:
-                    if j > prev:
-                        nxt.append(f[prev:j])
+                    left = f[prev:j]
+                    if tid in self.lstrip:
+                        left = left.rstrip(_ASCII_SPACE)
+                    if left:
+                        nxt.append(left)
                         nxt_starts.append(at + prev)
                     nxt.append(tid)
                     nxt_starts.append(at + j)
                     prev = j + len(tok)
+                    if tid in self.rstrip:
+                        while prev < len(f) and f[prev] in _ASCII_SPACE:
+                            prev += 1
                 if prev < len(f):
                     nxt.append(f[prev:])
                     nxt_starts.append(at + prev)
@@ -200,41 +178,49 @@ class Tokenizer:
 class BPETokenizer(Tokenizer):
     def __init__(self, data: TokenizerData, source: str = "model"):
         if data.merges is None:
-            raise ModelFileError(f"{source}: a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges")
-        if data.pre not in PRE_TOKENIZERS:
-            raise ModelFileError(
-                f"{source}: unsupported pre-tokenizer '{data.pre}' (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
-            )
+            raise ModelFileError(f"{source}: a {data.model} (BPE) tokenizer needs tokenizer.ggml.merges")
+        if data.pre_type not in PRE_TOKENIZERS:
+            known = "not one llama.cpp knows" if data.pre_type is None else "not implemented by kiln"
+            raise ModelFileError(f"{source}: unsupported pre-tokenizer '{data.pre}' ({known}); kiln supports "
+                                 f"the {', '.join(sorted(PRE_TOKENIZERS))} families (frontend/vocab.py names them)")
         super().__init__(data, source)
-        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(data.merges)}
-        self.patterns = [regex.compile(p) for p in PRE_TOKENIZERS[data.pre]]
+        self.ranks: dict[tuple[str, str], int] = {}
+        for r, m in enumerate(data.merges):
+            cut = m.find(" ", 1)
+            self.ranks.setdefault((m[:cut], m[cut + 1:]) if cut > 0 else ("", ""), r)  # the first rank stays
+        self.patterns = compiled(data.pre_type)
+        self.byte_encode = data.pre_type != "gemma4"  # Gemma 4 merges raw UTF-8, not GPT-2's byte characters
         byte_chars = gpt2_byte_chars()
         self.byte_of = {c: b for b, c in enumerate(byte_chars)}
         self.byte_chars = byte_chars
         self._cache: dict[str, tuple[int, ...]] = {}
 
     def _encode(self, text: str, after_special: bool) -> list[int]:
-        return [t for word in self._pretokenize(text) for t in self._bpe(word)]
-
-    def _pretokenize(self, text: str) -> list[str]:
-        pieces = [text]
-        for p in self.patterns:
-            pieces = _split(pieces, p)
-        return pieces
+        if self.data.escape_whitespaces:
+            text = text.replace(" ", "\u2581")
+        words = split(text, self.patterns)
+        if self.byte_encode:
+            words = ["".join(self.byte_chars[b] for b in w.encode("utf-8")) for w in words]
+        return [t for word in words for t in self._bpe(word)]
 
     def _bpe(self, word: str) -> tuple[int, ...]:
         cached = self._cache.get(word)
         if cached is not None:
             return cached
-        symbols = merge_pairs([self.byte_chars[b] for b in word.encode("utf-8")],
-                              lambda a, b: self.ranks.get((a, b)))
+        whole = self.vocab.get(word)
+        if whole is not None and (self.data.ignore_merges or (not self.byte_encode and not word.strip("\n"))):
+            return (whole,)  # a word that is a token (Gemma 4: a run of newlines) is not merged from pieces
+        symbols = merge_pairs(list(word), lambda a, b: self.ranks.get((a, b)))
         ids: list[int] = []
         for s in symbols:
             tid = self.vocab.get(s)
             if tid is not None:
                 ids.append(tid)
-            else:  # not in the vocabulary: one token per byte, as llama.cpp falls back
-                ids.extend(self.vocab[c] for c in s if c in self.vocab)
+                continue
+            for b in s.encode("utf-8"):  # not in the vocabulary: a token per byte where there is one
+                tid = self.vocab.get(chr(b) if b < 0x80 else "") if self.byte_encode else self.vocab.get(f"<0x{b:02X}>")
+                if tid is not None:
+                    ids.append(tid)
         result = tuple(ids)
         if len(self._cache) < 100_000 and len(word) <= 256:
             self._cache[word] = result
@@ -247,6 +233,8 @@ class BPETokenizer(Tokenizer):
             return text.encode() if special else b""
         if ty == USER_DEFINED:
             return text.encode()
+        if not self.byte_encode:
+            return bytes([int(text[3:5], 16)]) if ty == BYTE else text.replace("\u2581", " ").encode()
         return bytes(self.byte_of[c] for c in text if c in self.byte_of)
 
 
@@ -259,9 +247,10 @@ class SPMTokenizer(Tokenizer):
         super().__init__(data, source)
         self.scores = data.scores
         self.byte_token = {}
-        for i, (t, ty) in enumerate(zip(data.tokens, data.token_types)):
-            if ty == BYTE and len(t) == 6 and t.startswith("<0x"):
-                self.byte_token[int(t[3:5], 16)] = i
+        for b in range(256):  # <0xXX>, else the byte itself as a token (llama.cpp's byte_to_token)
+            tid = self.vocab.get(f"<0x{b:02X}>", self.vocab.get(chr(b)) if b < 0x80 else None)
+            if tid is not None:
+                self.byte_token[b] = tid
 
     def _encode(self, text: str, after_special: bool) -> list[int]:
         if self.data.add_space_prefix and after_special:
@@ -290,7 +279,30 @@ class SPMTokenizer(Tokenizer):
         return text.replace(self.SPACE, " ").encode()
 
 
-TOKENIZER_MODELS = {"gpt2": BPETokenizer, "llama": SPMTokenizer}
+class WPMTokenizer(Tokenizer):
+    """BERT: [CLS] words [SEP] with add_special, whatever the add_bos key says (as llama.cpp)."""
+
+    def __init__(self, data: TokenizerData, source: str = "model"):
+        super().__init__(data, source)
+        self.wordpiece = WordPiece(data, self.vocab)
+
+    def _first(self, add_special: bool) -> list[int]:
+        return [self.data.bos_id] if add_special and self.data.bos_id is not None else []
+
+    def _last(self, add_special: bool) -> list[int]:
+        return [self.data.sep_id] if add_special and self.data.sep_id is not None else []
+
+    def _encode(self, text: str, after_special: bool) -> list[int]:
+        return self.wordpiece.encode(text)
+
+    def token_bytes(self, tid: int, special: bool = False) -> bytes:
+        text, ty = self.data.tokens[tid], self.types[tid]
+        if ty in (CONTROL, UNKNOWN):
+            return text.encode() if special else b""
+        return text.replace("\u2581", " ").encode()
+
+
+TOKENIZER_MODELS = {"gpt2": BPETokenizer, "gemma4": BPETokenizer, "llama": SPMTokenizer, "bert": WPMTokenizer}
 
 
 def make_tokenizer(data: TokenizerData, source: str = "model") -> Tokenizer:
