@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models vocab browser test test-fast lint wheel-check fuzz run clean llama-server
+.PHONY: setup dev models vocab browser cross test test-fast lint wheel-check fuzz run clean llama-server
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -74,7 +74,16 @@ browser:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ; } || \
 	  echo "make: no chromium (needs apt-get as root); the browser test of kiln layout --html will skip"
 
-test: dev models vocab browser lint wheel-check
+# Debian's aarch64 cross compiler and qemu-user, for the ARM targets (tests/test_target_aarch64.py
+# builds them here and runs them under emulation). Where they cannot be installed that test skips.
+cross:
+	@{ command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64; } >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	        gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null; } ; } || \
+	  echo "make: no aarch64 cross compiler or qemu-user (needs apt-get as root); the ARM target tests will skip"
+
+test: dev models vocab browser cross lint wheel-check
 	KILN_VOCAB_SUITES=$(abspath $(VOCAB_DIR)) $(BIN)/pytest
 
 FAST := not slow and not llamacpp and not browser and not network

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "isa.h"
 #include "kernels.h"
 #include "quants.h"
 
@@ -94,8 +95,7 @@ static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {
 /* -- SIMD twins ------------------------------------------------------------------------------ */
 /* AVX2 (rows_avx2.c, act_avx2.c): rows of the GGUF layout, 8 weight rows a tile; the q8
  * activation quantizers; the dequantizers of the f16 and q8_0 KV caches */
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define KILN_HAVE_AVX2 1
+#ifdef KILN_HAVE_AVX2
 #define KILN_ROWS_AVX2(name)                                                                                \
     void kiln_rows_##name##_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row,   \
                                  int n_a, float *y, size_t y_row);
@@ -117,8 +117,7 @@ void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
 
 /* AVX-512 VNNI (x8_vnni.c, and x8_amx.c where AMX is built): matmuls on weights interleaved by
  * eight rows (x8_pack.c) */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-#define KILN_HAVE_VNNI 1
+#ifdef KILN_HAVE_VNNI
 /* y[c * y_row + 8g + r] for the x8 groups [g0, g1) of a packed matrix and activation rows c < n_a */
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row);

@@ -9,8 +9,7 @@
  */
 #include "x8.h"
 
-#if defined(KILN_HAVE_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
-#define KILN_HAVE_AMX 1
+#ifdef KILN_HAVE_AMX
 #define AMX_MAX_BLOCKS 128 /* a group pair's unpacked blocks, 512 bytes each, on the stack: n_in <= 4096 */
 #define AMX_M 16           /* activation rows a tile multiply */
 #define AMX_MAX_ROWS 256   /* activation rows a pass over the weights takes at most */

@@ -184,5 +184,5 @@ def test_the_build_key_names_the_cpu_the_library_is_built_for(monkeypatch):
     here = ext.key()
     assert "__SSE2__" in targets.target_identity(False)
     other_cpu = targets.target_identity(False) + "\n#define __AVX10_2__ 1"  # one more extension than this CPU has
-    monkeypatch.setattr(extension, "target_identity", lambda sanitize, target="native": other_cpu)
+    monkeypatch.setattr(extension, "target_identity", lambda sanitize, target="native", isa=(): other_cpu)
     assert ext.key() != here

@@ -96,3 +96,24 @@ def test_a_target_this_cpu_lacks_is_refused_by_name(monkeypatch, golden_model):
 def test_an_unknown_target_is_refused_by_name(golden_model):
     with pytest.raises(BuildError, match=r"unknown target 'pentium4'.*x86-64-v3"):
         compiler.load(golden_model, ctx=64, target="pentium4")
+
+
+@pytest.mark.parametrize("isa", ["no-amx", "no-vnni", "no-avx512"])
+def test_an_isa_switch_leaves_a_path_out_and_keeps_the_bits(golden_model, scalar_tiny, isa):
+    """--isa builds native without some extensions, so every path runs on one CPU: the kernel set it
+    reports loses them, and the logits stay the scalar build's."""
+    full, less = build.kernel_set(False, "native"), build.kernel_set(False, "native", build.isa_switch(isa))
+    lost = {"no-amx": "AMX", "no-vnni": "VNNI", "no-avx512": "VNNI"}[isa]
+    assert lost not in less and (lost in full or full == less)
+    m = compiler.load(golden_model, ctx=64, prefill_chunk=16, isa=isa)
+    assert isa in m.compiled.extension.isa
+    np.testing.assert_array_equal(m.prefill([1, 5, 9, 44, 100, 200, 31, 7, 250, 3, 66], logits="all"),
+                                  scalar_tiny["chunk"])
+
+
+def test_an_unknown_isa_switch_is_refused_by_name(golden_model, monkeypatch):
+    with pytest.raises(BuildError, match=r"unknown no-sse.*no-amx"):
+        compiler.load(golden_model, ctx=64, isa="no-sse")
+    monkeypatch.setenv("KILN_ISA", "no-amx,bogus")
+    with pytest.raises(BuildError, match=r"KILN_ISA: unknown bogus"):
+        compiler.load(golden_model, ctx=64)

@@ -23,15 +23,17 @@ from ..core.version import __version__
 
 
 def cc() -> list[str]:
+    """This CPU's C compiler (build/targets.py names a cross compiler for another architecture)."""
     return (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
 
 
-@lru_cache(maxsize=1)
-def compiler_identity() -> str:
+@lru_cache(maxsize=4)
+def compiler_identity(command: tuple[str, ...] | None = None) -> str:
+    command = list(command or cc())
     try:
-        return subprocess.run(cc() + ["--version"], capture_output=True, text=True).stdout
+        return subprocess.run(command + ["--version"], capture_output=True, text=True).stdout
     except OSError:
-        raise BuildError(f"no C compiler: '{' '.join(cc())}' cannot be run; install gcc (apt-get install gcc)") from None
+        raise BuildError(f"no C compiler: '{' '.join(command)}' cannot be run; install gcc (apt-get install gcc)") from None
 
 
 def run(cmd: list[str], what: str) -> None:
@@ -46,9 +48,11 @@ def run(cmd: list[str], what: str) -> None:
 RECIPE = tuple(sorted(Path(__file__).parent.glob("*.py")))  # how kiln builds: a change to it rebuilds
 
 
-def build_key(parts: Iterable[str], files: Iterable[Path] = ()) -> str:
+def build_key(parts: Iterable[str], files: Iterable[Path] = (), compiler: list[str] | None = None) -> str:
+    """The key of a build by `compiler` (this CPU's by default) from these strings and files."""
+    compiler = compiler or cc()
     h = hashlib.sha256()
-    for part in (__version__, sys.version, " ".join(cc()), compiler_identity(), *parts):
+    for part in (__version__, sys.version, " ".join(compiler), compiler_identity(tuple(compiler)), *parts):
         h.update(part.encode())
         h.update(b"\0")
     for path in (*RECIPE, *files):

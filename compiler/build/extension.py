@@ -17,8 +17,8 @@ from types import ModuleType
 from ..core.errors import BuildError
 from ..core.paths import RUNTIME_DIR
 from ..core.progress import as_progress
-from .cc import build_key, cached_build, cc, header_cdef, run
-from .targets import check_runs_here, compile_args, link_args, target_identity
+from .cc import build_key, cached_build, header_cdef, run
+from .targets import cc, check_runs_here, compile_args, link_args, target_identity
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,15 @@ class Extension:
     sanitize: bool = False
     defines: tuple[str, ...] = ()  # -D macros, e.g. KILN_PROFILE
     target: str = "native"  # the CPU it is built for (targets.TARGETS)
+    isa: tuple[str, ...] = ()  # extensions of the target left out (targets.ISA_OFF)
 
     def flags(self) -> list[str]:
-        return compile_args(self.sanitize, self.target) + [f"-D{d}" for d in self.defines]
+        return compile_args(self.sanitize, self.target, self.isa) + [f"-D{d}" for d in self.defines]
 
     def key(self, *more: str) -> str:
-        return build_key((target_identity(self.sanitize, self.target), self.cdef, self.prelude, repr(self.flags()),
-                          *(p.name for p in self.libraries), *more),
-                         (*self.sources, *sorted(RUNTIME_DIR.glob("*.h")), *self.libraries))
+        return build_key((target_identity(self.sanitize, self.target, self.isa), self.cdef, self.prelude,
+                          repr(self.flags()), *(p.name for p in self.libraries), *more),
+                         (*self.sources, *sorted(RUNTIME_DIR.glob("*.h")), *self.libraries), cc(self.target))
 
 
 def load_extension(ext: Extension, log=lambda s: None) -> ModuleType:
@@ -94,7 +95,7 @@ def build_c_library(ext: Extension, api_headers: tuple[Path, ...], log=lambda s:
         includes = [f"-I{d}" for d in (*ext.include_dirs, RUNTIME_DIR)]
         as_progress(log).work(f"cc -shared {filename}")
         # --undefined pulls every API function out of the runtime archive, even one no model code calls
-        run(cc() + ext.flags() + ["-shared", *includes, *map(str, ext.sources),
+        run(cc(ext.target) + ext.flags() + ["-shared", *includes, *map(str, ext.sources),
                                   *(f"-Wl,--undefined={n}" for n in api), *map(str, ext.libraries),
                                   f"-Wl,--version-script={script}", *link_args(ext.sanitize), "-o",
                                   str(out / filename)], f"building {filename}")

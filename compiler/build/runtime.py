@@ -14,31 +14,33 @@ from types import ModuleType
 from ..core.dtypes import check_against_runtime
 from ..core.paths import RUNTIME_DIR
 from ..core.progress import as_progress
-from .cc import build_key, cached_build, cc, header_cdef, run
+from .cc import build_key, cached_build, header_cdef, run
 from .extension import Extension, load_extension
-from .targets import compile_args, target_identity
+from .targets import ar, cc, compile_args, target_identity
 
 
 def runtime_sources() -> tuple[Path, ...]:
     return tuple(sorted(RUNTIME_DIR.glob("*.c")))
 
 
-def runtime_library(sanitize: bool = False, target: str = "native", log=lambda s: None) -> tuple[Path, bool]:
+def runtime_library(sanitize: bool = False, target: str = "native", log=lambda s: None,
+                    isa: tuple[str, ...] = ()) -> tuple[Path, bool]:
     """libkiln_runtime.a for these flags, compiled (file by file, in parallel) if it is not cached;
     and whether it was cached."""
-    flags = compile_args(sanitize, target)
+    flags = compile_args(sanitize, target, isa)
     sources = runtime_sources()
-    key = build_key(("runtime", target_identity(sanitize, target), repr(flags)),
-                    (*sources, *sorted(RUNTIME_DIR.glob("*.h"))))
+    compiler = cc(target)
+    key = build_key(("runtime", target_identity(sanitize, target, isa), repr(flags)),
+                    (*sources, *sorted(RUNTIME_DIR.glob("*.h"))), compiler)
     progress = as_progress(log)
 
     def build(out: Path) -> None:
         progress.work(f"cc the runtime for {target}: {len(sources)} C files, {' '.join(flags)}")
         objects = [out / f"{s.stem}.o" for s in sources]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda so: run(cc() + flags + [f"-I{RUNTIME_DIR}", "-c", str(so[0]), "-o", str(so[1])],
+            list(pool.map(lambda so: run(compiler + flags + [f"-I{RUNTIME_DIR}", "-c", str(so[0]), "-o", str(so[1])],
                                          f"compiling {so[0].name}"), zip(sources, objects)))
-        run(["ar", "rcs", str(out / "libkiln_runtime.a"), *map(str, objects)], "archiving the runtime")
+        run([ar(target), "rcs", str(out / "libkiln_runtime.a"), *map(str, objects)], "archiving the runtime")
         for o in objects:
             o.unlink()
 
@@ -49,10 +51,11 @@ def kernels_cdef() -> str:
     return header_cdef(RUNTIME_DIR / "constants.h") + "\n" + header_cdef(RUNTIME_DIR / "kernels.h")
 
 
-def runtime_kernels(sanitize: bool = False, log=lambda s: None, target: str = "native") -> ModuleType:
+def runtime_kernels(sanitize: bool = False, log=lambda s: None, target: str = "native",
+                    isa: tuple[str, ...] = ()) -> ModuleType:
     """The runtime's kernels alone, for kernel tests and the packer."""
-    lib, _ = runtime_library(sanitize, target, log)
+    lib, _ = runtime_library(sanitize, target, log, isa)
     module = load_extension(Extension("runtime", kernels_cdef(), '#include "kernels.h"', libraries=(lib,),
-                                      sanitize=sanitize, target=target), log)
+                                      sanitize=sanitize, target=target, isa=isa), log)
     check_against_runtime(module.lib)
     return module

@@ -34,7 +34,7 @@ def load(a: argparse.Namespace, opts: CompileOptions):
     from ..runtime import load_options
 
     with progress(every_stage=False) as p:
-        return load_options(a.model, opts, a.threads, log=p, target=a.target)
+        return load_options(a.model, opts, a.threads, log=p, target=a.target, isa=a.isa)
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
@@ -60,10 +60,13 @@ def add_model_options(p: argparse.ArgumentParser, n_seq: int = 1) -> None:
 
 
 def add_build_options(p: argparse.ArgumentParser) -> None:
-    from ..build.targets import TARGETS
+    from ..build.targets import ISA_OFF, TARGETS
 
     p.add_argument("--target", default="native", choices=list(TARGETS),
                    help="the CPU to build for (default: this one); every target gives the same logits")
+    p.add_argument("--isa", default=None, metavar="|".join(ISA_OFF),
+                   help="leave extensions of the target out, comma-separated (default: $KILN_ISA): every path "
+                        "can be measured on one CPU")
 
 
 def add_threads(p: argparse.ArgumentParser, help: str = "threads (default: physical cores)") -> None:

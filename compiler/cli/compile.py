@@ -5,6 +5,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from ..build.targets import cc, cross
 from ..core.errors import KilnError
 from ..core.paths import RUNTIME_DIR
 from ..driver import API_HEADERS, compile_c_library, compile_model
@@ -16,8 +17,11 @@ def run(a: argparse.Namespace) -> None:
     if a.c_lib and not a.output:
         raise KilnError("--c-lib writes a directory: give it with -o DIR")
     with progress(every_stage=True) as p:
-        c = compile_model(a.model, options(a), log=p, target=a.target)
-        lib = Path(c.module.__file__)
+        if not a.c_lib and cross(a.target):
+            raise KilnError(f"--target {a.target} is another architecture than this CPU's: it can only be built "
+                            "as a C library (add --c-lib -o DIR)")
+        c = compile_model(a.model, options(a), log=p, target=a.target, isa=a.isa)
+        lib = Path(c.module.__file__) if c.module else None
         if a.c_lib:  # the same C, built by cc alone: no cffi, no Python
             with p.stage("cc -shared"):
                 lib = compile_c_library(c, p)
@@ -40,7 +44,7 @@ def run(a: argparse.Namespace) -> None:
     print(f"{out}: {', '.join([*texts, *(p.name for p in copies)])}")
     if a.c_lib:
         packed = c.packed_path.name if c.packed_path else "-"
-        print(f"build the example:  cd {out} && cc -O2 -I. examples/c/generate.c -L. -lkiln_model "
+        print(f"build the example:  cd {out} && {' '.join(cc(a.target))} -O2 -I. examples/c/generate.c -L. -lkiln_model "
               f"-Wl,-rpath,'$ORIGIN' -o generate\n"
               f"run it:             kiln tokenize {a.model} -p 'Once upon a time' > prompt.ids && "
               f"./generate {c.planned.spec.path} prompt.ids 32 {packed} | kiln detokenize {a.model}")

@@ -1,0 +1,23 @@
+/* isa.h: which kernel paths a build has, from the instruction set its flags select. The one place
+ * these conditions are written: the kernels test the KILN_HAVE_* macros, and kiln reads them
+ * (build/targets.py kernel_set, by preprocessing this header with a target's flags) to say what a
+ * build runs, even for a target it cannot load. */
+#ifndef KILN_ISA_H
+#define KILN_ISA_H
+
+/* AVX2 (rows_avx2.c, act_avx2.c): rows of the GGUF layout, 8 weight rows a tile */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KILN_HAVE_AVX2 1
+#endif
+
+/* AVX-512 VNNI (x8_vnni.c): matmuls on weights interleaved by eight rows (x8_pack.c) */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define KILN_HAVE_VNNI 1
+#endif
+
+/* AMX tiles (x8_amx.c) for the x8 matmuls of prefill; Linux hands out the tiles on request */
+#if defined(KILN_HAVE_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define KILN_HAVE_AMX 1
+#endif
+
+#endif
