@@ -77,10 +77,9 @@ void kiln_ref_quantize_q4_0(const float *x, void *dst, int n);
 void kiln_ref_quantize_q4_1(const float *x, void *dst, int n);
 void kiln_ref_quantize_q5_0(const float *x, void *dst, int n);
 
-/* weight l of a super-block as its integer: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 (for the packer) */
-int kiln_q4k_value(const void *block, int l);
-int kiln_q5k_value(const void *block, int l);
-int kiln_q6k_value(const void *block, int l);
+/* every weight of a Q4_K / Q5_K / Q6_K super-block as the x8 layout's unsigned u: Q4_K 0..15,
+   Q5_K 0..31, Q6_K q + 32 in 0..63 (for the packer) */
+void kiln_kquant_values(int type, const void *block, uint8_t u[QK_K]);
 
 /* the 6-bit scales and mins of a Q4_K/Q5_K super-block's eight sub-blocks */
 static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {

@@ -115,9 +115,15 @@ static float dot_k4(const uint8_t *w, size_t block_bytes, k4_value_fn value, con
     return acc - mins;
 }
 
-int kiln_q4k_value(const void *block, int l) { return q4k_value(block, l); }
-int kiln_q5k_value(const void *block, int l) { return q5k_value(block, l); }
-int kiln_q6k_value(const void *block, int l) { return q6k_value(block, l); }
+/* every weight of a super-block at once, as the unsigned u the x8 layout stores (Q6_K: q + 32):
+   one call a row's super-block, where the packer once made 256 */
+void kiln_kquant_values(int type, const void *block, uint8_t u[QK_K]) {
+    switch (type) {
+    case KILN_Q4_K: for (int l = 0; l < QK_K; l++) u[l] = (uint8_t)q4k_value(block, l); break;
+    case KILN_Q5_K: for (int l = 0; l < QK_K; l++) u[l] = (uint8_t)q5k_value(block, l); break;
+    default: for (int l = 0; l < QK_K; l++) u[l] = (uint8_t)(q6k_value(block, l) + 32); break;
+    }
+}
 
 void kiln_ref_dequant_q4_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q4_K), q4k_at, dst, n); }
 void kiln_ref_dequant_q5_K(const void *src, float *dst, int n) { dequant_k4(src, sizeof(block_q5_K), q5k_at, dst, n); }

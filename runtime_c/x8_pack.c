@@ -85,24 +85,44 @@ int kiln_packed_header_matches(const uint8_t *in, uint64_t gguf_bytes, uint32_t 
            h.gguf_crc == gguf_crc && h.packed_bytes == packed_bytes;
 }
 
-/* Weight j (0..31) of a GGUF block as the unsigned byte u the x8 layout stores. */
-static int block_weight(const kiln_b32 *f, const uint8_t *blk, int j) {
-    if (f->bits == 8) return blk[f->qs_at + j] ^ 0x80;
-    int u = (blk[f->qs_at + j % 16] >> (j < 16 ? 0 : 4)) & 0x0F;
-    if (f->qh_at) u |= ((blk[f->qh_at + j / 8] >> (j % 8)) & 1) << 4;
-    return u;
+/* The 32 weights of one row's GGUF block as the unsigned bytes u the x8 layout stores. */
+static void b32_values(const kiln_b32 *f, const uint8_t *blk, uint8_t u[32]) {
+    const uint8_t *qs = blk + f->qs_at;
+    if (f->bits == 8) {
+        for (int j = 0; j < 32; j++) u[j] = qs[j] ^ 0x80;
+        return;
+    }
+    for (int j = 0; j < 16; j++) u[j] = qs[j] & 0x0F, u[j + 16] = qs[j] >> 4;
+    if (f->qh_at) {
+        uint32_t qh;
+        memcpy(&qh, blk + f->qh_at, sizeof qh); /* bit j: weight j's fifth bit */
+        for (int j = 0; j < 32; j++) u[j] |= (uint8_t)(((qh >> j) & 1) << 4);
+    }
 }
 
-/* One 32-weight chunk of 8 rows in the 32-weight x8 layout: u[r][j] as nibbles in qs, bit 4
- * (and bit 5) as planes qh4 (qh5); NULL planes are not written. */
-static void put_chunk(const uint8_t u[8][32], uint32_t *qh4, uint32_t *qh5, uint8_t *qs) {
-    for (int r = 0; r < 8; r++)
-        for (int j = 0; j < 32; j++) {
-            const int v = j / 8, hi = (j / 4) % 2;
-            qs[32 * v + 4 * r + j % 4] |= (uint8_t)((u[r][j] & 0x0F) << (hi ? 4 : 0));
-            if (qh4 && (u[r][j] & 0x10)) qh4[j / 4] |= 1u << (4 * r + j % 4);
-            if (qh5 && (u[r][j] & 0x20)) qh5[j / 4] |= 1u << (4 * r + j % 4);
+/* One 32-weight chunk of 8 rows in the x8 layout, row r's 32 values u[r]: 8-bit values as
+ * bytes (byte 4r+k of vector c: weight 4c+k); else nibbles in qs (byte 4r+k of vector v: weight
+ * 8v+k low, 8v+4+k high), bit 4 and bit 5 as planes qh4 and qh5 (bit 4r+k of word c: weight
+ * 4c+k), which the caller zeroed; NULL planes are not written. Each output byte is made once,
+ * from whole rows, so packing runs near the speed of a copy. */
+static void put_chunk(const uint8_t *const u[8], int bits, uint32_t *qh4, uint32_t *qh5, uint8_t *qs) {
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *x = u[r];
+        if (bits == 8) {
+            for (int c = 0; c < 8; c++) memcpy(qs + 32 * c + 4 * r, x + 4 * c, 4);
+            continue;
         }
+        for (int v = 0; v < 4; v++)
+            for (int k = 0; k < 4; k++)
+                qs[32 * v + 4 * r + k] = (uint8_t)((x[8 * v + k] & 0x0F) | (x[8 * v + 4 + k] & 0x0F) << 4);
+        if (!qh4 && !qh5) continue;
+        uint32_t b4 = 0, b5 = 0; /* bit j: weight j's bit 4, bit 5 */
+        for (int j = 0; j < 32; j++) b4 |= (uint32_t)((x[j] >> 4) & 1) << j, b5 |= (uint32_t)((x[j] >> 5) & 1) << j;
+        for (int c = 0; c < 8; c++) {
+            if (qh4) qh4[c] |= ((b4 >> (4 * c)) & 0x0F) << (4 * r);
+            if (qh5) qh5[c] |= ((b5 >> (4 * c)) & 0x0F) << (4 * r);
+        }
+    }
 }
 
 static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int n_in) {
@@ -112,10 +132,12 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
     const size_t row_bytes = (size_t)nb * block, out_bytes = kiln_kx8_bytes(type);
     for (int g = 0; g < n_out / 8; g++)
         for (int b = 0; b < nb; b++) {
-            uint8_t *out = dst + ((size_t)g * nb + b) * out_bytes, u[8][32];
+            uint8_t *out = dst + ((size_t)g * nb + b) * out_bytes, u[8][QK_K];
             memset(out, 0, out_bytes);
             const uint8_t *blk[8];
             for (int r = 0; r < 8; r++) blk[r] = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * block;
+            const uint8_t *row[8];
+            for (int r = 0; r < 8; r++) kiln_kquant_values(type, blk[r], u[r]);
             if (type == KILN_Q6_K) {
                 uint8_t *sc = out + 16, *chunk = out + 16 + 128;
                 for (int r = 0; r < 8; r++) {
@@ -124,9 +146,8 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                     for (int j = 0; j < 16; j++) sc[8 * j + r] = (uint8_t)x->scales[j];
                 }
                 for (int c = 0; c < 8; c++, chunk += 192) {
-                    for (int r = 0; r < 8; r++)
-                        for (int j = 0; j < 32; j++) u[r][j] = (uint8_t)(kiln_q6k_value(blk[r], 32 * c + j) + 32);
-                    put_chunk(u, (uint32_t *)chunk, (uint32_t *)(chunk + 32), chunk + 64);
+                    for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
+                    put_chunk(row, 4, (uint32_t *)chunk, (uint32_t *)(chunk + 32), chunk + 64);
                 }
                 continue;
             }
@@ -139,15 +160,12 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                 for (int j = 0; j < 8; j++) sc[8 * j + r] = (uint8_t)scales[j], m[8 * j + r] = (uint8_t)mins[j];
             }
             for (int c = 0; c < 8; c++) {
-                for (int r = 0; r < 8; r++)
-                    for (int j = 0; j < 32; j++)
-                        u[r][j] = (uint8_t)(type == KILN_Q4_K ? kiln_q4k_value(blk[r], 32 * c + j)
-                                                              : kiln_q5k_value(blk[r], 32 * c + j));
+                for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
                 if (type == KILN_Q5_K) {
-                    put_chunk(u, (uint32_t *)chunk, NULL, chunk + 32);
+                    put_chunk(row, 4, (uint32_t *)chunk, NULL, chunk + 32);
                     chunk += 160;
                 } else {
-                    put_chunk(u, NULL, NULL, chunk);
+                    put_chunk(row, 4, NULL, NULL, chunk);
                     chunk += 128;
                 }
             }
@@ -167,26 +185,18 @@ void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
     const size_t row_bytes = (size_t)nb * f.block_bytes, x8_bytes = 8 * f.block_bytes;
     for (int g = 0; g < n_out / 8; g++)
         for (int b = 0; b < nb; b++) {
-            uint8_t *out = dst + ((size_t)g * nb + b) * x8_bytes;
+            uint8_t *out = dst + ((size_t)g * nb + b) * x8_bytes, u[8][32];
+            const uint8_t *row[8];
             memset(out, 0, x8_bytes);
             kiln_half *d = (kiln_half *)out, *m = d + 8;
             uint8_t *p = out + (f.has_min ? 32 : 16);
-            uint32_t *qh = (uint32_t *)p;
-            uint8_t *qs = p + (f.qh_at ? 32 : 0);
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * f.block_bytes;
                 memcpy(&d[r], blk, sizeof(kiln_half)); /* every block type begins with d, the _1 types then m */
                 if (f.has_min) memcpy(&m[r], blk + sizeof(kiln_half), sizeof(kiln_half));
-                for (int j = 0; j < 32; j++) {
-                    const int q = block_weight(&f, blk, j);
-                    if (f.bits == 8) {
-                        qs[32 * (j / 4) + 4 * r + j % 4] = (uint8_t)q;
-                        continue;
-                    }
-                    const int v = j / 8, hi = (j / 4) % 2, byte = 32 * v + 4 * r + j % 4;
-                    qs[byte] |= (uint8_t)((q & 0x0F) << (hi ? 4 : 0));
-                    if (f.qh_at && (q & 0x10)) qh[j / 4] |= 1u << (4 * r + j % 4);
-                }
+                b32_values(&f, blk, u[r]);
+                row[r] = u[r];
             }
+            put_chunk(row, f.bits, f.qh_at ? (uint32_t *)p : NULL, NULL, p + (f.qh_at ? 32 : 0));
         }
 }
