@@ -27,6 +27,22 @@ def test_bench_smoke(tiny, smollm2, tmp_path, capsys):
         assert r["llamacpp_tok_s"] == max(statistics.median(v) for v in r["llamacpp_runs"].values())
         assert r["ratio"] == pytest.approx(r["kiln_tok_s"] / r["llamacpp_tok_s"])
     assert data["decode_bytes_per_token"] == decode_bytes_per_token(compiler.load(path, ctx=64))
+    # the header names the kernels that ran; the bound is the C read kernel's, numpy's beside it
+    assert f"kiln's kernels: {data['kernels']}" in text and data["target"] == "native"
+    assert "read_bw.c" in text and data["read_bandwidth_gb_s"] > 0 and data["read_bandwidth_numpy_gb_s"] > 0
+
+
+def test_bench_takes_a_target_and_an_isa_switch(tiny, smollm2, tmp_path, capsys):
+    from compiler.build.targets import missing_features
+
+    if missing_features("x86-64-v3"):
+        pytest.skip(f"this CPU lacks {missing_features('x86-64-v3')}")
+    path = tiny("llama", wtype=Q.Q8_0, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, tokenizer_from=smollm2)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(path), "--threads", "1", "--reps", "1", "--pp", "8", "--tg", "2", "--depth", "4",
+                 "--target", "x86-64-v3", "--isa", "no-avx512", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["target"] == "x86-64-v3" and data["kernels"] == "AVX2 on the GGUF layout"
 
 
 def test_default_tests_follow_llama_bench():

@@ -7,18 +7,21 @@ import sys
 
 from ..core.errors import KilnError
 from ..frontend.registry import BUNDLED, resolve
-from .common import add_model_argument, int_list, log
+from .common import add_build_options, add_model_argument, int_list, log
 
 
 def run_bench(a: argparse.Namespace) -> None:
     from ..runtime import default_threads, load
-    from ..tools.bench import decode_bytes_per_token, default_tests, read_bandwidth_gb_s, render, run_bench, write_json
+    from ..build.targets import kernel_set
+    from ..tools.bandwidth import read_bandwidth_c, read_bandwidth_numpy
+    from ..tools.bench import decode_bytes_per_token, default_tests, render, run_bench, write_json
 
     threads = a.threads or default_threads()
     if threads < 1 or a.reps < 1:
         raise KilnError("--threads and --reps must be at least 1")
     batches = int_list(a.batch, "--batch", "sequence counts, such as 1,2,4,8") if a.batch else []
-    meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype}
+    build = {"target": a.target, "isa": a.isa}  # the kiln build benched: any path, on this CPU
+    meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype, **build}
     results = []
     if a.pp_depth < 0 or a.pp < 1:
         raise KilnError("--pp must be at least 1 and --pp-depth at least 0")
@@ -40,15 +43,20 @@ def run_bench(a: argparse.Namespace) -> None:
         meta["page_sizes"] = {str(k): {str(d): v for d, v in row.items()} for k, row in sweep.items()}
     elif not a.batch_only:
         tests = default_tests(a.pp, a.tg, a.depth, a.pp_depth)
-        results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=log)
-        m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype)
-        meta["decode_bytes_per_token"], meta["read_bandwidth_gb_s"] = decode_bytes_per_token(m), read_bandwidth_gb_s(threads)
+        results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=log, build=build)
+        m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype, **build)
+        ext = m.compiled.extension
+        meta["kernels"] = kernel_set(ext.sanitize, ext.target, ext.isa)
+        meta["decode_bytes_per_token"] = decode_bytes_per_token(m)
+        meta["read_bandwidth_gb_s"] = read_bandwidth_c(threads, log=log)
+        meta["read_bandwidth_numpy_gb_s"] = read_bandwidth_numpy(threads)
         sys.stdout.write(render(results, str(a.model), threads, meta["decode_bytes_per_token"],
-                                meta["read_bandwidth_gb_s"]))
+                                meta["read_bandwidth_gb_s"], meta["read_bandwidth_numpy_gb_s"], meta["kernels"]))
     if batches:
         from ..tools.bench_batch import render_batch, run_batch_bench
 
-        batched = run_batch_bench(a.model, batches, a.batch_depth, a.tg, threads, a.reps, a.kv_dtype, log=log)
+        batched = run_batch_bench(a.model, batches, a.batch_depth, a.tg, threads, a.reps, a.kv_dtype, log=log,
+                                  build=build)
         sys.stdout.write(render_batch(batched, str(a.model), threads, a.batch_depth, a.tg, a.kv_dtype))
         meta["batched"] = [{"batch": r.batch, "kiln_tok_s": r.kiln_tok_s, "llamacpp_tok_s": r.llamacpp_tok_s,
                             "ratio": r.ratio} for r in batched]
@@ -95,6 +103,7 @@ def register(sub) -> None:
     p.add_argument("--batch-only", action="store_true", help="run only the batched decode")
     p.add_argument("--page-sizes", help="instead, time kiln's decode at depth 1024 and 4096 for each page size of "
                                         "this list (e.g. 16,32,64,128)")
+    add_build_options(p)
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=run_bench)
 

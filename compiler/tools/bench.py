@@ -71,10 +71,11 @@ class _Engine:
         return t.n_timed / (time.perf_counter() - start)
 
 
-def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str) -> tuple[_Engine, object]:
+def kiln_engine(model, ctx: int, threads: int | None, kv_dtype: str, build: dict | None = None) -> tuple[_Engine, object]:
+    """kiln as kiln bench runs it; `build`: load()'s target and isa."""
     from ..runtime import load
 
-    m = load(model, ctx=ctx, kv_dtype=kv_dtype, threads=threads)
+    m = load(model, ctx=ctx, kv_dtype=kv_dtype, threads=threads, **(build or {}))
     return _Engine(m.reset, lambda ids: m.prefill(ids), lambda tok: m.decode(tok)), m
 
 
@@ -87,9 +88,9 @@ def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str, flash_attn: boo
 
 
 def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
-              log=lambda s: None) -> list[BenchResult]:
+              log=lambda s: None, build: dict | None = None) -> list[BenchResult]:
     ctx = max(t.depth + t.n_timed for t in tests) + 1
-    kiln, m = kiln_engine(model, ctx, threads, kv_dtype)
+    kiln, m = kiln_engine(model, ctx, threads, kv_dtype, build)
     from .llamacpp import flash_attn_settings
 
     engines = {"kiln": kiln, **{name: llamacpp_engine(m.spec.path, ctx, threads, kv_dtype, fa)
@@ -112,22 +113,6 @@ def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dty
     return results
 
 
-def read_bandwidth_gb_s(threads: int = 1, nbytes: int = 192 << 20, reps: int = 5) -> float:
-    """Best-of-N read of a buffer larger than the caches by `threads` threads at once, each
-    summing its own slice with numpy (which releases the GIL while it reads)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    a = np.ones(nbytes // 8, dtype=np.float64)
-    slices = np.array_split(a, threads)
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            list(pool.map(np.sum, slices))
-            best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
-
-
 def decode_bytes_per_token(m) -> int:
     """Bytes one decode step must read: every weight it touches (one embedding row) plus the KV cache."""
     layout = m.compiled.planned.layout
@@ -137,17 +122,21 @@ def decode_bytes_per_token(m) -> int:
     return total
 
 
-def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int, bandwidth: float) -> str:
+def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int, bandwidth: float,
+           bandwidth_numpy: float | None = None, kernels: str = "") -> str:
     names = list(results[0].llamacpp_runs)
     out = [f"kiln bench: {model}, {threads} thread(s), medians; ratio = kiln / the faster llama.cpp",
+           *([f"kiln's kernels: {kernels}"] if kernels else []),
            f"{'test':<14} {'kiln tok/s':>11} " + " ".join(f"{'llama.cpp ' + n:>17}" for n in names) + f" {'ratio':>7}"]
     for r in results:
         by = r.llamacpp_by_setting
         out.append(f"{r.test:<14} {r.kiln_tok_s:>11.1f} " + " ".join(f"{by[n]:>17.1f}" for n in names)
                    + f" {r.ratio:>6.2f}x")
     limit = bandwidth * 1e9 / bytes_per_token
+    numpy = f"; numpy reads {bandwidth_numpy:.1f}" if bandwidth_numpy else ""
     out.append(f"decode reads {bytes_per_token / 1e6:.1f} MB of weights per token; measured read bandwidth "
-               f"{bandwidth:.1f} GB/s ({threads} thread(s), numpy) bounds decode near {limit:.0f} tok/s")
+               f"{bandwidth:.1f} GB/s ({threads} thread(s), runtime_c/bench/read_bw.c{numpy}) bounds decode near "
+               f"{limit:.0f} tok/s")
     for r in results:
         if r.test.startswith("tg"):
             out.append(f"  {r.test}: kiln at {100 * r.kiln_tok_s / limit:.0f}% of that bound, "

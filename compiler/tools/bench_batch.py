@@ -74,11 +74,11 @@ def llamacpp_batched(path, batch: int, depth: int, tg: int, threads: int, kv_dty
 
 
 def run_batch_bench(model, batches: list[int], depth: int, tg: int, threads: int, reps: int, kv_dtype: str,
-                    log=lambda s: None) -> list[BatchResult]:
+                    log=lambda s: None, build: dict | None = None) -> list[BatchResult]:
     from ..runtime import load
 
     m = load(model, ctx=depth + tg + 1, n_seq=max(batches), kv_dtype=kv_dtype, threads=threads,
-             batch_tokens=max(max(batches), 256))
+             batch_tokens=max(max(batches), 256), **(build or {}))
     from .llamacpp import flash_attn_settings
 
     settings = flash_attn_settings(kv_dtype)

@@ -1,0 +1,80 @@
+/* read_bw.c: the machine's read bandwidth, measured as decode meets it.
+ *
+ * Decode reads every weight once a token, so the rate at which the cores can stream memory
+ * they do not write is its bound. Each thread sums its own slice of one buffer (far larger than
+ * the caches) with vector loads into eight independent accumulators, as STREAM's kernels do; the
+ * threads start together at a barrier and a pass is the time until the last one is done. The
+ * best of several passes is reported. Each thread first touches its own slice, so on a machine
+ * with several memory nodes the pages sit near the core that reads them.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "read_bw.h"
+
+typedef float vec __attribute__((vector_size(64), aligned(64))); /* the compiler's widest loads */
+
+typedef struct {
+    const vec *p;
+    size_t n; /* vectors */
+    pthread_barrier_t *start, *done;
+    int passes;
+    float sink;
+} slice;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static void *reader(void *arg) {
+    slice *s = arg;
+    memset((void *)s->p, 1, s->n * sizeof(vec)); /* first touch: the pages are this thread's */
+    for (int k = 0; k < s->passes; k++) {
+        pthread_barrier_wait(s->start);
+        vec a[8] = {{0}};
+        for (size_t i = 0; i + 8 <= s->n; i += 8)
+            for (int j = 0; j < 8; j++) a[j] += s->p[i + j];
+        for (int j = 1; j < 8; j++) a[0] += a[j];
+        for (int j = 0; j < 16; j++) s->sink += a[0][j];
+        pthread_barrier_wait(s->done);
+    }
+    return NULL;
+}
+
+double kiln_read_bandwidth(int n_threads, size_t bytes, int passes) {
+    if (n_threads < 1 || n_threads > 256 || passes < 1) return -1;
+    const size_t per = bytes / n_threads / (8 * sizeof(vec)) * (8 * sizeof(vec));
+    if (per == 0) return -1;
+    uint8_t *buf = aligned_alloc(64, per * n_threads);
+    slice *s = calloc(n_threads, sizeof *s);
+    pthread_t *tid = calloc(n_threads, sizeof *tid);
+    pthread_barrier_t start, done;
+    if (!buf || !s || !tid) {
+        free(buf), free(s), free(tid);
+        return -1;
+    }
+    pthread_barrier_init(&start, NULL, n_threads + 1);
+    pthread_barrier_init(&done, NULL, n_threads + 1);
+    for (int t = 0; t < n_threads; t++) {
+        s[t] = (slice){(const vec *)(buf + per * t), per / sizeof(vec), &start, &done, passes, 0};
+        pthread_create(&tid[t], NULL, reader, &s[t]);
+    }
+    double best = 0;
+    for (int k = 0; k < passes; k++) {
+        pthread_barrier_wait(&start);
+        const double t0 = now();
+        pthread_barrier_wait(&done);
+        const double rate = (double)(per * n_threads) / (now() - t0);
+        if (rate > best) best = rate;
+    }
+    for (int t = 0; t < n_threads; t++) pthread_join(tid[t], NULL);
+    pthread_barrier_destroy(&start);
+    pthread_barrier_destroy(&done);
+    free(buf), free(s), free(tid);
+    return best;
+}
