@@ -134,7 +134,7 @@ static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_vi
  * weighted V rows, the queries sharing each row load; each score and each column is summed
  * in one order whoever shares it (attn_span.h). */
 static void score_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
-                       const span_rows *sp, int hd, float scale) {
+                       const span_rows *sp, int hd, float scale, float softcap) {
     float s[ATTN_MAX_Q][SPAN];
     const int j0 = sp->j0, n = sp->n;
     int order[ATTN_MAX_Q], n_live = 0;
@@ -155,6 +155,7 @@ static void score_span(const attn_state st[], const float *const q[], const int 
     }
     for (int o = 0; o < n_live; o++) {
         const int i = order[o];
+        if (softcap != 0.0f) kiln_vsoftcap(s[i], n, softcap); /* each score on its own: lanes do not matter */
         if (j0 < first[i] || j0 + n - 1 > last[i]) /* the span's edge: rows this query cannot see */
             for (int j = 0; j < n; j++)
                 if (j0 + j < first[i] || j0 + j > last[i]) s[i][j] = -INFINITY;
@@ -190,7 +191,7 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
  * states in scratch; after a barrier each query head folds its spans in order. */
 static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, const kiln_kv_view *kv,
-                         const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale,
+                         const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale, float softcap,
                          int max_spans, float *scratch) {
     const int group = n_head / n_head_kv, first = kiln_kv_first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + KILN_ATTN_SPAN_STATE;
@@ -216,7 +217,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
         span_rows rows;
         stage_span(&rows, buf, buf + nb, kv, table, g, row_bytes, hd, a, b);
-        score_span(st, qs, lo, hi, group, &rows, hd, scale);
+        score_span(st, qs, lo, hi, group, &rows, hd, scale, softcap);
     }
     kiln_barrier(th);
     for (int h = th->ith; h < n_head; h += th->nth) {
@@ -237,7 +238,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
  * time; each query folds its spans in order, as on every path. */
 static void attend_block(float *out, const float *q, int seq, const int32_t *row, int ta, int tb,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int h0, int heads, int g, int n_head,
-                         int hd, float scale) {
+                         int hd, float scale, float softcap) {
     float acc[ATTN_ITEM_FLOATS], max[ATTN_ITEM_Q], denom[ATTN_ITEM_Q];
     float pacc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], pmax[ATTN_MAX_Q], pdenom[ATTN_MAX_Q];
     const float *qs[ATTN_ITEM_Q];
@@ -275,7 +276,7 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
                     n++;
                 }
             if (!n) break;
-            score_span(ps, sq, sf, sl, n, &rows, hd, scale);
+            score_span(ps, sq, sf, sl, n, &rows, hd, scale, softcap);
             for (int k = 0; k < n; k++)
                 fold((attn_state){acc + (size_t)idx[k] * hd, &max[idx[k]], &denom[idx[k]]}, pacc[k], pmax[k],
                      pdenom[k], hd);
@@ -287,15 +288,15 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
     }
 }
 
-void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,
-                       int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
-                       void *scratch, int max_spans) {
+void kiln_attention_softcap_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq,
+                               const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
+                               int head_dim, float scale, float softcap, void *scratch, int max_spans) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
     if (kv->mass && th->ith == 0) /* H2O's bookkeeping, when asked for: one thread, the others wait at the barrier */
-        kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale);
+        kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap);
     if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - kiln_kv_first_visible(kv, row[0]) / SPAN < max_spans) {
-        attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, max_spans,
+        attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, softcap, max_spans,
                      scratch);
         return;
     }
@@ -316,14 +317,21 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
             for (int hb = 0; hb < per_block; hb++)
                 if ((item + hb) % th->nth == th->ith)
                     attend_block(out, q, seq[ta], row, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
-                                 n_head, head_dim, scale);
+                                 n_head, head_dim, scale, softcap);
         }
         t0 += run;
     }
 }
 
+void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,
+                       int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
+                       void *scratch, int max_spans) {
+    kiln_attention_softcap_mt(th, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, scratch,
+                              max_spans);
+}
+
 void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale) {
+                         int n_head, int n_head_kv, int head_dim, float scale, float softcap) {
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
     float kr[KILN_MAX_HEAD_DIM];
@@ -341,6 +349,7 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
                 float dot = 0.0f; /* the scores' chain (attn_span.h) */
                 for (int d = 0; d < head_dim; d++) dot = fmaf(qh[d], kr[d], dot);
                 s[j] = dot * scale;
+                if (softcap != 0.0f) kiln_vsoftcap(&s[j], 1, softcap);
                 max = s[j] > max ? s[j] : max;
             }
             for (int j = 0; j < n; j++) denom += s[j] = kiln_expf(s[j] - max);
@@ -351,15 +360,16 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
 }
 
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
-                    int max_spans) {
+                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
+                    void *scratch, int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
-    kiln_attention_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, scratch, max_spans);
+    kiln_attention_softcap_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap,
+                              scratch, max_spans);
 }
 
 /* The reference: one row at a time, online softmax in scalar float. */
 void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale) {
+                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap) {
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
@@ -375,6 +385,7 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
             float s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
             s *= scale;
+            if (softcap != 0.0f) s = tanhf(s * (1.0f / softcap)) * softcap;
             if (s > max) {
                 const float c = expf(max - s);
                 denom *= c;

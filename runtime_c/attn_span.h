@@ -25,6 +25,10 @@
 #define KILN_SPAN_TRANSPOSED 1 /* the scores read keys transposed */
 #define KILN_SPAN_F16_ROWS 1   /* the kernels read f16 rows in place */
 #endif
+#if defined(KILN_NEON) /* as AVX2: 4 keys a register, groups of 8 */
+#define KILN_SPAN_TRANSPOSED 1
+#define KILN_SPAN_F16_ROWS 1
+#endif
 
 #define KILN_INLINE static inline __attribute__((always_inline))
 
@@ -49,7 +53,7 @@ KILN_INLINE void kiln_transpose16(__m512 r[16]) {
 }
 #endif
 
-#ifdef KILN_SPAN_TRANSPOSED
+#if defined(KILN_SPAN_TRANSPOSED) && defined(KILN_AVX2)
 /* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd */
 KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
     const int es = half ? 2 : 4;
@@ -225,6 +229,95 @@ static inline void kiln_span_values(float *const acc[], const float *const w[], 
         for (; d < hd; d++)
             for (int j = 0; j < n; j++)
                 o[d] = fmaf(w[i][j], half ? _cvtsh_ss(((const uint16_t *)rows[j])[d]) : ((const float *)rows[j])[d], o[d]);
+    }
+}
+
+#elif defined(KILN_NEON)
+/* 4 floats of a row stored as f32, or as f16 (`half`), which converts exactly */
+KILN_INLINE float32x4_t kiln_load4(const void *p, int half) {
+    return half ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p))) : vld1q_f32((const float *)p);
+}
+
+KILN_INLINE float kiln_row_value(const void *row, int d, int half) {
+    if (!half) return ((const float *)row)[d];
+    return vget_lane_f32(vget_low_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(((const uint16_t *)row)[d])))), 0);
+}
+
+KILN_INLINE float32x4_t kiln_trn64(float32x4_t a, float32x4_t b, int second) {
+    const float64x2_t x = vreinterpretq_f64_f32(a), y = vreinterpretq_f64_f32(b);
+    return vreinterpretq_f32_f64(second ? vtrn2q_f64(x, y) : vtrn1q_f64(x, y));
+}
+
+/* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd: 4x4 blocks */
+KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
+    const int es = half ? 2 : 4;
+    int d0 = 0;
+    for (; d0 + 4 <= hd; d0 += 4)
+        for (int j = 0; j < n; j += 4) {
+            float32x4_t r[4];
+            for (int k = 0; k < 4; k++) r[k] = kiln_load4((const char *)rows[j + k] + d0 * es, half);
+            const float32x4_t t0 = vtrn1q_f32(r[0], r[1]), t1 = vtrn2q_f32(r[0], r[1]);
+            const float32x4_t t2 = vtrn1q_f32(r[2], r[3]), t3 = vtrn2q_f32(r[2], r[3]);
+            vst1q_f32(kt + (size_t)d0 * ld + j, kiln_trn64(t0, t2, 0));
+            vst1q_f32(kt + (size_t)(d0 + 1) * ld + j, kiln_trn64(t1, t3, 0));
+            vst1q_f32(kt + (size_t)(d0 + 2) * ld + j, kiln_trn64(t0, t2, 1));
+            vst1q_f32(kt + (size_t)(d0 + 3) * ld + j, kiln_trn64(t1, t3, 1));
+        }
+    for (int d = d0; d < hd; d++)
+        for (int j = 0; j < n; j++) kt[(size_t)d * ld + j] = kiln_row_value(rows[j], d, half);
+}
+
+/* one query's scores against n = 4 nv <= 64 transposed keys, 4 a register */
+KILN_INLINE void kiln_span_scores1(float *s, const float *q, const float *kt, int ld, const int nv, int hd,
+                                   float scale) {
+    float32x4_t a[16];
+    for (int v = 0; v < nv; v++) a[v] = vdupq_n_f32(0.0f);
+    for (int d = 0; d < hd; d++) {
+        const float32x4_t qd = vdupq_n_f32(q[d]);
+        for (int v = 0; v < nv; v++) a[v] = vfmaq_f32(a[v], qd, vld1q_f32(kt + (size_t)d * ld + 4 * v));
+    }
+    for (int v = 0; v < nv; v++) vst1q_f32(s + 4 * v, vmulq_f32(a[v], vdupq_n_f32(scale)));
+}
+
+static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const float *kt, int ld, int n,
+                                    int hd, float scale) {
+    for (int i = 0; i < nq; i++) switch (n / 8) { /* each width its own unrolled body */
+        case 1: kiln_span_scores1(s[i], q[i], kt, ld, 2, hd, scale); break;
+        case 2: kiln_span_scores1(s[i], q[i], kt, ld, 4, hd, scale); break;
+        case 3: kiln_span_scores1(s[i], q[i], kt, ld, 6, hd, scale); break;
+        case 4: kiln_span_scores1(s[i], q[i], kt, ld, 8, hd, scale); break;
+        case 5: kiln_span_scores1(s[i], q[i], kt, ld, 10, hd, scale); break;
+        case 6: kiln_span_scores1(s[i], q[i], kt, ld, 12, hd, scale); break;
+        case 7: kiln_span_scores1(s[i], q[i], kt, ld, 14, hd, scale); break;
+        default: kiln_span_scores1(s[i], q[i], kt, ld, 16, hd, scale); break;
+        }
+}
+
+/* one query's weighted rows: 64 columns in registers across the rows, then 4 at a time, then one */
+static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
+                                    int n, int hd, int half) {
+    const int es = half ? 2 : 4;
+    for (int i = 0; i < nq; i++) {
+        float *o = acc[i];
+        int d = 0;
+        for (; d + 64 <= hd; d += 64) {
+            float32x4_t a[16];
+            for (int k = 0; k < 16; k++) a[k] = vld1q_f32(o + d + 4 * k);
+            for (int j = 0; j < n; j++) {
+                const float32x4_t wj = vdupq_n_f32(w[i][j]);
+                for (int k = 0; k < 16; k++)
+                    a[k] = vfmaq_f32(a[k], wj, kiln_load4((const char *)rows[j] + (d + 4 * k) * es, half));
+            }
+            for (int k = 0; k < 16; k++) vst1q_f32(o + d + 4 * k, a[k]);
+        }
+        for (; d + 4 <= hd; d += 4) {
+            float32x4_t a = vld1q_f32(o + d);
+            for (int j = 0; j < n; j++)
+                a = vfmaq_f32(a, vdupq_n_f32(w[i][j]), kiln_load4((const char *)rows[j] + d * es, half));
+            vst1q_f32(o + d, a);
+        }
+        for (; d < hd; d++)
+            for (int j = 0; j < n; j++) o[d] = fmaf(w[i][j], kiln_row_value(rows[j], d, half), o[d]);
     }
 }
 

@@ -58,6 +58,8 @@ typedef struct {
     kiln_kv_shape kv;
     int k_type, v_type;              /* the cache's K and V element types */
     int rope_neox, k_hadamard;       /* how the cached keys were made, for a context shift */
+    const kiln_rope_scaling *rope_scaling; /* and the ropes' scaling (NULL: none), */
+    long long rope_factors_at;       /* their frequency factors' offset in the GGUF file (0: none) */
     const kiln_layer_desc *layers;   /* [n_layer] */
     size_t weights_bytes;            /* the weights struct, filled by bind */
     void (*bind)(void *weights, const uint8_t *gguf, const uint8_t *packed);

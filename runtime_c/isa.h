@@ -20,4 +20,19 @@
 #define KILN_HAVE_AMX 1
 #endif
 
+/* NEON (rows_neon.c, kquant_neon.c, act_neon.c): rows of the GGUF layout, 4 weight rows a tile */
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define KILN_HAVE_NEON 1
+#endif
+
+/* sdot for the byte products of the NEON kernels (else widening multiplies) */
+#if defined(KILN_HAVE_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define KILN_HAVE_DOTPROD 1
+#endif
+
+/* smmla: tiles of 2 weight rows x 2 activation rows in batch and prefill steps */
+#if defined(KILN_HAVE_NEON) && defined(__ARM_FEATURE_MATMUL_INT8)
+#define KILN_HAVE_I8MM 1
+#endif
+
 #endif

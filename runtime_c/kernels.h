@@ -71,11 +71,26 @@ void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, flo
 /* rotate each head of x[rows][n_head][head_dim] by pos[row]; neox pairs (i, i+d/2), else (2i, 2i+1) */
 void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
                float base, int neox);
+/* ggml_rope_ext's parameters beyond the base (compiler/ir/rope.py computes them as llama.cpp does) */
+typedef struct {
+    float freq_scale;           /* the angle times it (linear and YaRN scaling) */
+    float ext_factor;           /* YaRN: how much of the unscaled angle the fast dimensions keep */
+    float mscale;               /* cos and sin times it (the attention factor); a shift's rotation takes 1 */
+    float beta_fast, beta_slow; /* YaRN's correction dimensions, with the original context */
+    int n_ctx_orig;
+} kiln_rope_scaling;
+#define KILN_ROPE_UNSCALED {1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 0} /* every factor 1: each angle and product exact */
+/* kiln_rope as ggml_rope_ext computes it: angle i is theta_i / factors[i] (factors NULL: 1) for
+   theta_i = pos * base^(-2i/d), interpolated by freq_scale, YaRN's ramp mixing the two */
+void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, float base,
+                   int neox, const kiln_rope_scaling *sc, const float *factors);
 /* Each block of 64 of x[n] times the orthonormal 64x64 Hadamard matrix (its own inverse), as
    llama.cpp rotates Q, K and V for a quantized cache: outliers spread over the block, so that a
    block's scale fits its values; dot products are unchanged. n is a multiple of 64. */
 void kiln_hadamard(float *y, const float *x, int n);
 void kiln_add(float *y, const float *a, const float *b, int n);
+void kiln_scale(float *y, const float *x, int n, float s);      /* y = x * s */
+void kiln_softcap(float *y, const float *x, int n, float cap);  /* y = cap * tanh(x / cap) (kiln_tanhf) */
 void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(gate) * up */
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* the same through expf */
 void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
@@ -108,28 +123,30 @@ void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const
                    const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* After kiln_kv_keep_begin (kv_pool.h): row r of sequence seq takes the K and V rows of position
    keep[r], for the rows r >= first_changed the layer's next query reads, and K is rotated by
-   r - keep[r] positions (rope_base 0: K is not rotated): dequantized, rotated as kiln_rope does,
-   quantized again, as llama.cpp shifts a cache. A K cache held in Hadamard blocks (hadamard) is
-   taken out of them for the rotation and put back. */
+   r - keep[r] positions (rope_base 0: K is not rotated): dequantized, rotated as kiln_rope_ext does
+   with sc and factors (sc NULL: plain rope) but at magnitude 1, since the cached keys already carry
+   theirs, quantized again, as llama.cpp shifts a cache. A K cache held in Hadamard blocks
+   (hadamard) is taken out of them for the rotation and put back. */
 void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
-                       int head_dim, float rope_base, int neox, int hadamard);
+                       int head_dim, float rope_base, int neox, const kiln_rope_scaling *sc, const float *factors,
+                       int hadamard);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
-   its sequence. Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
+   its sequence; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
    softmax is computed on its own and the spans are merged in order, so a token's result does not
    depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
    its (kv head, span) items over the threads; scratch holds n_head * max_spans * (head_dim + 2)
    floats of partial softmax (a longer history takes the sequential path, with the same result). */
 #define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + KILN_ATTN_SPAN_STATE))
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, void *scratch,
-                    int max_spans);
+                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
+                    void *scratch, int max_spans);
 /* mass[seq[t]][j] += softmax(q[t][h] . K[j] * scale)[j] summed over heads, for every position j token
    t sees: the attention each position receives, which heavy-hitter eviction (H2O) keeps the largest
    of. kiln_attention_mt calls it after its own work when kv->mass is set. */
 void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale);
+                         int n_head, int n_head_kv, int head_dim, float scale, float softcap);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
 void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale);
+                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap);
 
 #endif

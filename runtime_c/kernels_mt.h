@@ -24,6 +24,10 @@ void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bia
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
                        const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
                        int head_dim, float scale, void *scratch, int max_spans);
+/* the same with soft-capped scores (Gemma 2) */
+void kiln_attention_softcap_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
+                               const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
+                               int head_dim, float scale, float softcap, void *scratch, int max_spans);
 
 /* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
 void kiln_embed_mt(const kiln_thread *t, float *y, const kiln_weight *table, const int32_t *ids, int rows,
@@ -32,11 +36,15 @@ void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const floa
                       int n, int rows);
 void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
                   int head_dim, float base, int neox);
+void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
+                      int head_dim, float base, int neox, const kiln_rope_scaling *sc, const float *factors);
 void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v,
                       const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
 void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd);
 void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
+void kiln_scale_mt(const kiln_thread *t, float *y, const float *x, int n, float s);
+void kiln_softcap_mt(const kiln_thread *t, float *y, const float *x, int n, float cap);
 void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n); /* blocks of 64 */
 void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_geglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);

@@ -25,14 +25,38 @@ void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, flo
     }
 }
 
-void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
-               float base, int neox) {
+/* YaRN's ramp and correction dimensions, as ggml computes them (ggml-cpu/ops.cpp, ggml.c) */
+static float yarn_ramp(float low, float high, int i0) {
+    const float y = (i0 / 2 - low) / (high - low > 0.001f ? high - low : 0.001f);
+    return 1 - (y < 0 ? 0 : y > 1 ? 1 : y);
+}
+
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, float base,
+                   int neox, const kiln_rope_scaling *sc, const float *factors) {
     const float theta_scale = powf(base, -2.0f / (float)head_dim);
     const int half = head_dim / 2;
+    float lo = 0.0f, hi = 0.0f;
+    if (sc->ext_factor != 0.0f) {
+        const float start = floorf(yarn_corr_dim(head_dim, sc->n_ctx_orig, sc->beta_fast, base));
+        const float end = ceilf(yarn_corr_dim(head_dim, sc->n_ctx_orig, sc->beta_slow, base));
+        lo = start > 0 ? start : 0, hi = end < head_dim - 1 ? end : head_dim - 1;
+    }
     float cs[KILN_MAX_HEAD_DIM / 2], sn[KILN_MAX_HEAD_DIM / 2]; /* one row's rotation serves all its heads */
     for (int r = 0; r < rows; r++) {
         float theta = (float)pos[r]; /* theta_i = pos * base^(-2i/d), by repeated products like ggml */
-        for (int i = 0; i < half; i++, theta *= theta_scale) cs[i] = cosf(theta), sn[i] = sinf(theta);
+        for (int i = 0; i < half; i++, theta *= theta_scale) {
+            const float extrap = factors ? theta / factors[i] : theta, interp = sc->freq_scale * extrap;
+            float angle = interp;
+            if (sc->ext_factor != 0.0f) {
+                const float mix = yarn_ramp(lo, hi, 2 * i) * sc->ext_factor;
+                angle = interp * (1 - mix) + extrap * mix;
+            }
+            cs[i] = cosf(angle) * sc->mscale, sn[i] = sinf(angle) * sc->mscale;
+        }
         for (int h = 0; h < n_head; h++) {
             const float *xh = x + ((size_t)r * n_head + h) * head_dim;
             float *yh = y + ((size_t)r * n_head + h) * head_dim;
@@ -44,6 +68,14 @@ void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_hea
             }
         }
     }
+}
+
+/* unscaled: every factor 1 leaves each angle and product exact, so these are the plain rope's bits */
+static const kiln_rope_scaling ROPE_PLAIN = KILN_ROPE_UNSCALED;
+
+void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
+               float base, int neox) {
+    kiln_rope_ext(y, x, pos, rows, n_head, head_dim, base, neox, &ROPE_PLAIN, NULL);
 }
 
 void kiln_hadamard(float *y, const float *x, int n) {
@@ -64,6 +96,15 @@ void kiln_add(float *y, const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
+void kiln_scale(float *y, const float *x, int n, float s) {
+    for (int i = 0; i < n; i++) y[i] = x[i] * s;
+}
+
+void kiln_softcap(float *y, const float *x, int n, float cap) {
+    if (y != x) memcpy(y, x, (size_t)n * sizeof(float));
+    kiln_vsoftcap(y, n, cap);
+}
+
 /* the reference, through libm's expf */
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -79,6 +120,11 @@ void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
         const __m256 g = _mm256_loadu_ps(gate + i);
         const __m256 e = kiln_exp8(_mm256_sub_ps(zero, g));
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+#elif defined(KILN_NEON)
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t g = vld1q_f32(gate + i), e = kiln_exp4(vsubq_f32(vdupq_n_f32(0.0f), g));
+        vst1q_f32(y + i, vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)), vld1q_f32(up + i)));
     }
 #endif
     for (; i < n; i++) y[i] = gate[i] / (1.0f + kiln_expf(0.0f - gate[i])) * up[i];
@@ -138,6 +184,14 @@ void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t 
     if (r1 > r0) kiln_rope(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, base, neox);
 }
 
+void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
+                      int head_dim, float base, int neox, const kiln_rope_scaling *sc, const float *factors) {
+    int r0, r1;
+    kiln_share(t, rows, 1, &r0, &r1);
+    const size_t at = (size_t)r0 * n_head * head_dim;
+    if (r1 > r0) kiln_rope_ext(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, base, neox, sc, factors);
+}
+
 void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n) {
     int b0, b1;
     kiln_share(t, n / KILN_HADAMARD_BLOCK, 1, &b0, &b1);
@@ -151,6 +205,15 @@ void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n) {
         if (i1 > i0) name(y + i0, a + i0, b + i0, i1 - i0);                                    \
     }
 ELEMENTWISE_MT(kiln_add)
+
+#define SCALAR_MT(name)                                                                        \
+    void name##_mt(const kiln_thread *t, float *y, const float *x, int n, float s) {           \
+        int i0, i1;                                                                            \
+        kiln_share(t, n, 16, &i0, &i1);                                                        \
+        if (i1 > i0) name(y + i0, x + i0, i1 - i0, s);                                         \
+    }
+SCALAR_MT(kiln_scale)
+SCALAR_MT(kiln_softcap)
 ELEMENTWISE_MT(kiln_swiglu)
 ELEMENTWISE_MT(kiln_geglu)
 

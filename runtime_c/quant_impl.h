@@ -114,6 +114,29 @@ void kiln_dequant_f16_avx2(const void *src, float *dst, int n);
 void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
 #endif
 
+/* NEON (rows_neon.c, kquant_neon.c, act_neon.c): the same twins as AVX2's, 4 weight rows a tile,
+ * and the q8_K quantizer */
+#ifdef KILN_HAVE_NEON
+#define KILN_ROWS_NEON(name)                                                                                \
+    void kiln_rows_##name##_neon(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row,   \
+                                 int n_a, float *y, size_t y_row);
+KILN_ROWS_NEON(f32)
+KILN_ROWS_NEON(q4_0)
+KILN_ROWS_NEON(q4_1)
+KILN_ROWS_NEON(q5_0)
+KILN_ROWS_NEON(q5_1)
+KILN_ROWS_NEON(q8_0)
+KILN_ROWS_NEON(q4_K)
+KILN_ROWS_NEON(q5_K)
+KILN_ROWS_NEON(q6_K)
+#undef KILN_ROWS_NEON
+void kiln_quantize_q8_0_neon(const float *x, void *dst, int n);
+void kiln_quantize_q8_1_neon(const float *x, void *dst, int n);
+void kiln_quantize_q8_K_neon(const float *x, void *dst, int n);
+void kiln_dequant_f16_neon(const void *src, float *dst, int n);
+void kiln_dequant_q8_0_neon(const void *src, float *dst, int n);
+#endif
+
 /* AVX-512 VNNI (x8_vnni.c, and x8_amx.c where AMX is built): matmuls on weights interleaved by
  * eight rows (x8_pack.c) */
 #ifdef KILN_HAVE_VNNI

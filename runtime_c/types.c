@@ -21,33 +21,41 @@ typedef struct {
     kiln_dequant_fn dequant_simd;
 } type_traits;
 
-#ifdef KILN_HAVE_AVX2
-#define AVX2(f) f
+/* kernel f's SIMD twin in this build: f_avx2 or f_neon, or none (NULL) */
+#if defined(KILN_HAVE_AVX2)
+#define SIMD(f) f##_avx2
+#elif defined(KILN_HAVE_NEON)
+#define SIMD(f) f##_neon
 #else
-#define AVX2(f) NULL
+#define SIMD(f) NULL
+#endif
+#ifdef KILN_HAVE_NEON /* the twins NEON has beyond AVX2's */
+#define NEON(f) f##_neon
+#else
+#define NEON(f) NULL
 #endif
 
 static const type_traits TYPES[KILN_TYPE_COUNT] = {
-    [KILN_F32] = {1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, AVX2(kiln_rows_f32_avx2)},
+    [KILN_F32] = {1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, SIMD(kiln_rows_f32)},
     [KILN_F16] = {1, 2, KILN_F32, kiln_ref_dequant_f16, kiln_ref_dot_f16, kiln_ref_quantize_f16, NULL,
-                  AVX2(kiln_dequant_f16_avx2)},
+                  SIMD(kiln_dequant_f16)},
     [KILN_BF16] = {1, 2, KILN_F32, kiln_ref_dequant_bf16, kiln_ref_dot_bf16},
     [KILN_Q4_0] = {QK4_0, sizeof(block_q4_0), KILN_Q8_0, kiln_ref_dequant_q4_0, kiln_ref_dot_q4_0,
-                   kiln_ref_quantize_q4_0, AVX2(kiln_rows_q4_0_avx2)},
+                   kiln_ref_quantize_q4_0, SIMD(kiln_rows_q4_0)},
     [KILN_Q4_1] = {QK4_1, sizeof(block_q4_1), KILN_Q8_1, kiln_ref_dequant_q4_1, kiln_ref_dot_q4_1,
-                   kiln_ref_quantize_q4_1, AVX2(kiln_rows_q4_1_avx2)},
+                   kiln_ref_quantize_q4_1, SIMD(kiln_rows_q4_1)},
     [KILN_Q5_0] = {QK5_0, sizeof(block_q5_0), KILN_Q8_0, kiln_ref_dequant_q5_0, kiln_ref_dot_q5_0,
-                   kiln_ref_quantize_q5_0, AVX2(kiln_rows_q5_0_avx2)},
+                   kiln_ref_quantize_q5_0, SIMD(kiln_rows_q5_0)},
     [KILN_Q5_1] = {QK5_1, sizeof(block_q5_1), KILN_Q8_1, kiln_ref_dequant_q5_1, kiln_ref_dot_q5_1, NULL,
-                   AVX2(kiln_rows_q5_1_avx2)},
+                   SIMD(kiln_rows_q5_1)},
     [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), KILN_Q8_0, kiln_ref_dequant_q8_0, kiln_ref_dot_q8_0,
-                   kiln_ref_quantize_q8_0, AVX2(kiln_rows_q8_0_avx2), AVX2(kiln_dequant_q8_0_avx2)},
+                   kiln_ref_quantize_q8_0, SIMD(kiln_rows_q8_0), SIMD(kiln_dequant_q8_0)},
     [KILN_Q4_K] = {QK_K, sizeof(block_q4_K), KILN_Q8_K, kiln_ref_dequant_q4_K, kiln_ref_dot_q4_K, NULL,
-                   AVX2(kiln_rows_q4_K_avx2)},
+                   SIMD(kiln_rows_q4_K)},
     [KILN_Q5_K] = {QK_K, sizeof(block_q5_K), KILN_Q8_K, kiln_ref_dequant_q5_K, kiln_ref_dot_q5_K, NULL,
-                   AVX2(kiln_rows_q5_K_avx2)},
+                   SIMD(kiln_rows_q5_K)},
     [KILN_Q6_K] = {QK_K, sizeof(block_q6_K), KILN_Q8_K, kiln_ref_dequant_q6_K, kiln_ref_dot_q6_K, NULL,
-                   AVX2(kiln_rows_q6_K_avx2)},
+                   SIMD(kiln_rows_q6_K)},
 };
 
 /* Activation formats: how a row of f32 activations is stored for a dot. */
@@ -57,9 +65,9 @@ static const struct {
     kiln_quant_fn quantize, quantize_simd;
 } ACT[KILN_TYPE_COUNT] = {
     [KILN_F32] = {1, 4, kiln_ref_copy_f32},
-    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), kiln_ref_quantize_q8_0, AVX2(kiln_quantize_q8_0_avx2)},
-    [KILN_Q8_1] = {QK8_1, sizeof(block_q8_1), kiln_ref_quantize_q8_1, AVX2(kiln_quantize_q8_1_avx2)},
-    [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_ref_quantize_q8_K},
+    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), kiln_ref_quantize_q8_0, SIMD(kiln_quantize_q8_0)},
+    [KILN_Q8_1] = {QK8_1, sizeof(block_q8_1), kiln_ref_quantize_q8_1, SIMD(kiln_quantize_q8_1)},
+    [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_ref_quantize_q8_K, NEON(kiln_quantize_q8_K)},
 };
 
 static kiln_quant_fn act_quantizer(int type) {

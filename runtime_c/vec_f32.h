@@ -18,6 +18,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KILN_AVX2 1
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define KILN_NEON 1
+#include <arm_neon.h>
 #endif
 
 /* -- e^x ------------------------------------------------------------------------------------
@@ -46,6 +49,30 @@ static inline float kiln_expf(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
+}
+
+/* -- tanh ------------------------------------------------------------------------------------
+ * |x| < 0.625: x + x^3 P(x^2), Cephes' tanhf polynomial in Horner's order (each step an fma), then
+ * fma(P(x^2) x^2, x, x); else 1 - 2 / (e^2|x| + 1) with kiln_expf, x's sign put back. A vector
+ * computes both and keeps, lane by lane, the one the scalar code takes. Relative error < 3e-7. */
+#define KILN_TANH_P0 (-5.70498872745e-3f)
+#define KILN_TANH_P1 2.06390887954e-2f
+#define KILN_TANH_P2 (-5.37397155531e-2f)
+#define KILN_TANH_P3 1.33314422036e-1f
+#define KILN_TANH_P4 (-3.33332819422e-1f)
+
+static inline float kiln_tanhf(float x) {
+    const float a = fabsf(x);
+    if (a < 0.625f) {
+        const float z = x * x;
+        float p = KILN_TANH_P0;
+        p = fmaf(p, z, KILN_TANH_P1);
+        p = fmaf(p, z, KILN_TANH_P2);
+        p = fmaf(p, z, KILN_TANH_P3);
+        p = fmaf(p, z, KILN_TANH_P4);
+        return fmaf(p * z, x, x);
+    }
+    return copysignf(1.0f - 2.0f / (kiln_expf(2.0f * a) + 1.0f), x);
 }
 
 /* -- sums of eight lanes ---------------------------------------------------------------------
@@ -81,6 +108,80 @@ static inline __m256 kiln_exp8(__m256 x) {
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), visible);
 }
 #endif
+
+#ifdef KILN_NEON
+/* the eight-lane sum of s[0..3] in lo, s[4..7] in hi */
+static inline float kiln_hsum4x2(float32x4_t lo, float32x4_t hi) {
+    const float32x4_t t = vaddq_f32(lo, hi);
+    const float32x2_t u = vadd_f32(vget_low_f32(t), vget_high_f32(t));
+    return vget_lane_f32(u, 0) + vget_lane_f32(u, 1);
+}
+
+static inline float32x4_t kiln_exp4(float32x4_t x) {
+    const uint32x4_t visible = vcgeq_f32(x, vdupq_n_f32(-87.0f));
+    x = vmaxq_f32(vminq_f32(x, vdupq_n_f32(88.0f)), vdupq_n_f32(-87.0f));
+    const float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(KILN_EXP_LOG2E)));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(KILN_EXP_LN2_HI));
+    r = vfmsq_f32(r, k, vdupq_n_f32(KILN_EXP_LN2_LO));
+    float32x4_t p = vdupq_n_f32(1.0f / 720);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 120), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 24), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 6), p, r);
+    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    const float32x4_t v = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), visible));
+}
+#endif
+
+#ifdef KILN_AVX2
+static inline __m256 kiln_tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(KILN_TANH_P0);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(KILN_TANH_P1));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(KILN_TANH_P2));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(KILN_TANH_P3));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(KILN_TANH_P4));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+    const __m256 e = kiln_exp8(_mm256_add_ps(a, a));
+    const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    const __m256 large = _mm256_or_ps(t, _mm256_and_ps(sign, x));
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+#endif
+
+#ifdef KILN_NEON
+static inline float32x4_t kiln_tanh4(float32x4_t x) {
+    const float32x4_t a = vabsq_f32(x), z = vmulq_f32(x, x);
+    float32x4_t p = vdupq_n_f32(KILN_TANH_P0);
+    p = vfmaq_f32(vdupq_n_f32(KILN_TANH_P1), p, z);
+    p = vfmaq_f32(vdupq_n_f32(KILN_TANH_P2), p, z);
+    p = vfmaq_f32(vdupq_n_f32(KILN_TANH_P3), p, z);
+    p = vfmaq_f32(vdupq_n_f32(KILN_TANH_P4), p, z);
+    const float32x4_t small = vfmaq_f32(x, vmulq_f32(p, z), x);
+    const float32x4_t e = kiln_exp4(vaddq_f32(a, a));
+    const float32x4_t t = vsubq_f32(vdupq_n_f32(1.0f), vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, vdupq_n_f32(1.0f))));
+    const float32x4_t large = vbslq_f32(vdupq_n_u32(0x80000000u), x, t); /* copysignf(t, x) */
+    return vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.625f)), small, large);
+}
+#endif
+
+/* x[i] = cap tanh(x[i] / cap), the division a product by 1 / cap as llama.cpp's soft-capping */
+static inline void kiln_vsoftcap(float *x, int n, float cap) {
+    const float inv = 1.0f / cap;
+    int i = 0;
+#ifdef KILN_AVX2
+    const __m256 vinv = _mm256_set1_ps(inv), vcap = _mm256_set1_ps(cap);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(kiln_tanh8(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv)), vcap));
+#elif defined(KILN_NEON)
+    const float32x4_t vinv = vdupq_n_f32(inv), vcap = vdupq_n_f32(cap);
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(kiln_tanh4(vmulq_f32(vld1q_f32(x + i), vinv)), vcap));
+#endif
+    for (; i < n; i++) x[i] = kiln_tanhf(x[i] * inv) * cap;
+}
 
 /* -- dot products ----------------------------------------------------------------------------
  * a . b over n: element i is fused into partial sum i % 16 while whole blocks of 16 last, then a
@@ -125,6 +226,22 @@ static inline float kiln_vdot(const float *a, const float *b, int n) {
     for (; i < n; i++) sum = fmaf(a[i], b[i], sum);
     return sum;
 }
+#elif defined(KILN_NEON)
+/* partial sums 0..15 in p[0..3], four a register */
+static inline float kiln_vdot(const float *a, const float *b, int n) {
+    float32x4_t p[4];
+    for (int k = 0; k < 4; k++) p[k] = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) p[k] = vfmaq_f32(p[k], vld1q_f32(a + i + 4 * k), vld1q_f32(b + i + 4 * k));
+    if (i + 8 <= n) {
+        for (int k = 0; k < 2; k++) p[k] = vfmaq_f32(p[k], vld1q_f32(a + i + 4 * k), vld1q_f32(b + i + 4 * k));
+        i += 8;
+    }
+    float sum = kiln_hsum4x2(vaddq_f32(p[0], p[2]), vaddq_f32(p[1], p[3]));
+    for (; i < n; i++) sum = fmaf(a[i], b[i], sum);
+    return sum;
+}
 #else
 static inline float kiln_vdot(const float *a, const float *b, int n) { return kiln_vdot_ref(a, b, n); }
 #endif
@@ -137,6 +254,9 @@ static inline void kiln_vaxpy(float *y, float a, const float *x, int n) {
 #ifdef KILN_AVX2
     const __m256 va = _mm256_set1_ps(a);
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#elif defined(KILN_NEON)
+    const float32x4_t va = vdupq_n_f32(a);
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), va, vld1q_f32(x + i)));
 #endif
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
@@ -155,6 +275,16 @@ static inline float kiln_vexp_sum(float *x, float m, int n) {
         s = _mm256_add_ps(s, e);
     }
     sum = kiln_hsum8(s);
+#elif defined(KILN_NEON)
+    const float32x4_t vm = vdupq_n_f32(m);
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f);
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t e0 = kiln_exp4(vsubq_f32(vld1q_f32(x + i), vm));
+        const float32x4_t e1 = kiln_exp4(vsubq_f32(vld1q_f32(x + i + 4), vm));
+        vst1q_f32(x + i, e0), vst1q_f32(x + i + 4, e1);
+        s0 = vaddq_f32(s0, e0), s1 = vaddq_f32(s1, e1);
+    }
+    sum = kiln_hsum4x2(s0, s1);
 #else
     float lanes[8] = {0};
     for (; i + 8 <= n; i += 8)
@@ -176,6 +306,10 @@ static inline float kiln_vmax(const float *x, int n) {
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     m = _mm_cvtss_f32(m4);
+#elif defined(KILN_NEON)
+    float32x4_t m4 = vdupq_n_f32(-INFINITY);
+    for (; i + 4 <= n; i += 4) m4 = vmaxq_f32(m4, vld1q_f32(x + i));
+    m = vmaxvq_f32(m4);
 #endif
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;

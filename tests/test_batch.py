@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 import compiler
 from compiler.runtime import Model, ModelError
+from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
 
 KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]  # q4_0: K and V in Hadamard blocks
 
@@ -65,6 +66,16 @@ def test_sliding_pages_batch_invariance_is_bitwise(gemma_tiny, kv_dtype):
     m = compiler.load(gemma_tiny, ctx=256, n_seq=4, kv_dtype=kv_dtype, prefill_chunk=16, batch_tokens=24,
                      page_size=8)
     assert_batch_invariant(m, n=200)
+
+
+@pytest.mark.parametrize("name", list(FEATURE_MODELS))
+def test_new_architectures_batch_invariance_is_bitwise(tiny, smollm2, name):
+    """Scaled and factored ropes, soft-capped scores and logits, granite's scales, fused weights:
+    each a per-row function, so batching changes no bit (K in Hadamard blocks too: q4_0)."""
+    path = tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name]), wtype=Q.Q8_0, tokenizer_from=smollm2)
+    for kv_dtype in ("f32", "q4_0"):
+        assert_batch_invariant(compiler.load(path, ctx=256, n_seq=4, kv_dtype=kv_dtype, prefill_chunk=16,
+                                             batch_tokens=24, page_size=8), n=120)
 
 
 @pytest.fixture(scope="module")

@@ -132,3 +132,25 @@ def test_tokenize_jsonl_is_one_array_a_line(smollm2):
     bad = subprocess.run([sys.executable, "-m", "compiler", "tokenize", str(smollm2), "--jsonl"],
                          input='"fine"\n[1, 2]\n', capture_output=True, text=True)
     assert bad.returncode == 1 and "line 2" in bad.stderr and "not a string" in bad.stderr
+
+
+@pytest.mark.parametrize("name,shows", [
+    ("llama-rope-freqs", ["[kiln_rope_ext]", "rope_factors_q:w[16]", "rope_freqs.weight"]),
+    ("qwen2-yarn", ["[kiln_rope_ext]", "rope_scaling", "yarn", "yarn_beta_fast"]),
+    ("granite", ["attn_scaled", "[kiln_scale]", "result_scaled", "logit_scale", "embedding_scale"]),
+    ("phi3-long", ["blk.0.attn_qkv.weight[0:128]", "blk.0.ffn_up.weight[256:512]", "rope_factors_long.weight"]),
+    ("gemma2", ["[kiln_attention_softcap]", "result_capped", "[kiln_softcap]", "attn_logit_softcapping 5.0"]),
+])
+def test_layout_and_ir_on_the_new_architectures(capsys, tiny, name, shows):
+    """`kiln ir` and `kiln layout` (text and JSON) run on each: the IR names the new ops and
+    variants, the map the fused tensors' row ranges, the factors and the scaling."""
+    from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+    path = str(tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name])))
+    out = ""
+    for argv in (("ir", path, "--ctx", "128"), ("layout", path, "--ctx", "128"), ("layout", path, "--ctx", "128", "--json")):
+        code, text, err = run(capsys, *argv)
+        assert code == 0, err
+        out += text
+    json.loads(text)
+    missing = [s for s in shows if s not in out]
+    assert not missing, f"{name}: {missing} not in the IR or the map"

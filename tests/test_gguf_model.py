@@ -86,7 +86,7 @@ def test_truncated_real_model(smollm2, tmp_path):
 
 
 def test_unknown_architecture(tiny):
-    with pytest.raises(ModelFileError, match=r"unknown architecture 'mamba9'.*supported: gemma3, llama, qwen2, qwen3"):
+    with pytest.raises(ModelFileError, match=r"unknown architecture 'mamba9'.*supported: gemma2, gemma3, granite, llama, phi3, qwen2, qwen3"):
         read_model(tiny("llama", metadata_arch="mamba9"))
 
 
@@ -102,17 +102,46 @@ def test_head_dim_above_the_kernels_limit_is_refused(tiny):
         read_model(p)
 
 
-@pytest.mark.parametrize("meta,match", [
-    ({"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}, "llama.rope.scaling"),
-    ({"rope.scaling.type": "yarn"}, "'llama.rope.scaling.type' = 'yarn'"),
-    ({"expert_count": 8, "expert_used_count": 2}, "llama.expert_count"),
-    ({"attention.logit_softcapping": 50.0}, "llama.attention.logit_softcapping"),
-    ({"attention.layer_norm_epsilon": 1e-5}, "llama.attention.layer_norm_epsilon"),
+@pytest.mark.parametrize("arch,meta,match", [
+    ("gemma3", {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}, "gemma3.rope.scaling"),
+    ("gemma3", {"rope.scaling.type": "yarn"}, "'gemma3.rope.scaling.type' = 'yarn'"),
+    ("llama", {"rope.scaling.type": "longrope"}, "'llama.rope.scaling.type' = 'longrope'.*implements none, linear, yarn"),
+    # Llama 3's scaling travels as rope_freqs.weight; llama.cpp itself stops on this type
+    ("llama", {"rope.scaling.type": "llama3", "rope.scaling.factor": 8.0}, "'llama.rope.scaling.type' = 'llama3'"),
+    ("qwen3", {"rope.scaling.type": "yarn", "rope.scaling.yarn_log_multiplier": 0.1},
+     "qwen3.rope.scaling.yarn_log_multiplier"),
+    ("llama", {"expert_count": 8, "expert_used_count": 2}, "llama.expert_count"),
+    ("llama", {"attn_logit_softcapping": 50.0}, "llama.attn_logit_softcapping"),  # gemma2's, not llama's
+    ("llama", {"final_logit_softcapping": 30.0}, "llama.final_logit_softcapping"),
+    ("llama", {"embedding_scale": 12.0}, "llama.embedding_scale"),  # granite's
+    ("llama", {"attention.scale": 0.125}, "llama.attention.scale"),
+    ("phi3", {"rope.scaling.yarn_beta_fast": 16.0}, "phi3.rope.scaling.yarn_beta_fast"),  # yarn's, not longrope's
+    ("granite", {"logit_scale": 2.0, "rope.scaling.finetuned": False}, "'granite.rope.scaling.finetuned' = False"),
+    ("llama", {"attention.layer_norm_epsilon": 1e-5}, "llama.attention.layer_norm_epsilon"),
 ])
-def test_hyperparameters_kiln_does_not_implement_are_refused(tiny, meta, match):
+def test_hyperparameters_kiln_does_not_implement_are_refused(tiny, arch, meta, match):
     with pytest.raises(ModelFileError, match=match) as e:
-        read_model(tiny("llama", extra_meta=meta))
-    assert "does not implement" in str(e.value) and "tiny-llama.gguf" in str(e.value)
+        read_model(tiny(arch, extra_meta=meta))
+    assert "does not implement" in str(e.value) and f"tiny-{arch}.gguf" in str(e.value)
+
+
+def test_an_architecture_accepts_the_keys_its_template_reads(tiny):
+    """The same key, implemented for one architecture and refused for another: Gemma 2's caps, granite's
+    scalars, RoPE scaling where the template takes it (with llama.cpp's defaults where absent)."""
+    gemma2 = read_model(tiny("gemma2", extra_meta={"attn_logit_softcapping": 5.0, "final_logit_softcapping": 20.0}))
+    assert gemma2.hparams.scalar("attn_logit_softcapping") == 5.0 and gemma2.hparams.rope_scaling == "none"
+    hp = read_model(tiny("qwen2", extra_meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})).hparams
+    assert (hp.rope_scaling, hp.rope_scaling_factor, hp.rope_n_ctx_orig) == ("yarn", 4.0, 512)  # the training context
+    assert (hp.yarn_beta_fast, hp.yarn_beta_slow) == (32.0, 1.0)
+    hp = read_model(tiny("llama", extra_meta={"rope.scaling.factor": 2.0})).hparams
+    assert (hp.rope_scaling, hp.rope_scaling_factor) == ("linear", 2.0)  # llama.cpp's type when only a factor is set
+    hp = read_model(tiny("llama", extra_meta={"rope.scaling.type": "none", "rope.scaling.factor": 2.0})).hparams
+    assert (hp.rope_scaling, hp.rope_scaling_factor, hp.rope_scaled) == ("none", 1.0, False)  # none never scales
+    with pytest.raises(ModelFileError, match=r"tensor 'rope_freqs\.weight' \(per-dimension rope frequency factors\) "
+                                             r"is not implemented by kiln for qwen2"):
+        read_model(tiny("qwen2", extra_tensors={"rope_freqs.weight": (1.0,) * 8}))
+    with pytest.raises(ModelFileError, match=r"'rope_freqs\.weight' is F32 \[4\]; rope factors are F32 \[8\]"):
+        read_model(tiny("llama", extra_tensors={"rope_freqs.weight": (1.0,) * 4}))
 
 
 def test_neutral_values_of_those_hyperparameters_are_accepted(tiny):

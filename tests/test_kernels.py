@@ -174,6 +174,83 @@ def test_rope(neox):
     np.testing.assert_allclose(y[:2], want[:2], atol=1e-5)
 
 
+def _ggml_rope(x, pos, base, neox, freq_scale=1.0, ext_factor=0.0, mscale=1.0, beta_fast=32.0, beta_slow=1.0,
+               n_ctx_orig=0, factors=None):
+    """ggml's CPU rope (ggml_rope_cache_init, rope_yarn, ggml_rope_yarn_corr_dims), step by step in
+    float32: an independent spelling of what kiln_rope_ext must compute."""
+    f = np.float32
+    rows, heads, d = x.shape
+    theta_scale = f(base) ** f(-2.0 / d)
+    lo = hi = 0.0
+    if ext_factor:  # the correction dimensions: where a dimension's wavelength fits beta turns in the context
+        corr = lambda beta: d * np.log(n_ctx_orig / (beta * 2 * np.pi)) / (2 * np.log(base))  # noqa: E731
+        lo, hi = max(0.0, np.floor(corr(beta_fast))), min(d - 1.0, np.ceil(corr(beta_slow)))
+    y = x.astype(np.float64).copy()
+    for r in range(rows):
+        theta = f(pos[r])
+        for i in range(d // 2):
+            extrap = theta / f(factors[i]) if factors is not None else theta
+            angle = f(freq_scale) * extrap
+            if ext_factor:
+                mix = f(1 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo)))) * f(ext_factor)
+                angle = angle * (f(1) - mix) + extrap * mix
+            c, s_ = np.cos(np.float64(angle)) * mscale, np.sin(np.float64(angle)) * mscale
+            i0, i1 = (i, i + d // 2) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[r, :, i0].astype(np.float64), x[r, :, i1].astype(np.float64)
+            y[r, :, i0], y[r, :, i1] = x0 * c - x1 * s_, x0 * s_ + x1 * c
+            theta = f(theta * theta_scale)
+    return y
+
+
+@pytest.mark.parametrize("case", ["plain", "factors", "linear", "yarn", "yarn-betas", "attn-factor"])
+def test_rope_ext_follows_ggml(case):
+    """Llama 3's factors, linear and YaRN scaling (defaults and other betas), an attention factor:
+    kiln_rope_ext against ggml's formulas; unscaled it is kiln_rope, bit for bit."""
+    rng = np.random.default_rng(41)
+    rows, heads, d, base = 4, 2, 32, 10000.0
+    x = rng.standard_normal((rows, heads, d)).astype(np.float32)
+    pos = np.array([0, 5, 63, 200], np.int32)  # an angle near 200 rad holds it to 1.5e-5 (its float ulp)
+    sc = {"plain": {}, "factors": {}, "linear": dict(freq_scale=0.25), "attn-factor": dict(mscale=1.19),
+          "yarn": dict(freq_scale=0.25, ext_factor=1.0, mscale=1.1386, n_ctx_orig=32),
+          "yarn-betas": dict(freq_scale=0.125, ext_factor=1.0, mscale=1.2, beta_fast=16.0, beta_slow=2.0,
+                             n_ctx_orig=64)}[case]
+    factors = rng.uniform(1.0, 8.0, d // 2).astype(np.float32) if case == "factors" else None
+    c = ffi.new("kiln_rope_scaling *", {"freq_scale": 1.0, "ext_factor": 0.0, "mscale": 1.0, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "n_ctx_orig": 0, **sc})
+    for neox in (0, 1):
+        y = np.zeros_like(x)
+        lib.kiln_rope_ext(ptr(y, "float *"), ptr(x, "float *"), ptr(pos, "int32_t *"), rows, heads, d, base, neox, c,
+                          ptr(factors, "float *") if factors is not None else ffi.NULL)
+        want = _ggml_rope(x, pos, base, neox, factors=factors, **sc)
+        np.testing.assert_allclose(y, want, atol=6e-5)
+        if case == "plain":
+            plain = np.zeros_like(x)
+            lib.kiln_rope(ptr(plain, "float *"), ptr(x, "float *"), ptr(pos, "int32_t *"), rows, heads, d, base, neox)
+            np.testing.assert_array_equal(y, plain)
+
+
+def test_softcap_is_tanh_on_every_path():
+    """kiln_softcap(x, c) = c tanh(x / c) with one tanh (vec_f32.h): within 3e-7 of numpy's, and the
+    same bits whether an element falls in a vector or in the scalar tail."""
+    rng = np.random.default_rng(42)
+    x = np.concatenate([rng.standard_normal(300) * 3, [0.0, -0.0, 0.6249999, 0.625, -0.625, 1e-8, 9.0, 50.0, -88.0,
+                                                       1e4, -1e30]]).astype(np.float32)
+    y = np.zeros_like(x)
+    lib.kiln_softcap(ptr(y, "float *"), ptr(x, "float *"), len(x), 1.0)
+    np.testing.assert_allclose(y, np.tanh(x.astype(np.float64)), rtol=3e-7, atol=1e-30)
+    assert y[-1] == -1.0 and y[-2] == 1.0
+    for start in (1, 3, 7):
+        part = np.zeros(len(x) - start, np.float32)
+        lib.kiln_softcap(ptr(part, "float *"), ptr(x[start:], "float *"), len(part), 1.0)
+        np.testing.assert_array_equal(part, y[start:])
+    capped = np.zeros_like(x)
+    lib.kiln_softcap(ptr(capped, "float *"), ptr(x, "float *"), len(x), 30.0)
+    inv = np.float32(1) / np.float32(30)
+    np.testing.assert_allclose(capped, 30 * np.tanh((x * inv).astype(np.float64)), rtol=5e-7, atol=1e-6)
+    lib.kiln_scale(ptr(y, "float *"), ptr(x, "float *"), len(x), np.float32(0.22))
+    np.testing.assert_array_equal(y, x * np.float32(0.22))
+
+
 def test_glu_and_add():
     rng = np.random.default_rng(5)
     g, u = rng.standard_normal((2, 300)).astype(np.float32) * 3
@@ -261,11 +338,11 @@ class PagedCache:
         return out
 
     def attend(self, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
-               max_spans: int = 0) -> np.ndarray:
+               max_spans: int = 0, softcap: float = 0.0) -> np.ndarray:
         out = np.zeros((len(rows), n_head, self.hd), np.float32)
         seq = np.zeros(len(rows), np.int32)
         args = (ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
-                len(rows), self.view, n_head, self.n_kv, self.hd, scale)
+                len(rows), self.view, n_head, self.n_kv, self.hd, scale, softcap)
         if ref:
             lib.kiln_attention_ref(*args)
         else:
@@ -445,6 +522,33 @@ def test_attention_is_the_same_bits_however_it_is_batched(t):
         alone = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125)
         split = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, max_spans=4)
         assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
+def test_softcapped_attention(t):
+    """Scores capped as Gemma 2 caps them, s -> c tanh(s / c): the SIMD path against the scalar
+    reference (libm's tanhf), both against numpy, and the same bits alone, split or in a block."""
+    rng = np.random.default_rng(8)
+    n_head, n_kv, hd, n_pos, cap = 8, 2, 64, 200, 5.0
+    cache = PagedCache(t, n_kv, hd, n_pos, 16, seed=4)
+    k = (rng.standard_normal((n_pos, n_kv, hd)) * 2).astype(np.float32)
+    cache.store(k, rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32), np.arange(n_pos, dtype=np.int32))
+    q = rng.standard_normal((5, n_head, hd)).astype(np.float32)
+    rows = np.arange(120, 125, dtype=np.int32)
+    block = cache.attend(q, rows, n_head, 0.125, softcap=cap)
+    ref = cache.attend(q, rows, n_head, 0.125, ref=True, softcap=cap)
+    np.testing.assert_allclose(block, ref, rtol=2e-5, atol=1e-5)
+    K, V = cache.rows(0, n_pos), cache.rows(1, n_pos)
+    for i, p in enumerate(rows):
+        for h in range(n_head):
+            s = K[h // 4, :p + 1] @ q[i, h].astype(np.float64) * 0.125
+            w = np.exp(cap * np.tanh(s / cap) - cap)
+            np.testing.assert_allclose(block[i, h], (w / w.sum()) @ V[h // 4, :p + 1], rtol=1e-4, atol=1e-5)
+        alone = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, softcap=cap)
+        split = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, max_spans=4, softcap=cap)
+        assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
+    uncapped = cache.attend(q, rows, n_head, 0.125)
+    assert np.abs(uncapped - block).max() > 1e-2  # the cap changes the result: scores reach past it
 
 
 def test_geglu_table_equals_direct_evaluation():

@@ -173,3 +173,66 @@ def test_kv_rotate_before_after(tiny, k, v, rotated):
     assert graph_problems(after, spec) == []
     off = kv_config(spec.hparams, CompileOptions(ctx=64, kv_dtype_k=k, kv_dtype_v=v, kv_rotation=False))
     assert rotate_kv(g, off) is g
+
+
+# -- the new architectures' ops and variants ------------------------------------------------------------------
+def _feature(tiny, name, **kw):
+    from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+    return tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name], **kw))
+
+
+@pytest.mark.parametrize("name,q_rope,attn,tail", [
+    ("llama-rope-freqs", "kiln_rope_ext", "kiln_attention", ["kiln_matmul"]),  # factors: the rope with a third input
+    ("qwen2-yarn", "kiln_rope_ext", "kiln_attention", ["kiln_matmul"]),  # scaled
+    ("granite", "kiln_rope", "kiln_attention", ["kiln_matmul", "kiln_scale"]),
+    ("gemma2", "kiln_rope", "kiln_attention_softcap", ["kiln_matmul", "kiln_softcap"]),
+])
+def test_kernel_select_picks_the_variant_an_attribute_asks_for(tiny, name, q_rope, attn, tail):
+    """Before: no kernels. After: a scaled or factored rope runs kiln_rope_ext, a capped attention
+    kiln_attention_softcap, the logits' scale and cap their own kernels; the plain ones are unchanged."""
+    spec, g, kv = _setup(_feature(tiny, name))
+    g = insert_kv_ops(g, kv)
+    assert all(n.kernel is None for n in g.nodes)
+    kernels = {n.name: n.kernel for n in select_kernels(g).nodes}
+    assert kernels["q_rope"] == kernels["k_rope"] == q_rope and kernels["attn"] == attn
+    assert [kernels[n.name] for n in g.tail][2:] == tail
+    if name == "granite":
+        assert kernels["attn_scaled"] == kernels["ffn_scaled"] == "kiln_scale"
+
+
+def test_kv_passes_keep_the_caps_and_the_factors(tiny):
+    """Rotating a quantized cache and inserting the cache writes rebuild the attention and keep its
+    soft-cap; a factored rope keeps its factors input, and the cache stores what it wrote."""
+    spec, g, kv = _setup(_feature(tiny, "gemma2"), kv_dtype="q4_0")
+    after = insert_kv_ops(rotate_kv(g, kv), kv)
+    (attn,) = [n for n in after.body if n.op is Op.ATTENTION]
+    assert attn.name == "attn_rot" and attn.attrs.softcap == 5.0 and graph_problems(after, spec) == []
+    spec, g, kv = _setup(_feature(tiny, "llama-rope-freqs"), kv_dtype="q8_0")
+    after = insert_kv_ops(rotate_kv(g, kv), kv)
+    names = [n.name for n in after.body]
+    assert names.index("kv_store") == names.index("k_rope") + 1  # the cache holds the rotated, factored keys
+    assert [v.name for v in after.body[names.index("k_rope")].inputs] == ["k", "inp_pos", "rope_factors_k"]
+    assert graph_problems(after, spec) == []
+
+
+def test_validate_allows_in_place_only_on_the_output_by_the_scale_and_the_cap(tiny):
+    spec, g, _ = _setup(_feature(tiny, "gemma2"))
+    assert graph_problems(g, spec) == []
+    capped = g.tail[-1]
+    logits_twice = g.with_nodes(Section.TAIL, g.tail[:-1] + (replace(capped, op=Op.GLU, attrs=None),))
+    assert any("'result_output' is defined twice" in p for p in graph_problems(logits_twice, spec))
+    norm = next(n for n in g.body if n.name == "ffn_norm")  # an in-place op on an activation is a redefinition
+    in_place = _mutate(g, "ffn_post_norm", inputs=(norm.outputs[0], norm.inputs[1]), outputs=norm.outputs)
+    assert any("'ffn_norm' is defined twice" in p for p in graph_problems(in_place, spec))
+
+
+def test_validate_checks_the_rope_factors_and_the_unread_tensors(tiny):
+    spec, g, _ = _setup(_feature(tiny, "phi3-long"))
+    assert g.unused == ("rope_factors_long.weight",)  # no context given: the short factors
+    assert graph_problems(g, spec) == []
+    forgotten = replace(g, unused=())
+    assert "tensor 'rope_factors_long.weight' of tiny-phi3.gguf is not used by the phi3 architecture" in \
+        graph_problems(forgotten, spec)
+    q_rope = next(n for n in g.body if n.name == "q_rope")
+    wrong = _mutate(g, "q_rope", inputs=q_rope.inputs[:2] + (replace(q_rope.inputs[2], shape=(8,)),))
+    assert any("frequency factors [(8,)] are not one vector of n_rot / 2 = 16" in p for p in graph_problems(wrong, spec))

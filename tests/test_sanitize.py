@@ -9,6 +9,8 @@ import textwrap
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
@@ -89,6 +91,12 @@ def _libasan() -> str | None:
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
+def _feature(name: str, **kw) -> tuple[str, dict]:
+    """A tiny model of compiler/tools/synthetic.py's FEATURE_MODELS, as (arch, TinySpec fields)."""
+    spec = dict(FEATURE_SHAPE, **FEATURE_MODELS[name], **kw)
+    return spec.pop("arch"), spec
+
+
 CASES = {
     "llama-q4_1-f32": ("llama", dict(wtype=Q.Q4_1), "f32"),
     # K-quant weights, an f16 or q4_0 (Hadamard blocks) cache, sliding windows of 8 that move many times
@@ -96,6 +104,11 @@ CASES = {
                                         n_ff=512, sliding_window=8), "q4_0"),
     "gemma3-q6_k-f16": ("gemma3", dict(wtype=Q.Q6_K, n_layer=6, n_embd=256, n_head=4, n_head_kv=1, head_dim=64,
                                        n_ff=512, sliding_window=8), "f16"),
+    # soft-capped scores and logits beside sliding windows; fused row views with LongRoPE factors (the
+    # shift reads them from the mapping); YaRN
+    "gemma2-q8_0-q4_0": (*_feature("gemma2", wtype=Q.Q8_0), "q4_0"),
+    "phi3-q8_0-f16": (*_feature("phi3-long", wtype=Q.Q8_0), "f16"),
+    "qwen2-yarn-q4_0-q8_0": (*_feature("qwen2-yarn", wtype=Q.Q4_0), "q8_0"),
 }
 
 

@@ -1,7 +1,9 @@
 """The aarch64 targets, cross-compiled here and run under qemu-aarch64: each build's logits are the
 x86 scalar build's bit for bit on the golden tiny model (a prompt in one chunk, token by token, and
-beside another sequence's rows, then 32 greedy steps), and its 32 greedy tokens on SmolLM2 are the
-x86 builds'. Emulation says nothing of speed.
+beside another sequence's rows, then 32 greedy steps), with Q8_0 weights and an f32 cache, and with
+every 32-weight type and an f16 K / q8_0 V cache; SmolLM2's (Q4_1, Q8_0) and Gemma 3's (Q4_K, Q6_K,
+Q5_0, Q8_0) logits are the x86 scalar build's bit for bit too. Each NEON kernel is checked against
+its scalar reference on random blocks (tests/c/kernels_neon.c). Emulation says nothing of speed.
 
 `make test` installs Debian's gcc-aarch64-linux-gnu and qemu-user (`make cross`); without them the
 module is skipped, naming what is missing.
@@ -16,7 +18,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from compiler.build.targets import TARGETS, cc
+from compiler.build.runtime import runtime_library
+from compiler.build.targets import TARGETS, cc, compile_args, kernel_set
 from compiler.core.errors import BuildError
 from compiler.core.options import CompileOptions
 from compiler.core.paths import RUNTIME_DIR
@@ -28,6 +31,7 @@ ARM = [name for name, t in TARGETS.items() if t.family == "aarch64"]
 QEMU = shutil.which("qemu-aarch64")
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 PROGRAM = Path(__file__).parent / "c" / "logits.c"
+KERNELS = Path(__file__).parent / "c" / "kernels_neon.c"
 STEPS = 32
 TINY_IDS = [1, 5, 9, 44, 100, 200, 31, 7, 250, 3, 66]
 
@@ -40,7 +44,8 @@ if missing:
                 allow_module_level=True)
 
 
-def arm_logits(path: Path, target: str, opts: CompileOptions, ids: list[int], workdir: Path) -> dict[str, np.ndarray]:
+def arm_logits(path: Path, target: str, opts: CompileOptions, ids: list[int], workdir: Path,
+               steps: int = STEPS) -> dict[str, np.ndarray]:
     """logits.c's blocks, from the target's plain C library run under qemu."""
     lib = compile_c_library(compile_model(path, opts, target=target))
     exe, ids_file, out = workdir / f"logits-{target}", workdir / "prompt.ids", workdir / f"logits-{target}.bin"
@@ -48,31 +53,42 @@ def arm_logits(path: Path, target: str, opts: CompileOptions, ids: list[int], wo
     subprocess.run(cc(target) + ["-O2", "-Wall", "-Werror", f"-I{RUNTIME_DIR}", str(PROGRAM),
                                  f"-L{workdir}", "-lkiln_model", "-Wl,-rpath,$ORIGIN", "-o", str(exe)], check=True)
     ids_file.write_text(" ".join(map(str, ids)))
-    run = subprocess.run([QEMU, "-L", str(SYSROOT), str(exe), str(path), str(ids_file), str(STEPS), str(out), "2"],
+    run = subprocess.run([QEMU, "-L", str(SYSROOT), str(exe), str(path), str(ids_file), str(steps), str(out), "2"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    rows = np.fromfile(out, dtype=np.float32).reshape(3 * len(ids) + STEPS, -1)
+    rows = np.fromfile(out, dtype=np.float32).reshape(3 * len(ids) + steps, -1)
     n = len(ids)
     return {"chunk": rows[:n], "one_by_one": rows[n:2 * n], "beside": rows[2 * n:3 * n], "steps": rows[3 * n:]}
 
 
-def x86_logits(path: Path, opts: CompileOptions, ids: list[int]) -> dict[str, np.ndarray]:
+def x86_logits(path: Path, opts: CompileOptions, ids: list[int], n_steps: int = STEPS) -> dict[str, np.ndarray]:
     """The same blocks from the x86 scalar build, through Python."""
     m = load_options(path, opts, threads=1, target="x86-64")
     chunk = m.prefill(ids, logits="all")
     m.reset()
     one_by_one = np.stack([m.decode(t) for t in ids])
     steps, token = [], int(chunk[-1].argmax())
-    for _ in range(STEPS):
+    for _ in range(n_steps):
         steps.append(m.decode(token))
         token = int(steps[-1].argmax())
     return {"chunk": chunk, "one_by_one": one_by_one, "steps": np.stack(steps)}
 
 
-@pytest.fixture(scope="module")
-def tiny_case(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("arm") / "tiny-llama.gguf", TinySpec(arch="llama", wtype=Q.Q8_0))
-    opts = CompileOptions(ctx=64, prefill_chunk=16, n_seq=2)
+# every 32-weight type's NEON rows on the golden model's shape, F32 rows (the NEON float dot) for the rest
+MIXED = {"blk.0.attn_q.weight": Q.Q4_0, "blk.0.attn_k.weight": Q.Q5_0, "blk.0.attn_v.weight": Q.Q5_1,
+         "blk.0.attn_output.weight": Q.Q4_1, "blk.0.ffn_gate.weight": Q.Q8_0, "blk.1.ffn_up.weight": Q.Q4_0,
+         "blk.1.ffn_down.weight": Q.Q5_1}
+TINY = {"q8_0": (TinySpec(arch="llama", wtype=Q.Q8_0), {}),
+        # an f16 K cache the attention reads in place (its keys transposed), a q8_0 V dequantized
+        "mixed-f16-q8_0": (TinySpec(arch="llama", n_embd=128, n_head=2, n_head_kv=1, types=MIXED),
+                           {"kv_dtype_k": "f16", "kv_dtype_v": "q8_0"})}
+
+
+@pytest.fixture(scope="module", params=list(TINY))
+def tiny_case(request, tmp_path_factory):
+    spec, kv = TINY[request.param]
+    path = write_tiny_model(tmp_path_factory.mktemp("arm") / f"tiny-{request.param}.gguf", spec)
+    opts = CompileOptions(ctx=64, prefill_chunk=16, n_seq=2, **kv)
     return path, opts, x86_logits(path, opts, TINY_IDS)
 
 
@@ -85,15 +101,49 @@ def test_golden_model_logits_are_the_x86_scalar_builds_bit_for_bit(tiny_case, ta
     np.testing.assert_array_equal(got["beside"], got["chunk"], err_msg=f"{target}: batch invariance")
 
 
-def test_smollm2_greedy_tokens_are_the_x86_builds(smollm2, tmp_path):
-    """The widest ARM target on the real model: its greedy tokens are every x86 build's."""
+def real_model_case(path: Path, target: str, workdir: Path, prompt: str, n_steps: int) -> None:
+    """A bundled model on an ARM target: its greedy tokens and every logit are the x86 scalar
+    build's, and a row's logits do not depend on its batch."""
     opts = CompileOptions(ctx=128, n_seq=2)
-    m = load_options(smollm2, opts, target="x86-64")
-    ids = m.tokenize("Once upon a time, in a small village,")
-    want = [int(r.argmax()) for r in x86_logits(smollm2, opts, ids)["steps"]]
-    got = arm_logits(smollm2, ARM[-1], opts, ids, tmp_path)
-    assert [int(r.argmax()) for r in got["steps"]] == want
-    np.testing.assert_array_equal(got["beside"], got["chunk"])
+    m = load_options(path, opts, target="x86-64")
+    ids = m.tokenize(prompt)
+    want = x86_logits(path, opts, ids, n_steps)
+    got = arm_logits(path, target, opts, ids, workdir, n_steps)
+    assert [int(r.argmax()) for r in got["steps"]] == [int(r.argmax()) for r in want["steps"]]
+    for part in ("chunk", "one_by_one", "steps"):
+        np.testing.assert_array_equal(got[part], want[part], err_msg=f"{target}: {part}")
+    np.testing.assert_array_equal(got["beside"], got["chunk"], err_msg=f"{target}: batch invariance")
+
+
+def test_smollm2_logits_are_the_x86_scalar_builds(smollm2, tmp_path):
+    """The widest ARM target (sdot in decode, smmla tiles in the prompt's steps) on Q4_1 and Q8_0."""
+    real_model_case(smollm2, ARM[-1], tmp_path, "Once upon a time, in a small village,", STEPS)
+
+
+def test_gemma3_logits_are_the_x86_scalar_builds(gemma3, tmp_path):
+    """Plain NEON (no sdot, no smmla) on the K-quants, Q5_0 and Q8_0 of a real model; a short prompt
+    and 8 greedy steps, which keep its emulated run within half a minute."""
+    real_model_case(gemma3, ARM[0], tmp_path, "Once upon a time,", 8)
+
+
+@pytest.mark.parametrize("target", ARM)
+def test_neon_kernels_are_their_scalar_references_bit_for_bit(target, tmp_path):
+    """kernels_neon.c, built with the target's runtime and flags: every weight type's rows (partial
+    tiles, 1 to 5 activation rows), the activation quantizers, the f16 and q8_0 dequantizers,
+    vec_f32.h's float kernels and attn_span.h's spans against their scalar references. The paths it
+    was built with are the ones the target names (isa.h), so the NEON kernels are what ran."""
+    paths = {"aarch64": "NEON", "aarch64+dotprod": "NEON DOTPROD", "aarch64+dotprod+i8mm": "NEON DOTPROD I8MM"}
+    assert kernel_set(False, target) == {"aarch64": "NEON", "aarch64+dotprod": "NEON, sdot",
+                                         "aarch64+dotprod+i8mm": "NEON, sdot, smmla tiles"}[target]
+    lib, _ = runtime_library(False, target)
+    exe = tmp_path / "kernels_neon"
+    subprocess.run(cc(target) + compile_args(False, target) + [f"-I{RUNTIME_DIR}", str(KERNELS), str(lib), "-lm",
+                                                               "-pthread", "-o", str(exe)], check=True)
+    run = subprocess.run([QEMU, "-L", str(SYSROOT), str(exe)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"paths: {paths[target]}\n" in run.stdout
+    assert "SIMD twins: F32 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K\n" in run.stdout
+    assert "DIFFER" not in run.stdout and " 0 mismatches" in run.stdout, run.stdout
 
 
 def test_a_library_for_arm_is_refused_by_python_here(tiny_case):

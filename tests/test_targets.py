@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 import compiler
 from compiler.build import targets as build
 from compiler.core.errors import BuildError
+from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
 from synthetic import TinySpec, write_tiny_model
 
 SCALAR = "x86-64"
@@ -79,6 +80,31 @@ def test_golden_model_logits_are_the_scalar_builds_bit_for_bit(golden_model, sca
     got = tiny_run(golden_model, target)
     for part in ("chunk", "one_by_one", "steps"):
         np.testing.assert_array_equal(got[part], scalar_tiny[part], err_msg=f"{target}: {part}")
+
+
+# the new architectures' own code that has SIMD spellings: the soft-capped scores and logits
+# (tanh), and the scaled ropes and fused weights they run beside
+FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite"]
+
+
+@pytest.fixture(scope="module")
+def feature_runs(tmp_path_factory):
+    """Each feature model, and its scalar build's run."""
+    out = {}
+    for name in FEATURES:
+        spec = TinySpec(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name]), wtype=Q.Q8_0)
+        path = write_tiny_model(tmp_path_factory.mktemp("targets") / f"{name}.gguf", spec)
+        out[name] = path, tiny_run(path, SCALAR)
+    return out
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_new_architectures_logits_are_the_scalar_builds_bit_for_bit(feature_runs, target):
+    runnable(target)
+    for name, (path, scalar) in feature_runs.items():
+        got = tiny_run(path, target)
+        for part in ("chunk", "one_by_one", "steps"):
+            np.testing.assert_array_equal(got[part], scalar[part], err_msg=f"{name} on {target}: {part}")
 
 
 @pytest.mark.parametrize("target", TARGETS)

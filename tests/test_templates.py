@@ -7,18 +7,36 @@ import pytest
 
 from compiler.core.errors import ArchitectureError
 from compiler.core.paths import ARCH_DIR
-from compiler.frontend.architecture import (AttnVariant, LayerKind, RopeLayout, Stage, available_archs,
-                                load_architecture, parse_architecture_file)
+from compiler.frontend.architecture import (AttnVariant, EmbeddingScale, LayerKind, RopeFactors, RopeLayout,
+                                            RopeScaling, Scalar, Stage, available_archs, load_architecture,
+                                            parse_architecture_file)
 
 
 def test_shipped_templates():
-    assert available_archs() == ("gemma3", "llama", "qwen2", "qwen3")
+    assert available_archs() == ("gemma2", "gemma3", "granite", "llama", "phi3", "qwen2", "qwen3")
     llama, qwen2, qwen3, gemma3 = (load_architecture(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
     assert llama.rope_layout is RopeLayout.PAIRWISE and not llama.qkv_bias and not llama.qk_norm
     assert qwen2.rope_layout is RopeLayout.NEOX and qwen2.qkv_bias
     assert qwen3.qk_norm and not qwen3.qkv_bias
     assert gemma3.qk_norm and gemma3.post_norms and gemma3.attn_variant is AttnVariant.HYBRID_SLIDING
     assert gemma3.rope_base_local == 10000.0
+    assert llama.rope_factors is RopeFactors.FREQS and set(llama.rope_scaling) == {RopeScaling.LINEAR, RopeScaling.YARN}
+    assert gemma3.rope_scaling == () and gemma3.final_softcap is None
+
+
+def test_new_architectures_say_what_they_need():
+    granite, phi3, gemma2 = (load_architecture(a) for a in ("granite", "phi3", "gemma2"))
+    assert granite.embedding_scale is EmbeddingScale.METADATA and granite.residual_scale is Scalar.METADATA
+    assert granite.logit_scale is Scalar.METADATA and granite.attention_scale.rule == "metadata"
+    assert granite.metadata_keys() == {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"}
+    assert dict(granite.requires) == {"rope.scaling.finetuned": (True,)}
+    assert phi3.fused_qkv and phi3.fused_ffn_up and phi3.rope_factors is RopeFactors.LONG_SHORT
+    assert phi3.rope_scaling == (RopeScaling.LONGROPE,) and phi3.rope_layout is RopeLayout.NEOX
+    assert gemma2.attn_softcap == 50.0 and gemma2.final_softcap == 30.0 and not gemma2.qk_norm and gemma2.post_norms
+    assert gemma2.rope_base_local is None and gemma2.attention_scale.layers == 46
+    assert [gemma2.layer_kind(il) for il in range(4)] == [LayerKind.LOCAL, LayerKind.GLOBAL] * 2  # even ones slide
+    # a template that reads no key leaves every one of them to the refusal by name
+    assert load_architecture("gemma3").metadata_keys() == frozenset()
 
 
 def test_gemma3_layer_pattern_every_sixth_is_global():
@@ -41,7 +59,13 @@ def _variant(tmp_path, base="llama", **changes):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"rope_scaling": "yarn"}, "unknown field 'rope_scaling'"),
+    ({"rope_scalling": ["yarn"]}, "unknown field 'rope_scalling'"),
+    ({"rope_scaling": ["dynamic"]}, "field 'rope_scaling': 'dynamic' is not a valid RopeScaling"),
+    ({"rope_scaling": "yarn"}, "field 'rope_scaling': 'yarn' is not a list"),
+    ({"attention_scale": "sqrt"}, "field 'attention_scale'"),
+    ({"attn_softcap": 50.0}, "field 'attn_softcap'"),
+    ({"rope_factors": "long_short"}, "'rope_factors' long_short goes with 'rope_scaling' longrope"),
+    ({"fused_qkv": True, "qkv_bias": True}, "'fused_qkv' with 'qkv_bias' is not implemented"),
     ({"activation": KeyError}, "missing field 'activation'"),
     ({"activation": "relu"}, "field 'activation': 'relu' is not a valid Activation"),
     ({"qkv_bias": "yes"}, "field 'qkv_bias'"),
@@ -64,7 +88,7 @@ def test_not_json(tmp_path):
 
 
 def test_unknown_arch_template():
-    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: gemma3, llama"):
+    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: gemma2, gemma3, granite, llama"):
         load_architecture("rwkv9")
 
 

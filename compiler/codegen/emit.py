@@ -12,7 +12,7 @@ from typing import Callable
 from ..core.cconst import ATTN_SPAN_STATE
 from ..core.errors import KilnError
 from ..frontend.architecture import RopeLayout
-from ..ir.graph import Node, Value, ValueKind
+from ..ir.graph import Node, Op, Value, ValueKind
 
 
 class CodegenError(KilnError):
@@ -74,10 +74,15 @@ def _select_rows(n: Node) -> list[str]:
 
 
 def _rope(n: Node) -> list[str]:
-    x, pos = n.inputs
+    x, pos = n.inputs[:2]
     neox = "1" if n.attrs.layout is RopeLayout.NEOX else "0"
     return [c_name(n.outputs[0]), c_name(x), c_name(pos), "n", str(x.shape[1]), str(x.shape[2]),
             "LAYERS[l].rope_base", neox]
+
+
+def _rope_ext(n: Node) -> list[str]:
+    factors = floats(n.inputs[2]) if len(n.inputs) > 2 else "NULL"
+    return _rope(n) + ["&ROPE_SCALING", factors]
 
 
 def _kv_store(n: Node) -> list[str]:
@@ -94,9 +99,25 @@ def _attention(n: Node) -> list[str]:
             str(spans)]
 
 
+def _attention_softcap(n: Node) -> list[str]:
+    args = _attention(n)
+    return args[:10] + [c_float(n.attrs.softcap)] + args[10:]
+
+
+def _count(v: Value) -> str:
+    """Elements of an activation, or of the logits rows asked for."""
+    return f"{'n_logits' if v.kind is ValueKind.OUTPUT else 'n'} * {row(v)}"
+
+
 def _unary(n: Node) -> list[str]:
     (x,) = n.inputs
     return [c_name(n.outputs[0]), c_name(x), f"n * {row(x)}"]
+
+
+def _scaled(n: Node) -> list[str]:
+    (x,) = n.inputs
+    by = n.attrs.scale if n.op is Op.SCALE else n.attrs.cap
+    return [c_name(n.outputs[0]), c_name(x), _count(x), c_float(by)]
 
 
 def _binary(n: Node) -> list[str]:
@@ -111,12 +132,16 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_matmul": _matmul,
     "kiln_select_rows": _select_rows,
     "kiln_rope": _rope,
+    "kiln_rope_ext": _rope_ext,
     "kiln_hadamard": _unary,
     "kiln_kv_store": _kv_store,
     "kiln_attention": _attention,
+    "kiln_attention_softcap": _attention_softcap,
     "kiln_add": _binary,
     "kiln_swiglu": _binary,
     "kiln_geglu": _binary,
+    "kiln_scale": _scaled,
+    "kiln_softcap": _scaled,
 }
 
 

@@ -80,8 +80,25 @@ def generate(p: Planned) -> str:
         "layer_at": layer_at, "model_at": model_at,
         "state": [(c_name(v), f"{offsets[v.name]:#x}", _shape(v)) for v in g.state],
         "head": sections["head"], "body": sections["body"], "tail": sections["tail"],
+        **_rope_scaling(g),
     }
     return _ENV.get_template("model.c.j2").render(ctx)
+
+
+def _rope_scaling(g) -> dict:
+    """The scaled ropes' one set of parameters (ROPE_SCALING), and where their factors lie for a shift."""
+    ropes = [n for n in g.body if n.kernel == "kiln_rope_ext"]
+    if not ropes:
+        return {"rope_scaling": None, "rope_factors_at": "0"}
+    a = ropes[0].attrs
+    assert all(n.attrs == a for n in ropes), "every scaled rope of a model takes the same parameters"
+    factors = [ly.weights[n.inputs[2].name] for n in ropes[:1] if len(n.inputs) > 2 for ly in g.layers]
+    assert len({(t.offset, t.name) for t in factors}) <= 1, "every layer reads the one factors tensor"
+    return {"rope_scaling": {"freq_scale": c_float(a.freq_scale), "ext_factor": c_float(a.ext_factor),
+                             "mscale": c_float(a.mscale), "beta_fast": c_float(a.beta_fast),
+                             "beta_slow": c_float(a.beta_slow), "n_ctx_orig": a.n_ctx_orig,
+                             "factors": factors[0].name if factors else None},
+            "rope_factors_at": f"{factors[0].offset:#x}" if factors else "0"}
 
 
 def _rotates_keys(g) -> bool:

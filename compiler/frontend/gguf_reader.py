@@ -19,10 +19,11 @@ from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
 
 from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
 from .gguf_check import check_layout
+from .metadata import check_unimplemented, read_rope_scaling, read_scalars
 from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
 from .vocab import read_tokenizer
 from ..core.errors import ModelFileError
-from .architecture import available_archs
+from .architecture import ROPE_FACTOR_TENSORS, Architecture, available_archs, load_architecture
 
 
 class _Reader(GGUFReader):
@@ -84,8 +85,9 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
         )
     tokenizer = read_tokenizer(meta)
     tensors = _read_tensors(path, reader, size)
-    hparams = _read_hparams(meta, arch, tokenizer)
-    _check_tensors_fit(path, tensors, hparams)
+    template = load_architecture(arch)
+    hparams = _read_hparams(meta, template, tokenizer)
+    _check_tensors_fit(path, tensors, hparams, template)
     with open(path, "rb") as f:
         header = f.read(reader.data_offset)
     return ModelSpec(
@@ -177,52 +179,7 @@ class _Metadata:
 MAX_HEAD_DIM = 512  # KILN_MAX_HEAD_DIM in runtime_c/kernels.h: the kernels' per-head stack buffers
 
 
-# Architecture keys kiln reads (_read_hparams) ...
-_KNOWN_KEYS = frozenset({
-    "block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
-    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
-    "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
-})
-# ... and keys that change nothing at these values, which kiln accepts as written. A key outside
-# both would change the model's math in a way kiln does not implement: it is refused, never ignored.
-_NEUTRAL_KEYS: dict[str, tuple] = {
-    "rope.scaling.type": ("none",),
-    "rope.scaling.factor": (0.0, 1.0),
-    "rope.scale_linear": (1.0,),
-    "rope.freq_scale": (1.0,),
-    "rope.scaling.attn_factor": (1.0,),
-    "attention.logit_softcapping": (0.0,),
-    "final_logit_softcapping": (0.0,),
-    "attention.clamp_kqv": (0.0,),
-    "attention.max_alibi_bias": (0.0,),
-    "attention.causal": (True,),
-    "expert_count": (0,),
-    "expert_used_count": (0,),
-    "embedding_scale": (1.0,),
-    "residual_scale": (1.0,),
-    "logit_scale": (1.0,),
-}
-# informational only: they describe how a scaling was trained, and matter only with one
-_INFO_KEYS = frozenset({"rope.scaling.original_context_length", "rope.scaling.finetuned"})
-
-
-def _check_unimplemented(meta: _Metadata, arch: str) -> None:
-    prefix = arch + "."
-    for key in meta.keys():
-        if not key.startswith(prefix):
-            continue
-        name = key[len(prefix):]
-        if name in _KNOWN_KEYS or name in _INFO_KEYS:
-            continue
-        value = meta.get(key)
-        if name in _NEUTRAL_KEYS and value in _NEUTRAL_KEYS[name]:
-            continue
-        shown = value if isinstance(value, (int, float, str, bool)) else type(value).__name__
-        raise ModelFileError(f"{meta.path}: metadata '{key}' = {shown!r} asks for something kiln does not implement "
-                             "(it would run the model wrong); use a GGUF without it")
-
-
-def _check_tensors_fit(path: Path, tensors: dict, hp: HParams) -> None:
+def _check_tensors_fit(path: Path, tensors: dict, hp: HParams, t: Architecture) -> None:
     """The hyperparameters describe the tensors that are there: one set per block (the planner
     loops over block_count, so it must not be larger than the file), token_embd's rows cover the
     vocabulary, and the LM head has one row per token."""
@@ -239,14 +196,22 @@ def _check_tensors_fit(path: Path, tensors: dict, hp: HParams) -> None:
     if out is not None and tuple(out.shape) != (hp.n_vocab, hp.n_embd):
         raise ModelFileError(f"{path}: tensor 'output.weight' is {list(out.shape)} but the vocabulary has "
                              f"{hp.n_vocab} tokens of {hp.n_embd}; its rows must match the vocabulary")
-    if "rope_freqs.weight" in tensors:
-        raise ModelFileError(f"{path}: tensor 'rope_freqs.weight' (per-dimension rope frequency factors) is not "
-                             "implemented by kiln")
+    factors = ROPE_FACTOR_TENSORS[t.rope_factors]
+    for name in (n for names in ROPE_FACTOR_TENSORS.values() for n in names):
+        if name not in tensors:
+            continue
+        if name not in factors:
+            raise ModelFileError(f"{path}: tensor '{name}' (per-dimension rope frequency factors) is not implemented "
+                                 f"by kiln for {t.arch}")
+        f = tensors[name]
+        if f.dtype is not DType.F32 or f.shape != (hp.n_rot // 2,):
+            raise ModelFileError(f"{path}: tensor '{name}' is {f.dtype.name} {list(f.shape)}; rope factors are F32 "
+                                 f"[{hp.n_rot // 2}] (half the rotated dimensions)")
 
 
-def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
-    a = arch
-    _check_unimplemented(meta, arch)
+def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HParams:
+    a = t.arch
+    check_unimplemented(meta, t)
     n_embd = meta.integer(f"{a}.embedding_length")
     n_head = meta.integer(f"{a}.attention.head_count")
     head_dim = meta.integer(f"{a}.attention.key_length", default=n_embd // max(n_head, 1))
@@ -266,6 +231,8 @@ def _read_hparams(meta: _Metadata, arch: str, tok: TokenizerData) -> HParams:
         norm_eps=meta.number(f"{a}.attention.layer_norm_rms_epsilon"),
         n_ctx_train=meta.integer(f"{a}.context_length"),
         sliding_window=meta.integer(f"{a}.attention.sliding_window", default=None),
+        scalars=read_scalars(meta, t),
+        **read_rope_scaling(meta, t),
     )
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
         if getattr(hp, field) <= 0:

@@ -5,7 +5,7 @@ they can trust it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,13 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int
+    view_of: str | None = None  # a range of rows of this file tensor (Phi-3's fused attn_qkv), or None
+
+    def rows(self, first: int, count: int) -> "TensorInfo":
+        """Rows first .. first + count - 1 of this matrix, as a tensor of their own."""
+        row_bytes = self.nbytes // self.shape[0]
+        return TensorInfo(f"{self.name}[{first}:{first + count}]", self.dtype, (count, *self.shape[1:]),
+                          self.offset + first * row_bytes, count * row_bytes, self.name)
 
     @property
     def n_elems(self) -> int:
@@ -43,6 +50,32 @@ class HParams:
     norm_eps: float
     n_ctx_train: int
     sliding_window: int | None
+    # RoPE scaling, as llama.cpp reads it (where the architecture implements it; else the defaults)
+    rope_scaling: str = "none"  # none | linear | yarn | longrope (rope.scaling.type; absent: linear if a factor is set)
+    rope_scaling_factor: float = 1.0  # positions are divided by it (linear, yarn; 0 in the file: 1)
+    rope_attn_factor: float = 1.0  # the rotation's magnitude (rope.scaling.attn_factor; Phi-3's LongRoPE)
+    rope_n_ctx_orig: int = 0  # rope.scaling.original_context_length, else the training context
+    yarn_beta_fast: float = 32.0  # llama.cpp's defaults where the file has none
+    yarn_beta_slow: float = 1.0
+    # the numbers the architecture takes from the file (architecture.METADATA_KEYS), where present
+    scalars: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def rope_scaled(self) -> bool:
+        return (self.rope_scaling != "none" and self.rope_scaling_factor != 1.0) or self.rope_attn_factor != 1.0 \
+            or self.rope_scaling == "yarn"
+
+    def scalar(self, key: str) -> float | None:
+        return dict(self.scalars).get(key)
+
+    def items(self) -> list[tuple[str, object]]:
+        """(name, value) for the layout's configuration: RoPE scaling only where it scales, and the
+        architecture's scalars by their GGUF keys."""
+        shown = {"scalars": False, "rope_scaling": self.rope_scaled, "rope_scaling_factor": self.rope_scaled,
+                 "rope_attn_factor": self.rope_scaled, "rope_n_ctx_orig": self.rope_scaled,
+                 "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn"}
+        out = [(f.name, getattr(self, f.name)) for f in fields(self) if shown.get(f.name, True)]
+        return out + list(self.scalars)
 
 
 @dataclass(frozen=True)

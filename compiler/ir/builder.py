@@ -3,19 +3,23 @@
 An architecture's `block` lists stages; `STAGES` maps each to the function that emits its nodes.
 The body is built once, from layer 0's tensors; every layer must then have a tensor of the same
 shape for every role the body uses, and `Graph.layers` records which (with each layer's kind,
-window and rope base).
+window and rope base). A role may be a range of rows of a file tensor (Phi-3's fused attn_qkv and
+ffn_up) or a tensor every layer shares (the rope factors).
 """
 from __future__ import annotations
 
 from math import sqrt
 from typing import Callable
 
+import numpy as np
+
 from ..core.dtypes import DType
 from ..core.errors import ArchitectureError, ModelFileError
-from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Stage
+from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Scalar, Stage
 from ..frontend.spec import ModelSpec, TensorInfo
 from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, Node, NormAttrs, Op, RopeAttrs,
-                    Value, ValueKind)
+                    ScaleAttrs, SoftcapAttrs, Value, ValueKind)
+from .rope import rope_attrs, rope_factors
 
 # The step's inputs: the batch's arrays, one entry per row.
 INPUTS = (
@@ -30,11 +34,12 @@ INPUTS = (
 class GraphBuilder:
     """Emits nodes in schedule order and tracks the working values of the current stage."""
 
-    def __init__(self, spec: ModelSpec, arch: Architecture, n_tokens: int):
+    def __init__(self, spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None):
         self.spec, self.arch, self.T = spec, arch, n_tokens
         self.hp = spec.hparams
         self.nodes: list[Node] = []
-        self.roles: dict[str, str] = {}  # role -> its tensor's name in layer 0
+        self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor in layer 0, and rows
+        self.factors, self.unused = rope_factors(spec, arch, n_ctx)
         self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
         self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
         self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
@@ -46,9 +51,35 @@ class GraphBuilder:
 
     def layer_weight(self, name: str, suffix: str = "weight") -> Value:
         role = name if suffix == "weight" else f"{name}_{suffix}"
-        tensor = f"blk.0.{name}.{suffix}"
-        self.roles[role] = tensor
-        return Value(role, ValueKind.WEIGHT, self.spec.tensor(tensor).shape, None)
+        return self.bind(role, f"blk.0.{name}.{suffix}")
+
+    def bind(self, role: str, tensor: str, rows: tuple[int, int] | None = None) -> Value:
+        """The role's weight: a tensor of layer 0 (blk.0.*, the same name in each layer; another
+        name is one tensor every layer shares), or its rows first .. first + count - 1."""
+        self.roles[role] = (tensor, rows)
+        return Value(role, ValueKind.WEIGHT, self._tensor(0, tensor, rows).shape, None)
+
+    def _tensor(self, il: int, name0: str, rows: tuple[int, int] | None) -> TensorInfo:
+        t = self.spec.tensor(name0.replace("blk.0.", f"blk.{il}.", 1))
+        if rows is None:
+            return t
+        if t.shape[0] < rows[0] + rows[1]:
+            raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' has {t.shape[0]} rows; the {self.arch.arch} "
+                                 f"architecture reads rows {rows[0]}..{rows[0] + rows[1] - 1} of it")
+        return t.rows(*rows)
+
+    def fused(self, tensor: str, parts: tuple[tuple[str, int], ...]) -> tuple[Value, ...]:
+        """Roles that are consecutive row ranges of one tensor, which must hold exactly them."""
+        rows = self.spec.tensor(tensor).shape[0]
+        if rows != sum(n for _, n in parts):
+            raise ModelFileError(f"{self.spec.path}: tensor '{tensor}' has {rows} rows; the {self.arch.arch} "
+                                 f"architecture reads it as {' + '.join(f'{r} ({n})' for r, n in parts)}")
+        starts = np.cumsum([0] + [n for _, n in parts])
+        return tuple(self.bind(role, tensor, (int(at), n)) for (role, n), at in zip(parts, starts))
+
+    def scalar(self, key: str) -> float:
+        """A number the template takes from the file; absent or 0 reads as unset (0.0), as llama.cpp's do."""
+        return self.hp.scalar(key) or 0.0
 
     def emit(self, op: Op, name: str, inputs: tuple[Value, ...], shape: tuple[int, ...], attrs: Attrs = None) -> Value:
         out = Value(name, ValueKind.ACTIVATION, shape, DType.F32)
@@ -62,9 +93,13 @@ class GraphBuilder:
         attrs = NormAttrs(eps=self.hp.norm_eps, weight_offset=self.arch.norm_weight_offset)
         return self.emit(Op.RMS_NORM, name, (x, w), x.shape, attrs)
 
-    def matmul(self, name: str, x: Value, role: str, shape: tuple[int, ...], bias: bool = False) -> Value:
-        inputs = (x, self.layer_weight(role)) + ((self.layer_weight(role, "bias"),) if bias else ())
+    def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
+        w = role if isinstance(role, Value) else self.layer_weight(role)
+        inputs = (x, w) + ((self.layer_weight(w.name, "bias"),) if bias else ())
         return self.emit(Op.MATMUL, name, inputs, shape)
+
+    def scale(self, name: str, x: Value, by: float) -> Value:
+        return self.emit(Op.SCALE, name, (x,), x.shape, ScaleAttrs(by))
 
     def take(self) -> tuple[Node, ...]:
         nodes, self.nodes = tuple(self.nodes), []
@@ -72,7 +107,8 @@ class GraphBuilder:
 
     # -- head, body, tail --------------------------------------------------------------------
     def head(self) -> tuple[Node, ...]:
-        scale = sqrt(self.hp.n_embd) if self.arch.embedding_scale is EmbeddingScale.SQRT_N_EMBD else 1.0
+        scale = {EmbeddingScale.NONE: 1.0, EmbeddingScale.SQRT_N_EMBD: sqrt(self.hp.n_embd),
+                 EmbeddingScale.METADATA: self.scalar("embedding_scale") or 1.0}[self.arch.embedding_scale]
         self.nodes.append(Node(Op.EMBED, "inp_embd", (self.inputs["inp_tokens"], self.weight("token_embd.weight")),
                                (self.x,), EmbedAttrs(scale)))
         return self.take()
@@ -89,6 +125,12 @@ class GraphBuilder:
         head = self.weight("output.weight", view_of="token_embd.weight" if tied else None)
         logits = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_vocab), DType.F32)
         self.nodes.append(Node(Op.LOGITS, "result_output", (x, head), (logits,)))
+        if self.arch.logit_scale is Scalar.METADATA:  # in place, in the caller's buffer
+            by = float(np.float32(1) / np.float32(self.scalar("logit_scale")))  # llama.cpp's scale by 1/s
+            self.nodes.append(Node(Op.SCALE, "result_scaled", (logits,), (logits,), ScaleAttrs(by)))
+        cap = self.arch.softcap_value("final_softcap", self.hp.scalar("final_logit_softcapping"))
+        if cap:
+            self.nodes.append(Node(Op.SOFTCAP, "result_capped", (logits,), (logits,), SoftcapAttrs(cap)))
         return self.take()
 
     def layers(self) -> tuple[Layer, ...]:
@@ -102,25 +144,26 @@ class GraphBuilder:
                         f"{self.spec.path}: the {self.arch.arch} architecture makes layer {il} a sliding-window "
                         f"layer, but the file has no '{self.spec.arch}.attention.sliding_window'")
                 window = self.hp.sliding_window
-            base = self.arch.rope_base_local if kind is LayerKind.LOCAL else self.hp.rope_base
-            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, role, t0)
-                                                      for role, t0 in self.roles.items()}))
+            local = kind is LayerKind.LOCAL and self.arch.rope_base_local is not None
+            base = self.arch.rope_base_local if local else self.hp.rope_base
+            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, name0, rows)
+                                                      for role, (name0, rows) in self.roles.items()}))
         return tuple(out)
 
-    def _layer_tensor(self, il: int, role: str, name0: str) -> TensorInfo:
-        t = self.spec.tensor(name0.replace("blk.0.", f"blk.{il}.", 1))
-        t0 = self.spec.tensor(name0)
+    def _layer_tensor(self, il: int, name0: str, rows: tuple[int, int] | None) -> TensorInfo:
+        t, t0 = (self.spec.tensor(name0.replace("blk.0.", f"blk.{i}.", 1)) for i in (il, 0))
         if t.shape != t0.shape:
             raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' is {list(t.shape)} but '{name0}' is "
                                  f"{list(t0.shape)}; every layer must have the same shapes")
-        return t
+        return self._tensor(il, name0, rows)
 
 
-def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int) -> Graph:
-    """The step graph for batches of up to n_tokens rows."""
-    b = GraphBuilder(spec, arch, n_tokens)
+def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None) -> Graph:
+    """The step graph for batches of up to n_tokens rows, for a context of n_ctx positions (which
+    picks Phi-3's long or short rope factors; None: short)."""
+    b = GraphBuilder(spec, arch, n_tokens, n_ctx)
     head, body, tail = b.head(), b.body(), b.tail()
-    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, body, tail, b.layers())
+    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, body, tail, b.layers(), b.unused)
 
 
 # -- block stages ---------------------------------------------------------------------------
@@ -130,9 +173,14 @@ def _attn_norm(b: GraphBuilder) -> None:
 
 def _qkv(b: GraphBuilder) -> None:
     hp, bias = b.hp, b.arch.qkv_bias
-    b.q = b.matmul("q", b.cur, "attn_q", (b.T, hp.n_head, hp.head_dim), bias)
-    b.k = b.matmul("k", b.cur, "attn_k", (b.T, hp.n_head_kv, hp.head_dim), bias)
-    b.v = b.matmul("v", b.cur, "attn_v", (b.T, hp.n_head_kv, hp.head_dim), bias)
+    nq, nkv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+    if b.arch.fused_qkv:  # llama.cpp's views of attn_qkv: Q's rows, K's, V's
+        q, k, v = b.fused("blk.0.attn_qkv.weight", (("attn_q", nq), ("attn_k", nkv), ("attn_v", nkv)))
+    else:
+        q, k, v = "attn_q", "attn_k", "attn_v"
+    b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), bias)
+    b.k = b.matmul("k", b.cur, k, (b.T, hp.n_head_kv, hp.head_dim), bias)
+    b.v = b.matmul("v", b.cur, v, (b.T, hp.n_head_kv, hp.head_dim), bias)
 
 
 def _qk_norm(b: GraphBuilder) -> None:
@@ -141,16 +189,34 @@ def _qk_norm(b: GraphBuilder) -> None:
 
 
 def _rope(b: GraphBuilder) -> None:
-    attrs = RopeAttrs(layout=b.arch.rope_layout, n_rot=b.hp.n_rot)
-    b.q = b.emit(Op.ROPE, "q_rope", (b.q, b.inputs["inp_pos"]), b.q.shape, attrs)
-    b.k = b.emit(Op.ROPE, "k_rope", (b.k, b.inputs["inp_pos"]), b.k.shape, attrs)
+    attrs = rope_attrs(b.hp, b.arch.rope_layout) if b.arch.rope_scaling else RopeAttrs(b.arch.rope_layout, b.hp.n_rot)
+
+    def inputs(x: Value, role: str) -> tuple[Value, ...]:
+        # the factors are one file tensor, bound to a role of each rope (a weight value has one reader)
+        return (x, b.inputs["inp_pos"]) + ((b.bind(role, b.factors),) if b.factors else ())
+    b.q = b.emit(Op.ROPE, "q_rope", inputs(b.q, "rope_factors_q"), b.q.shape, attrs)
+    b.k = b.emit(Op.ROPE, "k_rope", inputs(b.k, "rope_factors_k"), b.k.shape, attrs)
+
+
+def _attention_scale(b: GraphBuilder) -> float:
+    rule, hp = b.arch.attention_scale, b.hp
+    if rule.rule == "metadata" and b.scalar("attention.scale"):
+        return b.scalar("attention.scale")
+    if rule.rule == "n_embd_per_head_at_layers" and hp.n_layer == rule.layers:
+        return float(np.float32(1) / np.sqrt(np.float32(hp.n_embd // hp.n_head)))
+    return 1.0 / sqrt(hp.head_dim)
 
 
 def _attention(b: GraphBuilder) -> None:
     hp = b.hp
-    attrs = AttentionAttrs(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
-                           scale=1.0 / sqrt(hp.head_dim))
+    attrs = AttentionAttrs(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, scale=_attention_scale(b),
+                           softcap=b.arch.softcap_value("attn_softcap", b.hp.scalar("attn_logit_softcapping")))
     b.cur = b.emit(Op.ATTENTION, "attn", (b.q, b.k, b.v), (b.T, hp.n_head * hp.head_dim), attrs)
+
+
+def _residual(b: GraphBuilder, name: str, scaled: str) -> None:
+    by = b.scalar("residual_scale") if b.arch.residual_scale is Scalar.METADATA else 0.0
+    b.add_into_x(name, b.scale(scaled, b.cur, by) if by not in (0.0, 1.0) else b.cur)
 
 
 def _attn_output(b: GraphBuilder) -> None:
@@ -162,7 +228,7 @@ def _attn_post_norm(b: GraphBuilder) -> None:
 
 
 def _attn_residual(b: GraphBuilder) -> None:
-    b.add_into_x("ffn_inp", b.cur)
+    _residual(b, "ffn_inp", "attn_scaled")
 
 
 def _ffn_norm(b: GraphBuilder) -> None:
@@ -170,9 +236,13 @@ def _ffn_norm(b: GraphBuilder) -> None:
 
 
 def _ffn_glu(b: GraphBuilder) -> None:
-    shape = (b.T, b.hp.n_ff)
-    gate = b.matmul("ffn_gate", b.cur, "ffn_gate", shape)
-    up = b.matmul("ffn_up", b.cur, "ffn_up", shape)
+    shape, n_ff = (b.T, b.hp.n_ff), b.hp.n_ff
+    if b.arch.fused_ffn_up:  # ffn_up holds the gate's rows, then up's (ggml_swiglu's halves)
+        gate_w, up_w = b.fused("blk.0.ffn_up.weight", (("ffn_gate", n_ff), ("ffn_up", n_ff)))
+    else:
+        gate_w, up_w = "ffn_gate", "ffn_up"
+    gate = b.matmul("ffn_gate", b.cur, gate_w, shape)
+    up = b.matmul("ffn_up", b.cur, up_w, shape)
     b.cur = b.emit(Op.GLU, "ffn_glu", (gate, up), shape, GluAttrs(b.arch.activation))
 
 
@@ -185,7 +255,7 @@ def _ffn_post_norm(b: GraphBuilder) -> None:
 
 
 def _ffn_residual(b: GraphBuilder) -> None:
-    b.add_into_x("l_out", b.cur)
+    _residual(b, "l_out", "ffn_scaled")
 
 
 STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {

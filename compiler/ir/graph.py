@@ -34,6 +34,8 @@ class Op(Enum):
     GLU = "glu"  # act(gate) * up
     SELECT_ROWS = "select_rows"  # the rows whose logits the caller asked for, in order
     LOGITS = "logits"  # LM head over the rows the caller asks for, into caller memory
+    SCALE = "scale"  # y = x * s (granite's residual branches and logits)
+    SOFTCAP = "softcap"  # y = c * tanh(x / c) (Gemma 2's logits)
 
 
 class ValueKind(Enum):
@@ -80,8 +82,21 @@ class EmbedAttrs:
 
 @dataclass(frozen=True)
 class RopeAttrs:
+    """ggml_rope_ext's parameters beyond the layer's base (ir/rope.py computes them as llama.cpp does);
+    the defaults rotate by position alone. A third input, where the node has one, holds the
+    per-dimension frequency factors."""
     layout: RopeLayout
     n_rot: int
+    freq_scale: float = 1.0  # positions times it (linear and YaRN scaling)
+    ext_factor: float = 0.0  # YaRN: how far the fast dimensions keep their unscaled angle
+    mscale: float = 1.0  # cos and sin times it: attn_factor, with YaRN's own correction
+    beta_fast: float = 32.0  # YaRN's correction dimensions, from these and the original context
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+
+    @property
+    def scaled(self) -> bool:
+        return (self.freq_scale, self.ext_factor, self.mscale) != (1.0, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,17 @@ class AttentionAttrs:
     n_head_kv: int
     head_dim: int
     scale: float
+    softcap: float = 0.0  # scores -> c tanh(s / c) before the softmax; 0: none
+
+
+@dataclass(frozen=True)
+class ScaleAttrs:
+    scale: float
+
+
+@dataclass(frozen=True)
+class SoftcapAttrs:
+    cap: float
 
 
 @dataclass(frozen=True)
@@ -97,7 +123,7 @@ class GluAttrs:
     activation: Activation
 
 
-Attrs = NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | None
+Attrs = NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | None
 
 # The attrs type each op must carry (checked by the validate pass).
 OP_ATTRS: dict[Op, type | None] = {
@@ -112,6 +138,8 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.GLU: GluAttrs,
     Op.SELECT_ROWS: None,
     Op.LOGITS: None,
+    Op.SCALE: ScaleAttrs,
+    Op.SOFTCAP: SoftcapAttrs,
 }
 
 
@@ -152,6 +180,7 @@ class Graph:
     body: tuple[Node, ...]
     tail: tuple[Node, ...]
     layers: tuple[Layer, ...]
+    unused: tuple[str, ...] = ()  # file tensors the architecture knows but this configuration does not read
 
     @property
     def nodes(self) -> tuple[Node, ...]:

@@ -1,7 +1,9 @@
 """Pick the runtime function of every node from one table keyed by (op, variant), and check that
 the function takes the node's operand types.
 
-The variant distinguishes ops whose math differs by an attribute (the GLU's activation). A
+The variant distinguishes ops whose math differs by an attribute (the GLU's activation; a rope
+with scaling or frequency factors; an attention with soft-capped scores), so that each function
+does one thing and the plain ones stay as they were. A
 kernel takes its weights' and the cache's element types as arguments and dispatches through the
 runtime's one type table (runtime_c/types.c), so one function serves every type it lists here;
 a layer whose tensor has another type is refused by name. The codegen table of arguments
@@ -32,17 +34,25 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.MATMUL, ""): Kernel("kiln_matmul", RUNTIME_DTYPES),
     (Op.LOGITS, ""): Kernel("kiln_matmul", RUNTIME_DTYPES),
     (Op.ROPE, ""): Kernel("kiln_rope"),
+    (Op.ROPE, "scaled"): Kernel("kiln_rope_ext", F32),
     (Op.HADAMARD, ""): Kernel("kiln_hadamard"),
     (Op.KV_STORE, ""): Kernel("kiln_kv_store", cache=tuple(KV_DTYPES.values())),
     (Op.ATTENTION, ""): Kernel("kiln_attention", cache=tuple(KV_DTYPES.values())),
+    (Op.ATTENTION, "softcap"): Kernel("kiln_attention_softcap", cache=tuple(KV_DTYPES.values())),
     (Op.ADD, ""): Kernel("kiln_add"),
     (Op.SELECT_ROWS, ""): Kernel("kiln_select_rows"),
     (Op.GLU, "swiglu"): Kernel("kiln_swiglu"),
     (Op.GLU, "geglu"): Kernel("kiln_geglu"),
+    (Op.SCALE, ""): Kernel("kiln_scale"),
+    (Op.SOFTCAP, ""): Kernel("kiln_softcap"),
 }
 
 # Ops whose kernel depends on an attribute, and which.
-VARIANT: dict[Op, Callable[[Node], str]] = {Op.GLU: lambda n: n.attrs.activation.value}
+VARIANT: dict[Op, Callable[[Node], str]] = {
+    Op.GLU: lambda n: n.attrs.activation.value,
+    Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 else "",
+    Op.ATTENTION: lambda n: "softcap" if n.attrs.softcap else "",
+}
 
 BY_FUNCTION: dict[str, Kernel] = {k.function: k for k in KERNELS.values()}
 

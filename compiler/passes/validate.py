@@ -5,7 +5,10 @@
   stream) is written by the embedding and by in-place adds only;
 - every activation is used (or is a graph output);
 - every weight value is used exactly once, every layer binds a tensor to each of the body's
-  weight roles, and every tensor of the file is used;
+  weight roles, and every tensor of the file is used (but those the graph says this configuration
+  does not read: Phi-3's other set of rope factors);
+- an op writes a value once, but for the in-place ones: an add into the state, and the logits'
+  scale and soft-cap on the output;
 - each op has the attrs its type needs, and its shapes agree (one rule per op).
 All problems are collected and reported together.
 """
@@ -53,9 +56,11 @@ def _matmul(n: Node) -> str | None:
 
 
 def _rope(n: Node) -> str | None:
-    (x, pos), (out,) = n.inputs, n.outputs
+    (x, pos, *factors), (out,) = n.inputs, n.outputs
     if len(x.shape) != 3 or pos.shape != (x.shape[0],) or out.shape != x.shape:
         return f"x {x.shape}, pos {pos.shape}, output {out.shape} disagree"
+    if factors and (len(factors) > 1 or factors[0].shape != (n.attrs.n_rot // 2,)):
+        return f"frequency factors {[f.shape for f in factors]} are not one vector of n_rot / 2 = {n.attrs.n_rot // 2}"
     return None
 
 
@@ -125,11 +130,14 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.GLU: _elementwise,
     Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _matmul,
+    Op.SCALE: _elementwise,
+    Op.SOFTCAP: _elementwise,
 }
 assert set(SHAPE_RULES) == set(Op)
 
 _ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE)
 _WRITES_STATE = (Op.EMBED, Op.ADD)
+_IN_PLACE_ON_OUTPUT = (Op.SCALE, Op.SOFTCAP)  # the logits, rewritten where the LM head wrote them
 
 
 def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
@@ -154,6 +162,8 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
                     if n.op not in _WRITES_STATE:
                         problems.append(f"{where}: {n.op.value} writes the state '{v.name}'")
                     continue
+                if v.kind is ValueKind.OUTPUT and n.op in _IN_PLACE_ON_OUTPUT and v in n.inputs and v.name in defined:
+                    continue
                 if v.name in defined:
                     problems.append(f"{where}: '{v.name}' is defined twice")
                 defined.add(v.name)
@@ -176,9 +186,9 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
         if set(ly.weights) != roles:
             problems.append(f"layer {ly.index} binds {sorted(ly.weights)}, but the body uses {sorted(roles)}")
     if spec is not None:
-        viewed = {t.name for v in g.weights() for t in g.tensors(v)}
+        viewed = {t.view_of or t.name for v in g.weights() for t in g.tensors(v)}
         for name in spec.tensors:
-            if name not in viewed:
+            if name not in viewed and name not in g.unused:
                 problems.append(f"tensor '{name}' of {spec.path.name} is not used by the {spec.arch} architecture")
     return problems
 

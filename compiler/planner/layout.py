@@ -7,7 +7,7 @@ body once (Graph.nodes): a body buffer holds the same bytes in every layer's run
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from ..frontend.spec import HParams, ModelSpec
 from ..ir.graph import Graph, Op, ValueKind
@@ -53,7 +53,7 @@ class LayoutConfig:
     def items(self) -> list[tuple[str, object]]:
         """Flat (key, value) pairs: the options, then the model's hyperparameters."""
         own = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "hparams"]
-        return own + list(asdict(self.hparams).items())
+        return own + self.hparams.items()
 
 
 @dataclass(frozen=True)

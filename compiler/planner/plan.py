@@ -34,7 +34,7 @@ def plan(model: str | os.PathLike[str], opts: CompileOptions, log=lambda s: None
     arch = load_architecture(spec.arch)
     kv = kv_config(spec.hparams, opts)
     try:
-        graph = run_passes(build_graph(spec, arch, opts.batch_tokens), PassContext(spec, kv))
+        graph = run_passes(build_graph(spec, arch, opts.batch_tokens, opts.ctx), PassContext(spec, kv))
     except GraphError as e:  # the file's tensors do not make the graph its architecture describes
         raise GraphError(f"{spec.path}: {e}") if str(spec.path) not in str(e) else e from None
     return Planned(spec, arch, opts, graph, plan_layout(graph, spec, arch, opts, kv))

@@ -1,0 +1,104 @@
+"""The metadata keys under '{arch}.' and what kiln does with each: reads it, accepts it at a value
+that changes nothing, takes it as information, or refuses it by name. A template adds the keys of
+what it implements (architecture.metadata_keys: granite's scalars, Gemma 2's soft-caps, RoPE
+scaling), so a key is accepted only for the architectures that implement it.
+
+`meta` is gguf_reader's typed view of a file's key/values (get, keys, number, integer, text).
+"""
+from __future__ import annotations
+
+from ..core.errors import ModelFileError
+from .architecture import METADATA_KEYS, Architecture, Scalar
+
+
+# Architecture keys kiln reads (gguf_reader._read_hparams) ...
+_KNOWN_KEYS = frozenset({
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
+})
+# ... and keys that change nothing at these values, which kiln accepts as written. A key outside
+# both would change the model's math in a way kiln does not implement: it is refused, never ignored.
+_NEUTRAL_KEYS: dict[str, tuple] = {
+    "rope.scaling.type": ("none",),
+    "rope.scaling.factor": (0.0, 1.0),
+    "rope.scale_linear": (1.0,),
+    "rope.freq_scale": (1.0,),
+    "rope.scaling.attn_factor": (1.0,),
+    "attention.logit_softcapping": (0.0,),
+    "attn_logit_softcapping": (0.0,),
+    "final_logit_softcapping": (0.0,),
+    "attention.scale": (0.0,),
+    "attention.clamp_kqv": (0.0,),
+    "attention.max_alibi_bias": (0.0,),
+    "attention.causal": (True,),
+    "expert_count": (0,),
+    "expert_used_count": (0,),
+    "embedding_scale": (1.0,),
+    "residual_scale": (1.0,),
+    "logit_scale": (1.0,),
+}
+# informational only: they describe how a scaling was trained, and matter only with one
+_INFO_KEYS = frozenset({"rope.scaling.original_context_length", "rope.scaling.finetuned"})
+
+
+def check_unimplemented(meta, t: Architecture) -> None:
+    prefix = t.arch + "."
+    implemented = t.metadata_keys()
+    requires = dict(t.requires)
+    for key in meta.keys():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):]
+        value = meta.get(key)
+        shown = value if isinstance(value, (int, float, str, bool)) else type(value).__name__
+        if name in requires and value not in requires[name]:
+            raise ModelFileError(f"{meta.path}: metadata '{key}' = {shown!r} asks for something kiln does not implement "
+                                 f"for {t.arch} (it runs only {requires[name]}); use a GGUF without it")
+        if name in _KNOWN_KEYS or name in _INFO_KEYS or name in implemented:
+            continue
+        if name in _NEUTRAL_KEYS and value in _NEUTRAL_KEYS[name]:
+            continue
+        raise ModelFileError(f"{meta.path}: metadata '{key}' = {shown!r} asks for something kiln does not implement "
+                             f"for {t.arch} (it would run the model wrong); use a GGUF without it")
+
+
+def read_scalars(meta, t: Architecture) -> tuple[tuple[str, float], ...]:
+    """The values of the numbers the template takes from the file (architecture.METADATA_KEYS)."""
+    out = []
+    for key in sorted(t.metadata_keys() & set(METADATA_KEYS.values())):
+        if meta.get(f"{t.arch}.{key}") is not None:
+            out.append((key, meta.number(f"{t.arch}.{key}")))
+    if t.logit_scale is Scalar.METADATA and not dict(out).get("logit_scale"):  # llama.cpp divides by it
+        raise ModelFileError(f"{meta.path}: metadata key '{t.arch}.logit_scale' is missing or 0; the {t.arch} "
+                             "architecture divides the logits by it")
+    return tuple(out)
+
+
+def read_rope_scaling(meta, t: Architecture) -> dict:
+    """rope.scaling.* as llama.cpp reads them, for an architecture that implements them (else
+    check_unimplemented has refused every value but the neutral ones)."""
+    if not t.rope_scaling:
+        return {}
+    a = t.arch
+    factor = meta.number(f"{a}.rope.scaling.factor", default=None) if meta.get(f"{a}.rope.scaling.factor") is not None \
+        else meta.number(f"{a}.rope.scale_linear", default=0.0)
+    factor = factor or 1.0
+    kind = meta.text(f"{a}.rope.scaling.type", default=None)
+    if kind is None:  # llama.cpp's default is linear, which a missing factor leaves unscaled
+        kind = "linear" if factor != 1.0 else "none"
+    allowed = ("none", *(r.value for r in t.rope_scaling))
+    if kind not in allowed:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.rope.scaling.type' = {kind!r} asks for something kiln does "
+                             f"not implement for {a} (it implements {', '.join(allowed)}); use a GGUF without it")
+    if factor <= 0.0 or (kind == "yarn" and factor < 1.0):
+        raise ModelFileError(f"{meta.path}: metadata '{a}.rope.scaling.factor' = {factor} is out of range for "
+                             f"{kind} scaling")
+    return dict(
+        rope_scaling=kind, rope_scaling_factor=1.0 if kind == "none" else factor,
+        rope_attn_factor=meta.number(f"{a}.rope.scaling.attn_factor", default=1.0),
+        rope_n_ctx_orig=meta.integer(f"{a}.rope.scaling.original_context_length", default=None)
+        or meta.integer(f"{a}.context_length"),
+        yarn_beta_fast=meta.number(f"{a}.rope.scaling.yarn_beta_fast", default=32.0),
+        yarn_beta_slow=meta.number(f"{a}.rope.scaling.yarn_beta_slow", default=1.0),
+    )

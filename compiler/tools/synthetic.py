@@ -1,0 +1,208 @@
+"""Tiny GGUF models with random weights, written with the `gguf` writer.
+
+They cover architectures that ship no real weights here (qwen2, qwen3, granite, phi3, gemma2, and
+llama with scaled RoPE), let tests build broken files on purpose, and give `kiln bench --synthetic`
+a model of any shape. The tensor set follows the arch's template (fused attn_qkv and ffn_up where
+it fuses them, post-norms where it has them), so a model from this factory is exactly what that
+template expects; metadata and 1-D F32 tensors the template reads only when present (RoPE
+scaling, rope factors, granite's scalars, soft-caps) are the caller's, through `extra_meta` and
+`extra_tensors`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from ..frontend.architecture import LMHead, load_architecture
+from ..frontend.gguf_reader import read_model
+from ..text.tokenizer import gpt2_byte_chars
+
+
+def _byte_vocab() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 byte values, then a few specials."""
+    return list(gpt2_byte_chars()) + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@dataclass
+class TinySpec:
+    arch: str = "llama"
+    wtype: Q = Q.F32  # type of every 2-D weight
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    head_dim: int | None = None  # default n_embd // n_head
+    sliding_window: int | None = None  # default 8 for hybrid templates
+    context_length: int = 512
+    seed: int = 0
+    types: dict[str, Q] = field(default_factory=dict)  # per-tensor type overrides
+    drop: tuple[str, ...] = ()  # tensors to leave out
+    metadata_arch: str | None = None  # write this as general.architecture instead of `arch`
+    tokenizer_from: Path | None = None  # copy a real GGUF's tokenizer (so llama.cpp loads the model)
+    tokenizer_pre: str | None = None  # override its pre-tokenizer name
+    extra_meta: dict = field(default_factory=dict)  # more '{arch}.<key>' metadata: str, bool, int or float values
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-tensor shape overrides (numpy order)
+    extra_tensors: dict[str, tuple[float, ...]] = field(default_factory=dict)  # 1-D F32 tensors (rope factors)
+    rope_base: float | None = None  # default 10000 for llama, 1e6 otherwise
+    norm_mean: float = 0.0  # added to every norm's weights (Gemma's converter stores 1 + w: its branches need it)
+    # an output.weight of its own where the template allows one (default: on the archs with qkv bias). A tied
+    # head makes the next token nearly always the current one on random weights, whatever the layers do.
+    untied: bool | None = None
+
+
+def llama3_rope_freqs(head_dim: int, base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
+                      high_freq_factor: float = 4.0, original_context: int = 8192) -> tuple[float, ...]:
+    """Llama 3's rope_freqs.weight, as llama.cpp's converter computes it from a config's rope_scaling
+    (rope_type llama3): 1 for the fast dimensions, `factor` for the slow ones, a blend between."""
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    low_wavelen, high_wavelen = original_context / low_freq_factor, original_context / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return tuple(out)
+
+
+def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
+    """Name -> numpy-order shape of every tensor the arch's template expects."""
+    t = load_architecture(s.arch)
+    hd = s.head_dim or s.n_embd // s.n_head
+    q, kv = s.n_head * hd, s.n_head_kv * hd
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, s.n_embd), "output_norm.weight": (s.n_embd,)}
+    if t.lm_head is LMHead.OUTPUT_OR_TIED and (t.qkv_bias if s.untied is None else s.untied):
+        shapes["output.weight"] = (n_vocab, s.n_embd)
+    for il in range(s.n_layer):
+        b = f"blk.{il}."
+        shapes[b + "attn_norm.weight"] = (s.n_embd,)
+        if t.fused_qkv:
+            shapes[b + "attn_qkv.weight"] = (q + 2 * kv, s.n_embd)
+        else:
+            shapes |= {b + "attn_q.weight": (q, s.n_embd), b + "attn_k.weight": (kv, s.n_embd),
+                       b + "attn_v.weight": (kv, s.n_embd)}
+        shapes |= {b + "attn_output.weight": (s.n_embd, q), b + "ffn_norm.weight": (s.n_embd,)}
+        if t.fused_ffn_up:
+            shapes[b + "ffn_up.weight"] = (2 * s.n_ff, s.n_embd)
+        else:
+            shapes |= {b + "ffn_gate.weight": (s.n_ff, s.n_embd), b + "ffn_up.weight": (s.n_ff, s.n_embd)}
+        shapes[b + "ffn_down.weight"] = (s.n_embd, s.n_ff)
+        if t.qkv_bias:
+            shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        if t.qk_norm:
+            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+        if t.post_norms:
+            shapes |= {b + "post_attention_norm.weight": (s.n_embd,), b + "post_ffw_norm.weight": (s.n_embd,)}
+    return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
+
+
+def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
+    s = s or TinySpec()
+    t = load_architecture(s.arch)
+    tok = read_model(s.tokenizer_from).tokenizer if s.tokenizer_from else None
+    vocab = list(tok.tokens) if tok else _byte_vocab()
+    arch = s.metadata_arch or s.arch
+    w = gguf.GGUFWriter(str(path), arch)
+    # not "phi3": llama.cpp gives a model so named Phi-3's own token attributes, which a borrowed vocabulary lacks
+    w.add_name(f"tiny-{s.arch}".replace("phi3", "phi-three"))
+    w.add_block_count(s.n_layer)
+    w.add_context_length(s.context_length)
+    w.add_embedding_length(s.n_embd)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_rope_freq_base(s.rope_base or (10000.0 if s.arch == "llama" else 1_000_000.0))
+    w.add_layer_norm_rms_eps(1e-6)
+    if s.head_dim:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    if t.layer_pattern is not None:
+        w.add_sliding_window(s.sliding_window or 8)
+    if tok:
+        w.add_tokenizer_model(tok.model)
+        w.add_tokenizer_pre(s.tokenizer_pre or tok.pre)
+        w.add_token_list(vocab)
+        w.add_token_types(list(tok.token_types))
+        w.add_token_merges(list(tok.merges))
+        w.add_bos_token_id(tok.bos_id)
+        w.add_eos_token_id(tok.eos_id)
+        w.add_add_bos_token(tok.add_bos)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_list(vocab)
+        w.add_token_types([1] * 256 + [3] * 3)
+        w.add_token_merges([])
+        w.add_bos_token_id(256)
+        w.add_eos_token_id(256)
+        w.add_add_bos_token(False)
+
+    for key, value in s.extra_meta.items():
+        add = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}[type(value)]
+        add(f"{arch}.{key}", value)
+
+    rng = np.random.default_rng(s.seed)
+    for name, shape in tensor_shapes(s, len(vocab)).items():
+        # the LM head (tied or not) gets unit scale so that next-token distributions are peaked, as in a
+        # trained model: top-1 comparisons on random weights are otherwise coin flips between near-ties
+        scale = 1.0 if name in ("token_embd.weight", "output.weight") else 0.1
+        data = rng.standard_normal(shape).astype(np.float32) * scale
+        if name.endswith("norm.weight"):
+            data += np.float32(s.norm_mean)
+        qtype = s.types.get(name, s.wtype if len(shape) == 2 else Q.F32)
+        if qtype is Q.F32:
+            w.add_tensor(name, data)
+            continue
+        try:
+            raw = gguf.quants.quantize(data, qtype)
+        except NotImplementedError:  # no numpy quantizer for this type: zero blocks of the right size
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((*shape[:-1], shape[-1] // block * size), dtype=np.uint8)
+        w.add_tensor(name, raw, raw_dtype=qtype)
+    for name, values in s.extra_tensors.items():
+        w.add_tensor(name, np.asarray(values, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# One tiny model for each architecture feature kiln implements beyond the plain blocks (rope scaling
+# and factors, granite's scalars, Phi-3's fused tensors and LongRoPE, Gemma 2's soft-caps): TinySpec
+# fields on top of the shape they share. The tests compare each with llama.cpp, check its batch
+# invariance and its bits on every target. Rope bases are low and contexts short so that scaling
+# moves angles within 70 positions.
+FEATURE_SHAPE = dict(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, untied=True)
+FEATURE_MODELS: dict[str, dict] = {
+    "llama-rope-freqs": dict(arch="llama", extra_tensors={
+        "rope_freqs.weight": llama3_rope_freqs(32, 10000.0, factor=8.0, original_context=64)}),
+    "llama-linear": dict(arch="llama", extra_meta={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
+    "qwen2-yarn": dict(arch="qwen2", rope_base=10000.0, extra_meta={
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32}),
+    "qwen3-yarn": dict(arch="qwen3", rope_base=10000.0, extra_meta={
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0, "rope.scaling.original_context_length": 16}),
+    "granite": dict(arch="granite", extra_meta={
+        "embedding_scale": 0.25, "residual_scale": 0.8, "attention.scale": 1.0, "logit_scale": 1.5}),
+    # LongRoPE: long factors past the original context (64 < ctx), short ones within it (512)
+    "phi3-long": dict(arch="phi3", rope_base=10000.0, extra_meta={
+        "rope.scaling.attn_factor": 1.19, "rope.scaling.original_context_length": 64}, extra_tensors={
+        "rope_factors_long.weight": tuple(np.linspace(1.0, 8.0, 16)),
+        "rope_factors_short.weight": tuple(np.linspace(1.0, 1.5, 16))}),
+    "phi3-short": dict(arch="phi3", rope_base=10000.0, extra_meta={
+        "rope.scaling.attn_factor": 1.19, "rope.scaling.original_context_length": 512}, extra_tensors={
+        "rope_factors_long.weight": tuple(np.linspace(1.0, 8.0, 16)),
+        "rope_factors_short.weight": tuple(np.linspace(1.0, 1.5, 16))}),
+    "gemma2": dict(arch="gemma2", n_layer=4, n_head_kv=1, head_dim=64, sliding_window=8, extra_meta={
+        "attn_logit_softcapping": 5.0, "final_logit_softcapping": 20.0}),
+}
