@@ -31,7 +31,7 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF $(call ggml_flag,avx,AVX) $(call ggml_flag
 dev: $(VENV)/.dev-stamp
 $(VENV)/.dev-stamp: $(VENV)/.setup-stamp
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python>=0.3.16'
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $@
 
 # llama.cpp's llama-server, for `kiln bench-serve` only (never for make test): built from the

@@ -16,7 +16,9 @@ CASES = int(os.environ.get("KILN_HTTP_FUZZ_CASES", "300"))
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
-          "stream_options", "logprobs", "top_logprobs", "n", "echo", "ignore_eos", "id_slot", "filename", "overwrite"]
+          "stream_options", "logprobs", "top_logprobs", "n", "echo", "ignore_eos", "id_slot", "filename", "overwrite",
+          "response_format", "grammar", "json_schema", "regex", "logit_bias", "tools", "tool_choice",
+          "parallel_tool_calls"]
 ROUTES = ["/v1/completions", "/v1/chat/completions", "/slots/0?action=save", "/slots/1?action=restore"]
 
 scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
@@ -28,6 +30,24 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "sys
 plausible = {"model": st.just(MODEL) | values, "prompt": st.text(max_size=80) | values, "messages": messages | values,
              "max_tokens": st.integers(-2, 8) | values, "stream": st.booleans() | values,
              "temperature": st.floats(0, 2) | values, "top_k": st.integers(-5, 2**63) | values}
+schemas = st.sampled_from([{"type": "object"}, {"type": "strnig"}, {"$ref": "#/nowhere"}, {"enum": []}, {}]) | values
+plausible |= {
+    "grammar": st.sampled_from(['root ::= "a"', "root ::= missing", 'root ::= "a" root', "", "start: /[0-9]+/"])
+    | st.text(max_size=40) | values,
+    "regex": st.sampled_from(["[0-9]+", "[^\\s\\S]", "(", "a{99999}"]) | st.text(max_size=20) | values,
+    "json_schema": schemas,
+    "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", 5])},
+                                             optional={"json_schema": st.fixed_dictionaries({}, optional={
+                                                 "name": st.text(max_size=8), "schema": schemas}) | values,
+                                                 "schema": schemas}) | values,
+    "logit_bias": st.dictionaries(st.integers(-3, 60000).map(str) | st.text(max_size=6), st.floats() | values,
+                                  max_size=3) | values,
+    "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.sampled_from(["f", "get_weather", "bad name"]) | st.text(max_size=10)},
+        optional={"parameters": schemas})}), max_size=2) | values,
+    "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "f"}}])
+    | values,
+}
 bodies = st.fixed_dictionaries({}, optional={f: plausible.get(f, values) for f in FIELDS}) | values
 
 

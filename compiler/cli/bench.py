@@ -25,6 +25,9 @@ def run_bench(a: argparse.Namespace) -> None:
     results = []
     if a.pp_depth < 0 or a.pp < 1:
         raise KilnError("--pp must be at least 1 and --pp-depth at least 0")
+    if a.spec:
+        run_spec_bench(a, threads)
+        return
     if a.profile:
         from ..tools import profile
 
@@ -65,6 +68,22 @@ def run_bench(a: argparse.Namespace) -> None:
         write_json(a.json, results, **meta)
 
 
+def run_spec_bench(a: argparse.Namespace, threads: int) -> None:
+    """kiln bench --spec: one stream with and without prompt lookup, beside llama.cpp's (tools/bench_spec.py)."""
+    from ..tools import bench_spec
+
+    if a.tg < 2:
+        raise KilnError(f"--tg must be at least 2 with --spec, got {a.tg}")
+    if a.spec_max_draft is not None and not 1 <= a.spec_max_draft <= 64:
+        raise KilnError(f"--spec-max-draft must be between 1 and 64, got {a.spec_max_draft}")
+    rows = bench_spec.run_spec_bench(a.model, threads, a.tg, a.reps, a.spec_max_draft, log=log)
+    sys.stdout.write(bench_spec.render(rows, str(a.model), threads, a.tg))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": str(a.model), "threads": threads, "n_gen": a.tg,
+                       "results": bench_spec.as_json(rows)}, f, indent=1)
+
+
 def run_bench_serve(a: argparse.Namespace) -> None:
     from ..runtime import default_threads
     from ..tools import bench_serve
@@ -75,9 +94,23 @@ def run_bench_serve(a: argparse.Namespace) -> None:
     w = bench_serve.Workload(a.requests, a.concurrency, a.system_words)
     name = a.model if a.model in BUNDLED else None
     path = resolve(a.model, log)
+    if a.constrained:
+        from ..tools import bench_constrained
+
+        rows = bench_constrained.run(path, name or path.stem, a.threads or default_threads(), a.ctx, a.kv_dtype,
+                                     a.llama_server, log=log)
+        print(bench_constrained.render(rows))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"schema": bench_constrained.SCHEMA, "results": rows}, f, indent=2)
+        return
     rows = bench_serve.run(path, name or path.stem, w, a.threads or default_threads(), a.ctx, a.kv_dtype,
-                           a.llama_server, log=log)
+                           a.llama_server, log=log, spec=a.spec)
     print(bench_serve.render(rows, w))
+    if a.spec:
+        plain, spec = rows[0], rows[1]
+        print(f"kiln serve --spec ngram / kiln serve: output tok/s "
+              f"{spec['output_tok_per_s'] / plain['output_tok_per_s']:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"workload": vars(w), "results": rows}, f, indent=2)
@@ -103,6 +136,10 @@ def register(sub) -> None:
     p.add_argument("--batch-only", action="store_true", help="run only the batched decode")
     p.add_argument("--page-sizes", help="instead, time kiln's decode at depth 1024 and 4096 for each page size of "
                                         "this list (e.g. 16,32,64,128)")
+    p.add_argument("--spec", action="store_true",
+                   help="instead, one stream's decode with and without speculative decoding (prompt lookup) on "
+                        "three workloads (grounded, code, story; --tg tokens), beside llama.cpp's prompt lookup")
+    p.add_argument("--spec-max-draft", type=int, default=None, metavar="K", help="with --spec: drafts a step at most")
     add_build_options(p)
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=run_bench)
@@ -117,5 +154,10 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads for both servers (default: physical cores)")
     p.add_argument("--llama-server", default=None, help="llama-server binary (default: on PATH or beside python); "
                                                          "'none' runs kiln alone")
+    p.add_argument("--spec", action="store_true",
+                   help="also run kiln serve --spec ngram on the same workload (speculative decoding by prompt lookup)")
+    p.add_argument("--constrained", action="store_true",
+                   help="instead, the per-token cost of a JSON schema at B=1 and B=8 (mixed with free requests) "
+                        "against the same requests free")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=run_bench_serve)

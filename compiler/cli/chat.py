@@ -12,7 +12,8 @@ from ..frontend.registry import resolve
 from ..runtime.conversation import ChatSession
 from ..runtime.sampling import SamplingParams
 from ..text.chat import chat_template
-from .common import add_build_options, add_model_options, add_sampling_options, add_threads, load, log, options
+from .common import (add_build_options, add_model_options, add_sampling_options, add_spec_options, add_threads, load,
+                     log, options, speculation)
 
 HELP = """commands:
   /system TEXT   set the system message (empty: none)
@@ -80,7 +81,8 @@ def run(a: argparse.Namespace) -> None:
         raise KilnError(f"-n must be at least 1, got {a.n}")
     template = chat_template(read_model(resolve(a.model, log)))  # before compiling: no template fails at once
     m = load(a, options(a))
-    session = ChatSession(m, SamplingParams(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed=a.seed), a.n)
+    session = ChatSession(m, SamplingParams(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed=a.seed), a.n,
+                          speculation(a, m))
     session.system = a.system or ""
     repl(session, f"kiln chat: {m.path.name}, ctx {m.n_ctx}, chat template from {template.origin}. "
                   "/help for commands, Ctrl-C stops a reply, Ctrl-D leaves.")
@@ -95,4 +97,5 @@ def register(sub) -> None:
     p.add_argument("-n", type=int, default=512, help="tokens a reply may take at most")
     p.add_argument("--system", default=None, help="the system message to start with (/system changes it)")
     add_threads(p)
+    add_spec_options(p)
     p.set_defaults(run=run)

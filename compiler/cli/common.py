@@ -90,6 +90,45 @@ def add_shift_options(p: argparse.ArgumentParser) -> None:
                    help="attention sinks a context shift keeps (plus the BOS token, as llama.cpp does)")
 
 
+def add_spec_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
+    """Speculative decoding (runtime/speculation.py): the output is what plain decoding gives."""
+    p.add_argument("--spec", choices=["ngram", "draft"] if draft else ["ngram"], default=None,
+                   help="speculative decoding: ngram drafts by prompt lookup" +
+                        (", draft by a draft model (--draft)" if draft else ""))
+    if draft:
+        p.add_argument("--draft", default=None, metavar="MODEL",
+                       help="the draft model for --spec draft (GGUF path or bundled name): a smaller model with "
+                            "this model's token list")
+    p.add_argument("--spec-max-draft", type=int, default=None, metavar="K",
+                   help="tokens drafted for one sequence in a step at most (default 16, or the step's rows - 1)")
+
+
+def speculation(a: argparse.Namespace, m) -> dict:
+    """The generate() keywords --spec asks for, the draft model loaded (with the target's cache
+    options) and everything checked, with the flags' names in the errors."""
+    from ..runtime.speculation import MAX_DRAFT_LIMIT, Speculation
+
+    draft_name = getattr(a, "draft", None)
+    if a.spec is None and (draft_name or a.spec_max_draft is not None):
+        raise KilnError("--draft and --spec-max-draft need --spec")
+    if a.spec is None:
+        return {}
+    if a.spec_max_draft is not None and not 1 <= a.spec_max_draft <= min(MAX_DRAFT_LIMIT, m.options.batch_tokens - 1):
+        raise KilnError(f"--spec-max-draft must be between 1 and {min(MAX_DRAFT_LIMIT, m.options.batch_tokens - 1)} "
+                        f"(a step takes {m.options.batch_tokens} rows, --batch-tokens), got {a.spec_max_draft}")
+    if (a.spec == "draft") != bool(draft_name):
+        raise KilnError("--spec draft needs --draft MODEL" if draft_name is None
+                        else "--draft is used only with --spec draft")
+    draft = None
+    if draft_name:
+        from ..runtime import load_options
+
+        with progress(every_stage=False) as p:
+            draft = load_options(draft_name, m.options, a.threads, log=p, target=a.target, isa=a.isa)
+    Speculation.of(m, a.spec, draft, a.spec_max_draft)  # the token lists are compared here
+    return {"speculative": a.spec, "draft_model": draft, "max_draft": a.spec_max_draft}
+
+
 def check_keep(a: argparse.Namespace) -> None:
     if not 0 <= a.keep < a.ctx:
         raise KilnError(f"--keep must be between 0 and ctx - 1 = {a.ctx - 1}, got {a.keep}")

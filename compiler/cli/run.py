@@ -7,8 +7,8 @@ import sys
 from ..frontend.gguf_reader import read_model
 from ..frontend.registry import resolve
 from ..text.chat import render_chat
-from .common import (add_build_options, add_model_options, add_sampling_options, add_shift_options, add_threads,
-                     check_keep, load, log, options)
+from .common import (add_build_options, add_model_options, add_sampling_options, add_shift_options, add_spec_options,
+                     add_threads, check_keep, load, log, options, speculation)
 
 
 def run(a: argparse.Namespace) -> None:
@@ -18,15 +18,18 @@ def run(a: argparse.Namespace) -> None:
     if a.chat:  # before compiling, so that a model with no template fails at once
         prompt = render_chat(read_model(resolve(a.model, log)), [{"role": "user", "content": a.prompt}])
     m = load(a, o)
+    spec = speculation(a, m)
     ids = m.prompt_ids(prompt)  # tokenized and checked against the context before any output
     if not a.chat:
         sys.stdout.write(a.prompt)
     for piece in m.generate(ids, max_tokens=a.n, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                             min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed, stream=True,
-                            context_shift=a.context_shift, sinks=a.keep):
+                            context_shift=a.context_shift, sinks=a.keep, **spec):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    if spec:
+        log(f"speculative decoding ({a.spec}): {m.spec_stats}")
 
 
 def register(sub) -> None:
@@ -40,4 +43,5 @@ def register(sub) -> None:
                    help="wrap the prompt in the chat template: the GGUF's own, or the architecture's built-in one")
     add_threads(p)
     add_shift_options(p)
+    add_spec_options(p)
     p.set_defaults(run=run)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from ..core.errors import KilnError
 from ..frontend.registry import BUNDLED
-from .common import add_build_options, add_model_options, add_shift_options, add_threads, check_keep, load, log, options
+from .common import (add_build_options, add_model_options, add_shift_options, add_spec_options, add_threads, check_keep,
+                     load, log, options, speculation)
+from .serve_ray import add_ray_options, ray_requested, serve_on_ray
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -48,6 +50,7 @@ def run(a: argparse.Namespace) -> None:
     from ..serving.engine import Engine
     from ..serving.http import ServerConfig
     from ..serving.server import create_app
+    from ..runtime.speculation import Speculation
 
     if not 1 <= a.port <= 65535:
         raise KilnError(f"--port must be between 1 and 65535, got {a.port}")
@@ -66,15 +69,21 @@ def run(a: argparse.Namespace) -> None:
         if not slot_dir.is_dir():
             raise KilnError(f"--slot-save-path {slot_dir}: not a directory; create it first")
     keys = api_keys(a)
+    if ray_requested(a):  # replicas of this server on a Ray cluster, each loading the model itself
+        return serve_on_ray(a, o, keys, allowed_hosts(a), a.host in LOOPBACK)
     m = load(a, o)
+    spec = speculation(a, m)
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
     config = ServerConfig(name, keys, allowed_hosts(a), a.max_body_bytes, a.max_tokens, a.request_timeout, slot_dir,
                           a.slot_max_bytes, a.slot_share, a.metrics_key, a.max_header_bytes)
     engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, context_shift=a.context_shift,
-                    sinks=a.keep).start()
+                    sinks=a.keep, speculation=Speculation.of(m, spec.get("speculative"), None, spec.get("max_draft"))
+                    ).start()
     stats = m.kv_stats()
     log(f"serving '{name}' on http://{a.host}:{a.port}/v1: {o.n_seq} sequences, ctx {m.n_ctx}, "
         f"{stats['pages_total']} KV pages of {o.page_size} positions, {m.n_threads} threads"
+        + (f"; speculative decoding by prompt lookup, up to {engine.speculation.max_draft} drafts a step"
+           if engine.speculation else "")
         + ("" if keys else "; no API key (see README: Security)"))
     try:
         # h11 bounds a request's header block (count and size together); httptools would not
@@ -115,4 +124,6 @@ def register(sub) -> None:
     p.add_argument("--slot-share", action="store_true",
                    help="a restored slot goes into the shared prefix cache (default: only requests naming the slot)")
     add_shift_options(p)
+    add_spec_options(p, draft=False)
+    add_ray_options(p)
     p.set_defaults(run=run)

@@ -39,8 +39,9 @@ class TurnStats:
 class ChatSession:
     """A conversation held in one sequence of `model`."""
 
-    def __init__(self, model: Model, params: SamplingParams, max_tokens: int):
+    def __init__(self, model: Model, params: SamplingParams, max_tokens: int, speculation: dict | None = None):
         self.model, self.params, self.max_tokens = model, params, max_tokens
+        self.speculation = speculation or {}  # generate()'s speculative, draft_model, max_draft
         self.template = chat_template(model.spec)  # refused at once when the model has none
         self.seq = model.sequence()
         self.system = ""
@@ -65,7 +66,7 @@ class ChatSession:
         p = self.params
         pieces = self.seq.generate(ids, max_tokens=self.max_tokens, temperature=p.temperature, top_k=p.top_k,
                                    top_p=p.top_p, min_p=p.min_p, repeat_penalty=p.repeat_penalty, seed=p.seed,
-                                   stream=True)
+                                   stream=True, **self.speculation)
         text, t0, t_first = [], time.perf_counter(), None
         try:
             for piece in pieces:
@@ -94,4 +95,5 @@ class ChatSession:
         kv = m.kv_stats()
         pages = ", ".join(f"{g['pages_used']} of {g['pages_total']}" for g in kv["groups"])
         return (f"KV cache: {self.seq.n_past} of {m.n_ctx} positions held, pages used {pages} "
-                f"({m.page_size} positions a page), {len(self.history)} messages\n{self.last.render()}")
+                f"({m.page_size} positions a page), {len(self.history)} messages\n{self.last.render()}"
+                + (f"\nspeculative decoding, last turn: {m.spec_stats}" if self.speculation and m.spec_stats else ""))

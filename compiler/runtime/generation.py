@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import Sampler, SamplingParams
+from .constraints import Guide
+from .sampling import LogitBias, Sampler, SamplingParams
 
 
 class TextStream:
@@ -61,21 +62,37 @@ class Sampled:
 
 class Decoding:
     """One sequence's generation: `next(logits, n_past)` samples a token and says what text it
-    adds and whether generation has ended: an end-of-generation token or a stop string ("stop"),
-    max_tokens or a full context ("length"; never with context_shift, where the caller shifts
-    the sequence instead of stopping)."""
+    adds and whether generation has ended: an end-of-generation token, a stop string or a
+    constraint's grammar complete ("stop"), max_tokens or a full context ("length"; never with
+    context_shift, where the caller shifts the sequence instead of stopping). With a `guide`
+    (constraints.py) only the tokens it allows are sampled; `bias` is OpenAI's logit_bias."""
 
     def __init__(self, tokenizer, eog_ids, n_ctx: int, prompt_ids: list[int], params: SamplingParams,
-                 stops: list[str], max_tokens: int, ignore_eos: bool = False, context_shift: bool = False):
+                 stops: list[str], max_tokens: int, ignore_eos: bool = False, context_shift: bool = False,
+                 guide: Guide | None = None, bias: LogitBias | None = None):
         self.eog_ids = frozenset() if ignore_eos else eog_ids
         self.n_ctx, self.left = (None if context_shift else n_ctx), max_tokens
         self.sample, self.history = Sampler(params), list(prompt_ids)
         self.text = TextStream(tokenizer, stops)
+        self.guide, self.bias = guide, bias
+
+    def ready(self) -> bool:
+        """Whether next() would sample without waiting for a constraint's mask."""
+        return self.guide is None or self.guide.ready()
 
     def next(self, logits: np.ndarray, n_past: int) -> Sampled:
         if self.left <= 0:
             return Sampled(self.text.finish(), None, "length")
-        tok = self.sample(logits, self.history)
+        allowed = None
+        if self.guide is not None:
+            allowed = self.guide.mask()  # DeadEnd when the constraint allows nothing
+            if self.guide.stopped:  # the grammar is complete: the end is all it allows
+                return Sampled(self.text.finish(), None, "stop")
+        return self.take(self.sample(logits, self.history, allowed, self.bias), n_past)
+
+    def take(self, tok: int, n_past: int) -> Sampled:
+        """Generation goes on with `tok`, which the caller drew from this row's distribution
+        (speculative sampling's rule, speculation.py); next() is sample-then-take."""
         if tok in self.eog_ids:
             return Sampled(self.text.finish(), None, "stop")
         self.history.append(tok)
@@ -85,4 +102,6 @@ class Decoding:
             return Sampled(piece, tok, "stop")
         if self.left == 0 or (self.n_ctx is not None and n_past >= self.n_ctx):
             return Sampled(piece + self.text.finish(), tok, "length")
+        if self.guide is not None:  # the next mask is computed while the caller steps
+            self.guide.advance(tok, self.text.tokenizer.token_bytes(tok))
         return Sampled(piece, tok, None)

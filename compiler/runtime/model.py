@@ -18,15 +18,20 @@ import numpy as np
 
 from ..driver import Compiled
 from ..text.tokenizer import make_tokenizer
+from .constraints import Constraint, Guidance, Guide, constraint_of
 from .generation import Decoding, stop_list
-from .sampling import DEFAULTS, SamplingParams
+from .sampling import DEFAULTS, LogitBias, SamplingParams
 from .sequence import Sequence
+from .spec_decode import decode_wave
+from .speculation import Speculation, SpecStats
 from .status import ModelError, status_error
 from .topology import default_threads
 
 
 class Model:
     """A loaded model: one C instance with its own KV pool, arena and threads."""
+
+    spec_stats: SpecStats | None = None  # what speculation did in the last generation that used it
 
     def __init__(self, compiled: Compiled, weights_path: str | os.PathLike[str] | None = None,
                  threads: int | None = None):
@@ -38,6 +43,7 @@ class Model:
         self.windows = tuple(g.window or 0 for g in compiled.planned.layout.kv.groups)  # per group; 0: full context
         self._tokenizer = None
         self._default: Sequence | None = None
+        self.guidance = Guidance(lambda: self.tokenizer, self.spec.hparams.n_vocab, str(self.spec.path))
         self._lock = threading.RLock()
         handle = self._ffi.new("kiln_model **")
         packed = str(compiled.packed_path).encode() if compiled.packed_path else self._ffi.NULL
@@ -46,6 +52,8 @@ class Model:
         self._m = self._ffi.gc(handle[0], self._lib.kiln_close)
         self.n_vocab, self.n_ctx = int(self._lib.kiln_n_vocab(self._m)), int(self._lib.kiln_n_ctx(self._m))
         self.n_groups, self.page_size = int(self._lib.kiln_n_groups(self._m)), int(self._lib.kiln_page_size(self._m))
+        # masks overlap the steps only where the step's threads leave a core free (constraints.py)
+        self.guidance.overlap = self.n_threads < len(os.sched_getaffinity(0))
 
     def _check(self, status: int, seq: Sequence | None = None, rows: int = 0) -> int:
         """A negative status becomes a ModelError that says what to do."""
@@ -165,19 +173,32 @@ class Model:
     def step(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]]) -> np.ndarray:
         """One batched step: each item is (sequence, token or token ids), appended to that sequence.
         Returns each item's last row of logits, [len(items), vocab]."""
+        return self._step(items, [False] * len(items))
+
+    def step_rows(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]],
+                  every_row: SequenceABC[bool]) -> list[np.ndarray]:
+        """`step`, with every row's logits for the items whose every_row is true ([len(ids), vocab])
+        and the last row's for the others ([1, vocab]): a speculative verification reads each of
+        its rows (speculation.py)."""
+        if len(every_row) != len(items):
+            raise ModelError(f"step_rows: {len(every_row)} every_row flags for {len(items)} items")
+        sizes = [np.size(toks) if every else 1 for (_, toks), every in zip(items, every_row)]
+        return np.split(self._step(items, every_row), np.cumsum(sizes)[:-1])
+
+    def _step(self, items, every_row: SequenceABC[bool]) -> np.ndarray:
         if not items:
             raise ModelError(f"a step takes 1 to {self.options.batch_tokens} rows (batch_tokens, --batch-tokens), got 0")
         rows, seqs, want = [], [], []
-        for seq, toks in items:
+        for (seq, toks), every in zip(items, every_row):
             if not isinstance(seq, Sequence) or seq.model is not self:
                 raise ModelError(f"step: {seq!r} is not a sequence of this model")
             ids = self._tokens([toks] if np.ndim(toks) == 0 else toks)
             rows.append(ids)
             seqs += [seq._live()] * ids.size
-            want += [0] * (ids.size - 1) + [1]
+            want += [int(bool(every))] * (ids.size - 1) + [1]
         tokens = np.concatenate(rows)
         seq_arr, want_arr = np.array(seqs, np.int32), np.array(want, np.int8)
-        out = np.empty((len(items), self.n_vocab), dtype=np.float32)
+        out = np.empty((int(want_arr.sum()), self.n_vocab), dtype=np.float32)
         ffi = self._ffi
         batch = ffi.new("kiln_batch *", {"n": tokens.size, "token": ffi.cast("int32_t *", ffi.from_buffer(tokens)),
                                          "seq": ffi.cast("int32_t *", ffi.from_buffer(seq_arr)),
@@ -220,14 +241,35 @@ class Model:
                        temperature: float = DEFAULTS.temperature, top_k: int = DEFAULTS.top_k,
                        top_p: float = DEFAULTS.top_p, min_p: float = DEFAULTS.min_p,
                        repeat_penalty: float = DEFAULTS.repeat_penalty, seed: int | None = None,
-                       stop: list[str] | str | None = None, context_shift: bool = False, sinks: int = 4) -> list[str]:
+                       stop: list[str] | str | None = None, context_shift: bool = False, sinks: int = 4,
+                       json_schema=None, regex: str | None = None, grammar: str | None = None,
+                       lark: str | None = None, logit_bias: dict | None = None,
+                       constraints: SequenceABC[Constraint | dict | None] | None = None,
+                       speculative: str | None = None, draft_model: "Model | None" = None,
+                       max_draft: int | None = None) -> list[str]:
         """Continue every prompt, decoding all of them together: one step per token serves every
         sequence still running. Each has its own sampler (seeded seed + i when a seed is given);
-        more prompts than free sequences run in waves. context_shift and sinks: as in generate."""
+        more prompts than free sequences run in waves. context_shift and sinks: as in generate.
+        json_schema, regex, grammar, lark and logit_bias constrain every prompt as in generate;
+        `constraints` gives each prompt its own instead: a Constraint, a dict of those keywords
+        (`{"regex": "[0-9]+"}`), or None for a free one. speculative, draft_model, max_draft: as
+        in Sequence.generate; the sequences' verification steps are shared as their plain steps are."""
         prompts = list(prompts)
         ids = [self.prompt_ids(p) for p in prompts]
         params = [SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty,
                                  seed=None if seed is None else seed + i) for i in range(len(prompts))]
+        shared = constraint_of(json_schema, regex, grammar, lark)
+        if constraints is None:
+            constraints = [shared] * len(prompts)
+        elif shared is not None or len(constraints) != len(prompts):
+            raise ModelError(f"generate_batch: constraints must give one entry per prompt ({len(prompts)}), "
+                             "instead of json_schema, regex, grammar or lark")
+        wanted = [c if c is None or isinstance(c, Constraint) else constraint_of(**c) for c in constraints]
+        bias = LogitBias.of(logit_bias, self.n_vocab)
+        guides = [self.guidance.guide(c) if c is not None else None for c in wanted]  # all checked before any step
+        spec = Speculation.of(self, speculative, draft_model, max_draft)
+        if spec is not None:
+            self.spec_stats = SpecStats()
         out: list[str] = [""] * len(prompts)
         todo = list(range(len(prompts)))
         while todo:
@@ -240,16 +282,21 @@ class Model:
                 if not wave:
                     raise
             try:
-                self._decode_together(wave, ids, params, stop_list(stop), max_tokens, out,
-                                      sinks if context_shift else None)
+                if spec is not None:
+                    decode_wave(self, wave, ids, params, stop_list(stop), max_tokens, out,
+                                sinks if context_shift else None, spec, self.spec_stats, guides, bias)
+                else:
+                    self._decode_together(wave, ids, params, stop_list(stop), max_tokens, out,
+                                          sinks if context_shift else None, guides, bias)
             finally:
                 for _, s in wave:
                     s.close()
         return out
 
-    def _decode_together(self, wave, ids, params, stops, max_tokens, out, sinks: int | None) -> None:
-        running = [(i, s, self.decoding(ids[i], params[i], stops, max_tokens, context_shift=sinks is not None),
-                    s.prefill(ids[i])) for i, s in wave]
+    def _decode_together(self, wave, ids, params, stops, max_tokens, out, sinks: int | None,
+                         guides: list[Guide | None], bias: LogitBias | None) -> None:
+        running = [(i, s, self.decoding(ids[i], params[i], stops, max_tokens, context_shift=sinks is not None,
+                                        guide=guides[i], bias=bias), s.prefill(ids[i])) for i, s in wave]
         while running:
             step = []
             for i, s, run, logits in running:
@@ -266,10 +313,12 @@ class Model:
             running = [(i, s, run, row) for (i, s, run, _), row in zip(step, rows)]
 
     def decoding(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], max_tokens: int,
-                 ignore_eos: bool = False, context_shift: bool = False) -> Decoding:
-        """The per-token state of one generation: its sampler, stop rules and text (generation.py)."""
+                 ignore_eos: bool = False, context_shift: bool = False, guide: Guide | None = None,
+                 bias: LogitBias | None = None) -> Decoding:
+        """The per-token state of one generation: its sampler, stop rules, text, and constraint
+        (a Guide from self.guidance.guide) or logit bias (generation.py)."""
         return Decoding(self.tokenizer, self.spec.tokenizer.eog_ids, self.n_ctx, prompt_ids, params, stops,
-                        max_tokens, ignore_eos, context_shift)
+                        max_tokens, ignore_eos, context_shift, guide, bias)
 
     def sinks(self, tokens: SequenceABC[int], sinks: int) -> int:
         """Positions a context shift keeps: `sinks`, plus the BOS token when the sequence starts with

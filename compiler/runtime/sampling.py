@@ -1,5 +1,11 @@
 """Next-token sampling over a logits row, in llama.cpp's order:
-penalties -> top-k -> top-p -> min-p -> temperature -> draw. Temperature 0 is greedy.
+logit bias -> penalties -> constraint mask -> top-k -> top-p -> min-p -> temperature -> draw.
+Temperature 0 is greedy.
+
+OpenAI's logit_bias adds to chosen tokens' logits. A constraint (constraints.py) gives the tokens it
+allows as a bool per vocabulary entry; the others become -inf in one vectorized pass over the row,
+after the penalties (whose clipping would otherwise make them finite again). A row with neither
+pays nothing.
 
 The penalties look at the last repeat_last_n tokens of the history (prompt and output), as
 llama.cpp's: repeat divides a seen token's positive logit (multiplies a negative one),
@@ -54,6 +60,35 @@ DEFAULTS = SamplingParams()  # llama.cpp's defaults: the Python API, the CLI and
 
 
 _FINITE = 1e300  # logits are clipped to this after the penalties, so no difference of two is infinite
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 all but forces it
+
+
+@dataclass(frozen=True, eq=False)
+class LogitBias:
+    """OpenAI's logit_bias: values added to some tokens' logits before sampling."""
+    ids: np.ndarray  # int64
+    values: np.ndarray  # float64, each in [-100, 100]
+
+    @classmethod
+    def of(cls, bias, n_vocab: int, field: str = "logit_bias") -> "LogitBias | None":
+        """From {token id (int or its decimal text): bias}; None for an empty or missing one.
+        OptionError naming the entry for an id out of range or a bias out of [-100, 100]."""
+        if not bias:
+            return None
+        ids, values = [], []
+        for key, value in bias.items():
+            try:
+                tid = int(key)
+            except (TypeError, ValueError):
+                raise OptionError(f"{field}: key {key!r} is not a token id") from None
+            if not 0 <= tid < n_vocab:
+                raise OptionError(f"{field}: token id {tid} is out of range [0, {n_vocab})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+                    or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise OptionError(f"{field}: the bias of token {tid} must be a number in [-100, 100], got {value!r}")
+            ids.append(tid)
+            values.append(float(value))
+        return cls(np.array(ids, np.int64), np.array(values, np.float64))
 
 
 class Sampler:
@@ -61,9 +96,14 @@ class Sampler:
         self.p = params
         self.rng = np.random.default_rng(None if params.seed == -1 else params.seed)
 
-    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+    def __call__(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None,
+                 bias: LogitBias | None = None, distribution: bool = False) -> int:
+        """A token for this row: `allowed` (a bool per token) is a constraint's mask, `bias` OpenAI's
+        logit_bias. The row is not changed."""
         p = self.p
         x = logits.astype(np.float64)
+        if bias is not None:
+            np.add.at(x, bias.ids, bias.values)
         penalised = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
         if penalised and history and p.repeat_last_n:
             seen, count = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64), return_counts=True)
@@ -71,8 +111,10 @@ class Sampler:
                 x[seen] = np.where(x[seen] > 0, x[seen] / p.repeat_penalty, x[seen] * p.repeat_penalty)
             x[seen] -= count * p.frequency_penalty + p.presence_penalty
             np.clip(x, -_FINITE, _FINITE, out=x)
+        if allowed is not None:
+            np.copyto(x, -np.inf, where=~allowed)
         if p.temperature == 0:
-            return int(np.argmax(x))
+            return _dense([int(np.argmax(x))], np.ones(1), len(x)) if distribution else int(np.argmax(x))
         order = self._best_first(x, p.top_k)
         probs = np.exp(x[order] - x[order[0]])
         probs /= probs.sum()
@@ -84,7 +126,16 @@ class Sampler:
             order, probs = order[keep], probs[keep]
         with np.errstate(over="ignore", under="ignore"):  # a tiny temperature sends all but the best to -inf
             w = np.exp((x[order] - x[order[0]]) / p.temperature)
+        if distribution:
+            return _dense(order, w / w.sum(), len(x))
         return int(order[self.rng.choice(len(order), p=w / w.sum())])
+
+    def distribution(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None,
+                     bias: LogitBias | None = None) -> np.ndarray:
+        """What __call__ would draw from, as a probability per token [vocab] (a point mass when
+        greedy); nothing is drawn. Speculative sampling's acceptance rule needs it
+        (speculation.py)."""
+        return self(logits, history, allowed, bias, distribution=True)
 
     @staticmethod
     def _best_first(x: np.ndarray, top_k: int) -> np.ndarray:
@@ -97,3 +148,9 @@ class Sampler:
             order = part[np.lexsort((part, -x[part]))]
             return order[:top_k]
         return np.argsort(-x, kind="stable")
+
+
+def _dense(ids, probs: np.ndarray, n_vocab: int) -> np.ndarray:
+    out = np.zeros(n_vocab, np.float64)
+    out[ids] = probs
+    return out

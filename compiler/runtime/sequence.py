@@ -9,8 +9,11 @@ import numpy as np
 
 from ..core.errors import OptionError
 from ..core.sequences import common_prefix
+from .constraints import constraint_of
 from .generation import stop_list
-from .sampling import DEFAULTS, SamplingParams
+from .spec_decode import generate_one
+from .speculation import Speculation, SpecStats
+from .sampling import DEFAULTS, LogitBias, SamplingParams
 from .status import ModelError
 
 if TYPE_CHECKING:
@@ -166,13 +169,33 @@ class Sequence:
                  top_k: int = DEFAULTS.top_k, top_p: float = DEFAULTS.top_p, min_p: float = DEFAULTS.min_p,
                  repeat_penalty: float = DEFAULTS.repeat_penalty, seed: int | None = None,
                  stop: list[str] | str | None = None, stream: bool = False, context_shift: bool = False,
-                 sinks: int = 4) -> str | Iterator[str]:
+                 sinks: int = 4, json_schema=None, regex: str | None = None, grammar: str | None = None,
+                 lark: str | None = None, logit_bias: dict | None = None, speculative: str | None = None,
+                 draft_model: "Model | None" = None, max_draft: int | None = None) -> str | Iterator[str]:
         """Continue `prompt` (text, or token ids). Returns the text, or yields it piece by piece if stream.
         The cache is reused: the prompt's longest prefix already held is not prefilled again.
         A full context ends generation, or with context_shift shifts the sequence (keeping `sinks`
-        positions, plus the BOS token as llama.cpp does, and half of the rest) and goes on."""
+        positions, plus the BOS token as llama.cpp does, and half of the rest) and goes on.
+        At most one of json_schema (a dict or its JSON text), regex, grammar (llama.cpp's GBNF) and
+        lark constrains the output, token by token; generation stops once the grammar is complete.
+        A schema or grammar llguidance rejects raises ConstraintError, naming the schema path.
+        logit_bias: {token id: bias in [-100, 100]}, added to those logits (OpenAI's).
+        speculative: "ngram" (prompt lookup) or "draft" (draft_model: a smaller model with the same
+        token list) checks up to max_draft guessed tokens in each step; the output is the same
+        tokens plain decoding gives (greedy: bit for bit; sampling: the same distribution, and with
+        "ngram" the same tokens for a seed). model.spec_stats tells what it did."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
-        pieces = self._generate(prompt, max_tokens, params, stop_list(stop), sinks if context_shift else None)
+        spec = Speculation.of(self.model, speculative, draft_model, max_draft)
+        c = constraint_of(json_schema, regex, grammar, lark)
+        guide = self.model.guidance.guide(c) if c is not None else None  # checked before any work
+        bias = LogitBias.of(logit_bias, self.model.n_vocab)
+        if spec is not None:
+            self.model.spec_stats = SpecStats()
+            pieces = generate_one(self, prompt, max_tokens, params, stop_list(stop), sinks if context_shift else None,
+                                  spec, self.model.spec_stats, guide, bias)
+        else:
+            pieces = self._generate(prompt, max_tokens, params, stop_list(stop), sinks if context_shift else None,
+                                    guide, bias)
         return pieces if stream else "".join(pieces)
 
     def shift_if_full(self, sinks: int) -> None:
@@ -194,10 +217,11 @@ class Sequence:
         return ids[k:]
 
     def _generate(self, prompt, max_tokens: int, params: SamplingParams, stops: list[str],
-                  sinks: int | None) -> Iterator[str]:
+                  sinks: int | None, guide=None, bias=None) -> Iterator[str]:
         ids = self.model.prompt_ids(prompt)
         logits = self.prefill(self.reuse_prefix(ids))
-        run = self.model.decoding(ids, params, stops, max_tokens, context_shift=sinks is not None)
+        run = self.model.decoding(ids, params, stops, max_tokens, context_shift=sinks is not None, guide=guide,
+                                  bias=bias)
         while True:
             out = run.next(logits, self.n_past)
             if out.text:

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 from ..core.errors import KilnError
 from ..runtime import Model
+from ..runtime.speculation import Speculation
 from .metrics import Metrics
 from .scheduler import Scheduler
 from .types import EngineStats, QueueFull, Request
@@ -29,8 +30,9 @@ class Engine(Scheduler):
     """The scheduler on a thread of its own, and the callers' side: submit, cancel, call, stats."""
 
     def __init__(self, model: Model, max_queue: int = 64, prefix_cache: bool = True,
-                 metrics: Metrics | None = None, context_shift: bool = False, sinks: int = 4):
-        super().__init__(model, prefix_cache, metrics or Metrics(), sinks if context_shift else None)
+                 metrics: Metrics | None = None, context_shift: bool = False, sinks: int = 4,
+                 speculation: Speculation | None = None):
+        super().__init__(model, prefix_cache, metrics or Metrics(), sinks if context_shift else None, speculation)
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
@@ -56,9 +58,11 @@ class Engine(Scheduler):
                             "and at least one must be left to generate")
         # everything that can refuse the request runs before it is counted
         r.decoding = self.model.decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos,
-                                          context_shift=self.sinks is not None)
+                                          context_shift=self.sinks is not None, guide=r.guide, bias=r.bias)
         with self._queue_slot():
             self._inbox.put(("submit", r))
+        if r.guide is not None:
+            self.metrics.constrained.inc()
 
     @contextmanager
     def _queue_slot(self) -> Iterator[None]:

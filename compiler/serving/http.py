@@ -115,9 +115,8 @@ def check_json_content_type(request: HttpRequest) -> None:
         raise ApiError(415, f"Content-Type: must be application/json, got {kind or 'none'!r}", param="Content-Type")
 
 
-async def read_json(request: HttpRequest, limit: int) -> object:
-    """The body as JSON, held to `limit` bytes, MAX_JSON_DEPTH levels and Python's bound on an
-    integer's digits; a 4xx naming what is wrong otherwise."""
+async def read_body(request: HttpRequest, limit: int) -> bytes:
+    """The body, held to `limit` bytes: a 413 past it, before reading it when it says its size."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {int(declared):,} bytes; the limit is {limit:,} (--max-body-bytes)")
@@ -126,6 +125,13 @@ async def read_json(request: HttpRequest, limit: int) -> object:
         body += chunk
         if len(body) > limit:
             raise ApiError(413, f"the request body is over the limit of {limit:,} bytes (--max-body-bytes)")
+    return bytes(body)
+
+
+async def read_json(request: HttpRequest, limit: int) -> object:
+    """The body as JSON, held to `limit` bytes, MAX_JSON_DEPTH levels and Python's bound on an
+    integer's digits; a 4xx naming what is wrong otherwise."""
+    body = await read_body(request, limit)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:

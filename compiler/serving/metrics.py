@@ -9,9 +9,11 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..runtime.speculation import SpecStats
 from .types import EngineStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+_MASK_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1)
 
 
 class Metrics:
@@ -31,8 +33,18 @@ class Metrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("kiln_inter_token_latency_seconds", "Time between a request's tokens",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.constrained = Counter("kiln_constrained_requests", "Requests whose output a schema, grammar or tool "
+                                   "call constrains", registry=r)
+        self.mask_seconds = Histogram("kiln_constraint_mask_seconds", "A constrained token's mask: advancing the "
+                                      "matcher and computing the next mask (on a worker thread)",
+                                      buckets=_MASK_BUCKETS, registry=r)
+        self.mask_late = Counter("kiln_constraint_mask_late", "Constrained tokens sampled a step late because "
+                                 "their mask was not ready when the step's logits were", registry=r)
+        self.dead_ends = Counter("kiln_constraint_dead_ends", "Requests ended because their constraint allowed "
+                                 "no next token (a grammar's dead end, or one of llguidance's limits)", registry=r)
         self._stats: Callable[[], EngineStats] | None = None
         self._evicted_seen = 0
+        self.spec = SpecStats()  # speculative decoding (--spec): its counters and rates, read at scrape time
         r.register(self)
 
     # -- called by the engine thread ----------------------------------------------------------
@@ -50,6 +62,10 @@ class Metrics:
 
     def preempted(self) -> None:
         self.preemptions.inc()
+
+    def speculated(self, drafted: int, accepted: int, emitted: int) -> None:
+        """One step of a request that speculates: tokens drafted, of them accepted, tokens emitted."""
+        self.spec.add(drafted, accepted, emitted)
 
     def evictions(self, total: int) -> None:
         """The prefix cache's evictions so far; the counter takes what is new."""
@@ -76,6 +92,19 @@ class Metrics:
         yield GaugeMetricFamily("kiln_requests_running", "Requests being served", s.running)
         yield GaugeMetricFamily("kiln_requests_waiting", "Requests waiting to be admitted", s.waiting)
         yield CounterMetricFamily("kiln_engine_faults", "Engine rounds that failed on an internal error", s.faults)
+        yield from self._collect_speculation()
+
+    def _collect_speculation(self):
+        sp = self.spec
+        yield CounterMetricFamily("kiln_spec_steps", "Steps of requests that speculate (--spec)", sp.steps)
+        yield CounterMetricFamily("kiln_spec_draft_tokens", "Tokens drafted by prompt lookup", sp.drafted)
+        yield CounterMetricFamily("kiln_spec_accepted_tokens", "Drafted tokens the model confirmed", sp.accepted)
+        yield CounterMetricFamily("kiln_spec_emitted_tokens", "Tokens the speculating requests' steps yielded",
+                                  sp.emitted)
+        yield GaugeMetricFamily("kiln_spec_acceptance_rate", "Accepted over drafted tokens, since the start",
+                                sp.acceptance)
+        yield GaugeMetricFamily("kiln_spec_tokens_per_step", "Tokens a speculating request's step yields, on average",
+                                sp.tokens_per_step)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,6 +8,12 @@ and it is recomputed later (from the prefix cache where it can), its sampler sta
 output is what it would have been. A cancelled request (its client went away) is closed at the
 next step. A failure in one request's sampling, stop strings or client callback ends that
 request alone.
+
+A constrained request's next mask is computed on a worker thread, while the step runs or right
+after it (runtime/constraints.py). A row whose mask is not ready when the step's logits are is
+waited for up to half the step's time, then keeps its logits and is sampled in a later round; the step does
+not wait longer for it, so one slow grammar slows its own request alone. A mask that takes longer than MASK_TIMEOUT, or a constraint that allows no
+token, ends its request.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable
 
 import numpy as np
@@ -23,19 +30,27 @@ import numpy as np
 from ..core.errors import KilnError
 from ..core.sequences import common_prefix
 from ..planner.kv_plan import window_pages
-from ..runtime import Model, ModelError, PoolFullError, Sequence
+from ..runtime import DeadEnd, Model, ModelError, PoolFullError, Sequence
+from ..runtime.constraints import MASK_TIMEOUT
+from ..runtime.speculation import Speculation
 from .metrics import Metrics
 from .radix_cache import Match, RadixCache
+from .speculating import Speculating
 from .types import Event, QueueFull, Request, TokenLogprob, Usage
 
 log = logging.getLogger("kiln.serve")
+# After a step the engine waits, in all, this share of the step's time (at least MASK_GRACE_MIN
+# seconds) for masks not yet computed: a normal mask is far shorter, even on a loaded machine whose
+# steps are slow too, and a slow grammar costs the other requests at most that share.
+MASK_GRACE_SHARE, MASK_GRACE_MIN = 0.5, 0.002
 
 
-class Scheduler:
+class Scheduler(Speculating):
     """Which requests run in each step, and what becomes of them. Used from the engine thread only
     (but for the counts behind _lock, which callers read)."""
 
-    def __init__(self, model: Model, prefix_cache: bool, metrics: Metrics, sinks: int | None):
+    def __init__(self, model: Model, prefix_cache: bool, metrics: Metrics, sinks: int | None,
+                 speculation: Speculation | None = None):
         self.model, self.metrics = model, metrics
         self.sinks = sinks  # None: a full context ends a request; else the sinks a context shift keeps
         self.n_slots, self.budget = model.options.n_seq, model.options.batch_tokens
@@ -50,6 +65,7 @@ class Scheduler:
         self._admitted = 0
         self.slots: dict[int, list[int]] = {}  # sequence slot -> the tokens of the last request it served
         self.private: dict[int, tuple[list[int], np.ndarray]] = {}  # slot -> a restored cache of its own
+        self._init_speculation(speculation)  # speculating.py (kiln serve --spec)
 
     # -- the slots' own caches (slots.py restores them) ------------------------------------------
     def keep_private(self, slot: int, tokens: list[int], pages: np.ndarray) -> None:
@@ -160,6 +176,7 @@ class Scheduler:
         return short
 
     def _step(self) -> None:
+        self._sample_late()
         if self.sinks is not None:
             for r in self.running:
                 if len(r.todo) == 1 and r.seq.n_past >= self.model.n_ctx:
@@ -173,33 +190,64 @@ class Scheduler:
         for r in sorted(self.running, key=lambda r: (len(r.todo) > 1, r.order)):  # decodes first, then oldest
             if budget == 0:
                 break
+            if r.pending is not None:  # waits for its constraint's mask
+                continue
             chunk = r.todo[:budget]
             items.append((r, chunk))
             budget -= len(chunk)
+        if not items:
+            self._await_masks()
+            return
+        if self.speculation is not None:
+            items = self._drafts_for(items, budget)
+        started = time.monotonic()
         try:
-            rows = self.model.step([(r.seq, chunk) for r, chunk in items])
+            if self.speculation is not None:
+                rows = self._step_speculating(items)
+            else:
+                rows = self.model.step([(r.seq, chunk) for r, chunk in items])
         except PoolFullError:
             self._make_room(items)
             return
+        for r, _ in items:  # the masks of the rows about to sample, computed while the cores are free
+            if r.decoding.guide is not None:
+                r.decoding.guide.start()
+        now = time.monotonic()
+        self._grace_until = now + max(MASK_GRACE_MIN, MASK_GRACE_SHARE * (now - started))
         for (r, chunk), logits in zip(items, rows):
             r.todo = r.todo[len(chunk):]
             if self.cache and len(chunk) > 1 and not r.private:  # share a prompt's pages as they fill
                 r.held = self.cache.insert(r.seq, r.held)
             if not r.todo:
-                self._sample(r, logits)
+                self._verify(r, logits) if self._verifies(r) else self._sample(r, logits)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
         """The request's next token; a failure here (its sampler, its stop strings, its client's
-        callback) ends this request alone."""
+        callback) ends this request alone. A row whose constraint's mask is not ready keeps its
+        logits for a later round (_sample_late)."""
+        if not self._mask_ready(r):
+            r.pending = logits
+            self.metrics.mask_late.inc()
+            return
         try:
             self._sample_one(r, logits)
+            guide = r.decoding.guide
+            if guide is not None and (seconds := guide.take_seconds()) is not None:
+                self.metrics.mask_seconds.observe(seconds)
+        except DeadEnd as e:
+            self.metrics.dead_ends.inc()
+            if not r.done:
+                self._finish(r, error=str(e), invalid=True)
         except Exception as e:
             log.exception("a request failed while sampling")
             if not r.done:
                 self._finish(r, error=f"the request failed: {e}")
 
     def _sample_one(self, r: Request, logits: np.ndarray) -> None:
-        got = r.decoding.next(logits, r.seq.n_past)
+        self._deliver(r, r.decoding.next(logits, r.seq.n_past), logits)
+
+    def _deliver(self, r: Request, got, logits: np.ndarray) -> None:
+        """A sampled token (from these logits) to the request's client, and the request's end."""
         now = time.monotonic()
         self.metrics.token_emitted(now - (r.last_token_at or r.arrival), first=r.last_token_at is None)
         r.last_token_at = now
@@ -212,7 +260,41 @@ class Scheduler:
         else:
             r.todo = [got.token]
 
-    def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False) -> None:
+    # -- constrained rows whose masks come late ---------------------------------------------------
+    def _sample_late(self) -> None:
+        """Sample the rows whose mask has come since their logits did; end one whose mask has taken
+        longer than MASK_TIMEOUT (its grammar's fault, not the server's)."""
+        for r in [r for r in self.running if r.pending is not None]:
+            if r.decoding.ready():
+                logits, r.pending = r.pending, None
+                self._sample(r, logits)
+            elif r.decoding.guide.waited() > MASK_TIMEOUT:
+                r.pending = None
+                self.metrics.dead_ends.inc()
+                self._finish(r, error=f"{r.decoding.guide.constraint.name}: the constraint took longer than "
+                                      f"{MASK_TIMEOUT:g} s to compute one token's mask", invalid=True)
+
+    _grace_until = 0.0  # until when, after the last step, a row's mask is waited for
+
+    def _mask_ready(self, r: Request) -> bool:
+        """Whether r's constraint's mask is computed, waiting for it until this round's grace ends."""
+        future = r.decoding.guide.waiting() if r.decoding.guide is not None else None
+        if future is None or future.done():
+            return True
+        left = self._grace_until - time.monotonic()
+        if left > 0:
+            wait([future], timeout=left)
+        return future.done()
+
+    def _await_masks(self) -> None:
+        """Every running row waits for its mask: wait for the first (briefly, so that the engine
+        still takes its inbox and counts its heartbeat)."""
+        futures = [f for r in self.running if r.pending is not None and (f := r.decoding.guide.waiting()) is not None]
+        if futures:
+            wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
+
+    def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False,
+                invalid: bool = False) -> None:
         """Take r out of the engine; its sequence's full pages stay in the prefix cache."""
         if r.seq is not None:
             self.slots[r.seq.id] = list(r.seq.tokens)
@@ -229,7 +311,7 @@ class Scheduler:
             return
         try:  # the client's callback: its failure is its own
             if error:
-                r.emit(Event(error=error))
+                r.emit(Event(error=error, invalid=invalid))
             else:
                 r.emit(Event(finish_reason=reason, usage=Usage(len(r.prompt_ids), len(r.output), r.cached_tokens or 0)))
         except Exception:
@@ -254,7 +336,7 @@ class Scheduler:
             r.resume = r.seq.tokens + r.todo
         self._release(r.held)
         r.seq.close()
-        r.seq, r.held, r.todo = None, None, []
+        r.seq, r.held, r.todo, r.pending = None, None, [], None  # its logits are recomputed on readmission
         with self._lock:
             self.running.remove(r)
             self._queued += 1

@@ -7,6 +7,10 @@ the thread pool), then the engine. Generation runs on the engine thread, whose e
 through an asyncio queue; a watcher cancels the request on the engine the moment its client goes
 away, streamed or not, and a deadline bounds it. Every bad request gets an OpenAI-style error
 body and a 4xx that names the field.
+
+A constrained request (response_format, grammar, json_schema, tools) has its schema or grammar
+compiled in the thread pool too, so that a large one never holds up the engine thread; one that
+llguidance rejects is a 400 naming the field (and the schema path).
 """
 from __future__ import annotations
 
@@ -22,12 +26,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.errors import KilnError
 from ..core.version import __version__
+from ..runtime.constraints import Constraint, ConstraintError, Guide
+from ..runtime.sampling import LogitBias
 from ..text.chat import render_chat_spans
 from .engine import Engine
 from .http import (ApiError, Events, HeaderLimits, ServerConfig, busy, check_host, check_json_content_type, check_key, read_json,
                    validated)
-from .protocol import ChatRequest, CompletionRequest, Envelope, chat_logprobs, completion_logprobs
+from .protocol import ChatRequest, CompletionRequest, Envelope, FieldError, chat_logprobs, completion_logprobs
 from .slots import add_slot_routes
+from .tools import ToolStream, message_of
 from .types import Event, QueueFull, Request
 
 HEALTHY_HEARTBEAT = 60.0  # seconds: an engine that has not gone round its loop for longer is stuck
@@ -81,7 +88,25 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             raise ApiError(400, "prompt: the prompt is empty", param="prompt")
         return ids
 
-    def submit(ids: list[int], req, max_tokens: int | None, logprobs: int | None) -> tuple[Request, Events]:
+    def guided(constraint) -> Guide | None:
+        """The request's constraint (a callable that builds it), compiled and its first mask computed:
+        in the thread pool, as compiling a large grammar takes a while. A 400 naming the field for a
+        bad one, or one that allows no first token."""
+        c: Constraint | None = None
+        try:
+            c = constraint()
+            if c is None:
+                return None
+            guide = model.guidance.guide(c)
+            guide.mask()
+            return guide
+        except FieldError as e:
+            raise ApiError(400, str(e), param=e.field) from None
+        except ConstraintError as e:
+            raise ApiError(400, str(e), param=c.field if c is not None else None) from None
+
+    def submit(ids: list[int], req, max_tokens: int | None, logprobs: int | None,
+               guide: Guide | None = None) -> tuple[Request, Events]:
         field = "messages" if isinstance(req, ChatRequest) else "prompt"
         room = model.n_ctx - len(ids)
         if room < 1 and engine.sinks is None:
@@ -100,9 +125,14 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             params = req.sampling()
         except KilnError as e:
             raise ApiError(400, str(e)) from None
+        try:
+            bias = LogitBias.of(req.logit_bias, model.n_vocab)
+        except KilnError as e:
+            raise ApiError(400, str(e), param="logit_bias") from None
         r = Request(ids, params, min(max_tokens or limit, limit), req.stops(), None, logprobs, req.ignore_eos,
-                    req.id_slot)
+                    req.id_slot, guide, bias)
         r.emit = events = Events(lambda: engine.cancel(r))
+        r.speculative = req.speculative
         try:
             engine.submit(r)
         except QueueFull as e:
@@ -141,6 +171,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             while not got or not (got[-1].finish_reason or got[-1].error):
                 got.append(await events.queue.get())
         if got[-1].error:
+            if got[-1].invalid:
+                raise ApiError(400, got[-1].error)
             raise ApiError(500, got[-1].error, kind="server_error")
         return got
 
@@ -157,7 +189,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                     while True:
                         event = await events.queue.get()
                         if event.error:
-                            yield sse({"error": {"message": event.error, "type": "server_error", "param": None,
+                            kind = "invalid_request_error" if event.invalid else "server_error"
+                            yield sse({"error": {"message": event.error, "type": kind, "param": None,
                                                  "code": None}})
                             break
                         if event.text or event.logprob or event.finish_reason:
@@ -179,7 +212,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def completions(request: HttpRequest):
         req = await admitted(request, CompletionRequest)
         ids = await run_in_threadpool(prompt_ids, req.prompt)
-        r, events = submit(ids, req, req.max_new_tokens(), req.logprobs)
+        guide = await run_in_threadpool(guided, req.constraint)
+        r, events = submit(ids, req, req.max_new_tokens(), req.logprobs, guide)
         env = Envelope("text_completion", name)
         token_text = model.tokenizer.token_bytes
 
@@ -209,15 +243,17 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             for i, m in enumerate(req.messages):
                 fits(m.text(), f"messages.{i}.content")
             try:
-                text, plain = render_chat_spans(model.spec, req.chat_messages())
+                text, plain = render_chat_spans(model.spec, req.chat_messages(), tools=req.tool_list())
             except KilnError as e:
                 raise ApiError(400, str(e), param="messages") from None
             fits(text, "messages")
             return model.tokenizer.tokenize(text, plain=plain)  # the messages' special-token look-alikes stay text
 
         ids = await run_in_threadpool(render)
+        guide = await run_in_threadpool(guided, lambda: req.tools_constraint() or req.constraint())
+        tools = req.tool_list() is not None  # the answer's calls become tool_calls
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        r, events = submit(ids, req, req.max_new_tokens(), logprobs)
+        r, events = submit(ids, req, req.max_new_tokens(), logprobs, guide)
         env = Envelope("chat.completion", name)
         token_text = model.tokenizer.token_bytes
 
@@ -225,10 +261,21 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             return chat_logprobs(lps, token_text) if req.logprobs else None
 
         if req.stream:
+            calls = ToolStream() if tools else None
+
             def chunk(e: Event) -> list[dict]:
-                delta = {"content": e.text} if e.text or e.logprob else {}
-                out = [env.wrap([{"index": 0, "delta": delta, "logprobs": lp_json([e.logprob] if e.logprob else []),
-                                  "finish_reason": e.finish_reason}], chunk=True)]
+                if calls is None:
+                    deltas = [{"content": e.text}] if e.text or e.logprob else []
+                else:
+                    deltas = calls.push(e.text) + (calls.finish() if e.finish_reason else [])
+                if not deltas and (e.logprob or e.finish_reason):
+                    deltas = [{}]
+                finish = "tool_calls" if calls is not None and calls.called and e.finish_reason == "stop" \
+                    else e.finish_reason
+                lps = lp_json([e.logprob] if e.logprob else [])
+                out = [env.wrap([{"index": 0, "delta": d, "logprobs": lps if i == 0 else None,
+                                  "finish_reason": finish if i == len(deltas) - 1 else None}], chunk=True)
+                       for i, d in enumerate(deltas)]
                 if e.finish_reason and req.include_usage:
                     out.append(env.wrap([], usage=usage_of(e), chunk=True))
                 return out
@@ -236,9 +283,10 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                                 "finish_reason": None}], chunk=True)]
             return stream(request, r, events, first, chunk)
         got = await collect(request, r, events)
-        message = {"role": "assistant", "content": "".join(e.text for e in got)}
+        text, finish = "".join(e.text for e in got), got[-1].finish_reason
+        message, finish = message_of(text, finish) if tools else ({"role": "assistant", "content": text}, finish)
         return env.wrap([{"index": 0, "message": message, "logprobs": lp_json([e.logprob for e in got if e.logprob]),
-                          "finish_reason": got[-1].finish_reason}], usage=usage_of(got[-1]))
+                          "finish_reason": finish}], usage=usage_of(got[-1]))
 
     @app.get("/v1/models")
     async def models(request: HttpRequest):

@@ -12,8 +12,9 @@ import numpy as np
 from ..core.errors import KilnError
 from ..core.numerics import log_softmax
 from ..runtime import Sequence
+from ..runtime.constraints import Guide
 from ..runtime.generation import Decoding
-from ..runtime.sampling import SamplingParams
+from ..runtime.sampling import LogitBias, SamplingParams
 from .radix_cache import Match
 
 
@@ -54,6 +55,7 @@ class Event:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    invalid: bool = False  # the error is the request's own (its constraint reached a dead end): a 400
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class Request:
     logprobs: int | None = None  # None: off; n: the sampled token's logprob and the n most likely
     ignore_eos: bool = False
     id_slot: int | None = None  # llama-server's: start from this slot's own (restored) cache, if it matches
+    guide: Guide | None = None  # its constraint (runtime/constraints.py), compiled before it is submitted
+    bias: LogitBias | None = None  # OpenAI's logit_bias
     # the engine's state
     private: bool = False  # it read a slot's own cache: its pages never enter the shared prefix cache
     output: list[int] = field(default_factory=list)
@@ -92,3 +96,6 @@ class Request:
     order: int = 0  # admission order; the newest is preempted first
     resume: list[int] | None = None  # after a preemption of a shifted sequence: the tokens it held
     decoding: Decoding | None = None  # the sampler, the penalties' history, the text and the stop rules
+    pending: np.ndarray | None = None  # logits whose sampling waits for the constraint's mask (scheduler.py)
+    speculative: bool = True  # under kiln serve --spec: it drafts (the request's "speculative": false opts out)
+    spec: object | None = None  # its drafter's state, a speculating.Drafting

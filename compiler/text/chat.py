@@ -2,11 +2,16 @@
 Hugging Face does (a sandboxed environment, `messages`, `add_generation_prompt`, the BOS/EOS
 token texts). A GGUF without one gets its architecture's built-in template
 (templates/chat/<name>.jinja, named by the architecture template), as llama.cpp falls back.
+
+Tools: a template that renders `tools` itself is given them (and the messages' `tool_calls` and
+`role: "tool"` messages), as transformers and llama.cpp pass them; one that does not gets the
+built-in fallback prompt of tool_calls.py.
 """
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from functools import lru_cache
 
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -15,6 +20,7 @@ from ..core.errors import KilnError
 from ..frontend.spec import ModelSpec
 from ..core.paths import CHAT_TEMPLATE_DIR
 from ..frontend.architecture import load_architecture
+from .tool_calls import fallback_messages
 
 ROLES = ("system", "user", "assistant")
 
@@ -41,26 +47,51 @@ def _raise(message: str):
     raise JinjaTemplateError(message)
 
 
-def render_chat(spec: ModelSpec, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    return render_chat_spans(spec, messages, add_generation_prompt)[0]
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    return env
 
 
-def render_chat_spans(spec: ModelSpec, messages: list[dict[str, str]],
-                      add_generation_prompt: bool = True) -> tuple[str, list[tuple[int, int]]]:
+@lru_cache(maxsize=16)
+def renders_tools(source: str) -> bool:
+    """Whether a template renders the `tools` it is given: a probe tool's name shows in its output."""
+    probe = "kiln_probe_" + secrets.token_hex(4)
+    tool = {"type": "function", "function": {"name": probe, "description": "a probe",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    try:
+        out = _environment().from_string(source).render(messages=[{"role": "user", "content": "hi"}], tools=[tool],
+                                                         add_generation_prompt=True, bos_token="", eos_token="")
+    except Exception:  # a template that fails on tools does not take them
+        return False
+    return probe in out
+
+
+def render_chat(spec: ModelSpec, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> str:
+    return render_chat_spans(spec, messages, add_generation_prompt, tools)[0]
+
+
+def render_chat_spans(spec: ModelSpec, messages: list[dict], add_generation_prompt: bool = True,
+                      tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The rendered prompt, and the spans of it that are the messages' own text (to tokenize with
     their special-token look-alikes as text: Tokenizer.tokenize's `plain`). Each message's text,
     less its outer whitespace (which a template may trim), is framed by markers no one can guess
-    before rendering; they are taken out after, and where they were are the spans."""
+    before rendering; they are taken out after, and where they were are the spans. `tools`
+    (OpenAI's function tools) go to a template that renders them, else into the fallback prompt."""
     template = chat_template(spec)
     tok = spec.tokenizer
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
+    env = _environment()
     open_, close = f"\ue000{secrets.token_hex(8)}", f"{secrets.token_hex(8)}\ue001"
+    if not renders_tools(template.source) and (tools or any(m["role"] == "tool" or m.get("tool_calls")
+                                                            for m in messages)):
+        messages, tools = fallback_messages(messages, tools), None
 
     def text(i):
         return tok.tokens[i] if i is not None else ""
 
-    def framed(content: str) -> str:
+    def framed(content: str | None) -> str:
+        content = content or ""
         core = content.strip()
         if not core:
             return content
@@ -68,9 +99,11 @@ def render_chat_spans(spec: ModelSpec, messages: list[dict[str, str]],
         return f"{lead}{open_}{core}{close}{content[len(lead) + len(core):]}"
 
     try:
+        extra = {"tools": tools} if tools else {}
         out = env.from_string(template.source).render(
-            messages=[{**m, "content": framed(m["content"])} for m in messages],
-            add_generation_prompt=add_generation_prompt, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
+            messages=[{**m, "content": framed(m.get("content"))} for m in messages],
+            add_generation_prompt=add_generation_prompt, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
+            **extra)
     except JinjaTemplateError as e:
         raise KilnError(f"{spec.path}: the chat template ({template.origin}) failed to render: {e}") from None
     pieces, spans, at = [], [], 0

@@ -152,12 +152,17 @@ def find_llama_server(given: str | None) -> str:
 
 
 def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, kv_dtype: str,
-        llama_server: str | None, log=print, logdir: Path = Path("/tmp")) -> list[dict]:
+        llama_server: str | None, log=print, logdir: Path = Path("/tmp"), spec: bool = False) -> list[dict]:
     servers = []
     port = _free_port()
     servers.append(("kiln serve", [sys.executable, "-m", "compiler", "serve", str(model_path), "--alias", model_name,
                              "--port", str(port), "--n-seq", str(w.concurrency), "--ctx", str(ctx),
                              "--kv-dtype", kv_dtype, "--threads", str(threads)], port))
+    if spec:  # the same kiln server again, speculating by prompt lookup (kiln bench-serve --spec)
+        port = _free_port()
+        argv = [*servers[0][1], "--spec", "ngram"]
+        argv[argv.index("--port") + 1] = str(port)
+        servers.append(("kiln serve --spec ngram", argv, port))
     if llama_server != "none":
         port = _free_port()
         servers.append(("llama-server", [find_llama_server(llama_server), "-m", str(model_path), "--alias", model_name,
@@ -190,8 +195,9 @@ def render(rows: list[dict], w: Workload) -> str:
         lines.append(f"| {r['server']} | {r['requests_per_s']:.2f} | {r['output_tok_per_s']:.1f} | "
                      f"{r['ttft_p50']:.3f} s | {r['ttft_p99']:.3f} s | {r['itl_p50'] * 1e3:.1f} ms | "
                      f"{r['itl_p99'] * 1e3:.1f} ms | {r['prefix_hit_rate']:.1%} |")
-    if len(rows) == 2:
-        k, l = rows
+    by = {r["server"]: r for r in rows}
+    if "kiln serve" in by and "llama-server" in by:
+        k, l = by["kiln serve"], by["llama-server"]
         lines.append(f"\nkiln / llama-server: output tok/s {k['output_tok_per_s'] / l['output_tok_per_s']:.2f}x, "
                      f"TTFT p50 {k['ttft_p50'] / l['ttft_p50']:.2f}x, p99 {k['ttft_p99'] / l['ttft_p99']:.2f}x "
                      "(lower is better for TTFT)")

@@ -1,0 +1,198 @@
+"""The decoding loops with speculation on: Sequence.generate's and Model.generate_batch's.
+
+Each round drafts for every running sequence (speculation.py: how many, and what), then runs
+one step holding each sequence's current token and its drafts, and verifies them. Plain
+decoding is the same loop with no drafts, so a round with k = 0 everywhere costs what a plain
+step costs. Whatever the drafts, the tokens are those plain decoding gives (speculation.py).
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .draft_model import DraftSequence, draft_together
+from .generation import Decoding, Sampled
+from .sampling import SamplingParams
+from .speculation import DraftLength, PromptLookup, Speculation, SpecStats, StepCost, draft_room, verify
+from .status import ModelError, PoolFullError
+
+PROBE_EVERY = 8  # a draft-model sequence that stopped drafting tries one token again after this many steps
+_COSTS: "weakref.WeakKeyDictionary[object, StepCost]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(eq=False)
+class Lane:
+    """One sequence being decoded with speculation."""
+    seq: object  # Sequence
+    run: Decoding
+    length: DraftLength
+    lookup: PromptLookup | None = None
+    drafter: DraftSequence | None = None
+    pending: int | None = None  # the sampled token the next step feeds
+    done: bool = False
+    idle: int = 0  # steps since a draft-model lane last drafted
+    drafts: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] | None = None
+    guess: int | None = None  # an n-gram guess not sent (k = 0), scored against the token sampled
+    index: int = 0  # generate_batch's prompt index
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+
+
+def lane(spec: Speculation, seq, run: Decoding, params: SamplingParams, cost: StepCost) -> Lane:
+    if spec.method == "ngram":
+        return Lane(seq, run, DraftLength(spec.max_draft, cost), lookup=PromptLookup(run.history))
+    return Lane(seq, run, DraftLength(spec.max_draft, cost), drafter=DraftSequence(spec.draft_model, params))
+
+
+def step_cost(model, seq, token: int) -> StepCost:
+    """The model's step cost, timed once per model on `seq` (its extra rows rolled back): one
+    row against nine gives the fixed part in units of a row."""
+    if model in _COSTS:
+        return _COSTS[model]
+    n, rows = seq.n_past, 9
+    if min(draft_room(model, n) + 1, model.options.batch_tokens) < rows:
+        return StepCost()
+    times: dict[int, list[float]] = {1: [], rows: []}
+    try:
+        for _ in range(3):
+            for r in times:
+                t0 = time.perf_counter()
+                model.step([(seq, [token] * r)])
+                times[r].append(time.perf_counter() - t0)
+                seq.rollback(n)
+    except ModelError:  # the pool has no room for the rows: keep the default
+        if seq.n_past > n:
+            seq.rollback(n)
+        return StepCost()
+    one, many = min(times[1]), min(times[rows])
+    per_row = max((many - one) / (rows - 1), one / 64)
+    cost = _COSTS[model] = StepCost(fixed=min(max(one / per_row - 1, 1.0), 32.0))
+    return cost
+
+
+def calibrate(model) -> StepCost:
+    """step_cost on a sequence of its own (a server times its model once, before serving)."""
+    try:
+        with model.sequence() as seq:
+            seq.prefill([0])
+            return step_cost(model, seq, 0)
+    except ModelError:  # no free sequence
+        return StepCost()
+
+
+def _plan(model, lanes: list[Lane]) -> None:
+    """Each lane's drafts for this round, within the step's rows."""
+    base = len(lanes)
+    spare = model.options.batch_tokens - base
+    jobs = []
+    for ln in lanes:
+        ln.drafts, ln.probs, ln.guess = [], None, None
+        k = min(ln.length.choose(base), draft_room(model, ln.seq.n_past), spare)
+        if ln.lookup is not None:
+            proposal = ln.lookup.propose(max(k, 1))
+            ln.drafts = proposal[:k]
+            ln.guess = proposal[0] if proposal and not k else None
+        else:
+            if k == 0 and ln.idle >= PROBE_EVERY and spare > 0 and draft_room(model, ln.seq.n_past) > 0:
+                k = 1
+            ln.idle = 0 if k else ln.idle + 1
+            if k:
+                jobs.append((ln, k))
+        spare -= len(ln.drafts) if ln.lookup is not None else k
+    if jobs:
+        made = draft_together([(ln.drafter, ln.seq.tokens + [ln.pending], ln.run.history, k) for ln, k in jobs])
+        for (ln, _), (drafts, probs) in zip(jobs, made):
+            ln.drafts, ln.probs = drafts, probs
+
+
+def rounds(model, lanes: list[Lane], stats: SpecStats, sinks: int | None) -> Iterator[tuple[Lane, Sampled, int]]:
+    """Decode the lanes (each with its pending token set) until all are done. Yields each token
+    as (lane, what it adds, the positions the sequence would hold at that token had it been
+    decoded alone: n_past before feeding it)."""
+    while True:
+        active = [ln for ln in lanes if not ln.done]
+        if not active:
+            return
+        if sinks is not None:
+            for ln in active:
+                ln.seq.shift_if_full(sinks)
+        _plan(model, active)
+        before = [ln.seq.n_past for ln in active]
+        try:
+            rows = model.step_rows([(ln.seq, [ln.pending] + ln.drafts) for ln in active], [True] * len(active))
+        except PoolFullError:  # no pages for the drafts' positions: the step goes on without them
+            if not any(ln.drafts for ln in active):
+                raise
+            for ln in active:
+                ln.drafts, ln.probs, ln.guess = [], None, None
+            rows = model.step_rows([(ln.seq, [ln.pending]) for ln in active], [True] * len(active))
+        for ln, n_before, logits in zip(active, before, rows):
+            got, accepted = verify(ln.run, ln.drafts, logits, n_before, ln.probs)
+            if n_before + len(got) < ln.seq.n_past:
+                ln.seq.rollback(n_before + len(got))
+            stats.add(len(ln.drafts), accepted, len(got))
+            if ln.drafts:
+                ln.length.observe(accepted, len(ln.drafts))
+            elif ln.guess is not None:
+                ln.length.observe(int(got[0].token == ln.guess), 1)
+            for i, g in enumerate(got):
+                yield ln, g, n_before + i + 1
+            if got[-1].finish_reason:
+                ln.done = True
+            else:
+                ln.pending = got[-1].token
+
+
+def generate_one(seq, prompt, max_tokens: int, params: SamplingParams, stops: list[str], sinks: int | None,
+                 spec: Speculation, stats: SpecStats, guide=None, bias=None) -> Iterator[str]:
+    """Sequence.generate with speculation: its text piece by piece. Stopped early (the caller
+    closes the generator), the sequence holds what plain decoding would hold at that token."""
+    m = seq.model
+    ids = m.prompt_ids(prompt)
+    logits = seq.prefill(seq.reuse_prefix(ids))
+    run = m.decoding(ids, params, stops, max_tokens, context_shift=sinks is not None, guide=guide, bias=bias)
+    first = run.next(logits, seq.n_past)
+    if first.text:
+        yield first.text
+    if first.finish_reason:
+        return
+    ln = lane(spec, seq, run, params, step_cost(m, seq, first.token))
+    ln.pending = first.token
+    held = None  # positions the sequence should hold if the caller stops now
+    try:
+        for _, got, n_past in rounds(m, [ln], stats, sinks):
+            held = n_past
+            if got.text:
+                yield got.text
+        held = None
+    finally:
+        ln.close()
+        if held is not None and not seq.closed and seq.n_past > held:
+            seq.rollback(held)
+
+
+def decode_wave(model, wave, ids, params, stops, max_tokens: int, out: list[str], sinks: int | None,
+                spec: Speculation, stats: SpecStats, guides: list, bias) -> None:
+    """generate_batch's wave with speculation: every sequence's rounds share each step."""
+    lanes: list[Lane] = []
+    try:
+        for i, s in wave:
+            run = model.decoding(ids[i], params[i], stops, max_tokens, context_shift=sinks is not None,
+                                 guide=guides[i], bias=bias)
+            first = run.next(s.prefill(ids[i]), s.n_past)
+            out[i] += first.text
+            ln = lane(spec, s, run, params[i], step_cost(model, s, first.token or 0))
+            ln.pending, ln.done, ln.index = first.token, first.finish_reason is not None, i
+            lanes.append(ln)
+        for ln, got, _ in rounds(model, lanes, stats, sinks):
+            out[ln.index] += got.text
+    finally:
+        for ln in lanes:
+            ln.close()
