@@ -98,6 +98,28 @@ void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the
 /* y[r] = scale * row ids[r] of the table, dequantized */
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);
 
+/* -- mixture of experts (moe_route.c, moe.c) ------------------------------------------------ */
+/* idx = 0 .. n-1 ordered by v descending, ties where libstdc++'s std::sort with `v[a] > v[b]`
+   leaves them: llama.cpp's CPU argsort (ggml_argsort_top_k), step for step */
+void kiln_argsort_desc(const float *v, int32_t *idx, int n);
+/* Each row's router: p = softmax(logits[r][0 .. n_expert)) (kiln_expf, the sum in double), the top
+   n_used experts by p in argsort order into ids[r], their p into weights[r], divided by their sum
+   (at least 6.103515625e-5) where normalize: llama.cpp's softmax gating, with and without norm_w. */
+void kiln_moe_route(int32_t *ids, float *weights, const float *logits, int n_rows, int n_expert, int n_used,
+                    int normalize);
+/* The scratch kiln_moe_ffn takes (its parts: moe.c; compiler/passes/scratch.py plans the same). */
+size_t kiln_moe_scratch_bytes(int gate_type, int up_type, int down_type, int n_rows, int n_expert, int n_used,
+                              int n_ff, int n_embd);
+/* y[r] = sum over j < n_used, in rank order, of weights[r][j] * FFN_e(x[r]) for e = ids[r][j]:
+   FFN_e(x) = down_e (silu(gate_e x) * up_e x), expert e the slice e of gate and up [n_expert][n_ff]
+   [n_embd] and of down [n_expert][n_embd][n_ff] (their packed copies where given and the build reads
+   them). Each expert's weights are read once for all the rows that chose it, each row's value is
+   the same bits however the rows are batched. Runs on a pool of n_threads of its own; reads, where
+   not NULL, gets [n_expert][3] += the rows of each expert's gate, up and down the kernel read. */
+int kiln_moe_ffn(float *y, const float *x, const int32_t *ids, const float *weights, const kiln_weight *gate,
+                 const kiln_weight *up, const kiln_weight *down, int n_rows, int n_expert, int n_used, int n_ff,
+                 int n_embd, void *scratch, int n_threads, int32_t *reads);
+
 
 /* -- KV cache and attention ---------------------------------------------------------------- */
 /* f32 row x[n] -> dst in a cache type (f32, f16, q8_0, q5_0, q4_1, q4_0), rounded as ggml's reference does */

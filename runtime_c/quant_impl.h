@@ -18,6 +18,9 @@ typedef void (*kiln_quant_fn)(const float *x, void *dst, int n);
 typedef void (*kiln_rows_fn)(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
                              float *y, size_t y_row);
 
+/* the format a type's dot takes its activations in: KILN_F32, KILN_Q8_0, KILN_Q8_1 or KILN_Q8_K */
+int kiln_act_type(int type);
+
 /* the reference's values for every pair, through the type's SIMD rows kernel where there is one */
 void kiln_rows(int type, int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
                float *y, size_t y_row);

@@ -83,6 +83,8 @@ int kiln_simd_kernels(int type) {
            (ACT[TYPES[type].act_type].quantize_simd ? KILN_SIMD_ACT : 0);
 }
 
+int kiln_act_type(int type) { return TYPES[type].act_type; }
+
 size_t kiln_row_bytes(int type, int n) { return (size_t)(n / TYPES[type].block) * TYPES[type].block_bytes; }
 
 size_t kiln_act_row_bytes(int type, int n) {

@@ -7,7 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from compiler.frontend.architecture import LayerKind, RopeLayout, load_architecture
+from compiler.frontend.architecture import LayerKind, RopeLayout
+from compiler.frontend.architecture_file import load_architecture
 from compiler.frontend.gguf_reader import read_model
 from compiler.ir.builder import build_graph
 from compiler.ir.graph import AttentionAttrs, EmbedAttrs, Op, RopeAttrs, ValueKind

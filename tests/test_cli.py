@@ -140,6 +140,8 @@ def test_tokenize_jsonl_is_one_array_a_line(smollm2):
     ("granite", ["attn_scaled", "[kiln_scale]", "result_scaled", "logit_scale", "embedding_scale"]),
     ("phi3-long", ["blk.0.attn_qkv.weight[0:128]", "blk.0.ffn_up.weight[256:512]", "rope_factors_long.weight"]),
     ("gemma2", ["[kiln_attention_softcap]", "result_capped", "[kiln_softcap]", "attn_logit_softcapping 5.0"]),
+    ("qwen3moe", ["[kiln_moe_route]", "[kiln_moe_ffn]", "n_expert_used", "8 experts of", "a token reads",
+                  "expert_bytes_per_token"]),
 ])
 def test_layout_and_ir_on_the_new_architectures(capsys, tiny, name, shows):
     """`kiln ir` and `kiln layout` (text and JSON) run on each: the IR names the new ops and

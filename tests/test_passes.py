@@ -8,7 +8,7 @@ import pytest
 from compiler.core.dtypes import DType
 from compiler.core.errors import GraphError
 from compiler.core.options import CompileOptions
-from compiler.frontend.architecture import load_architecture
+from compiler.frontend.architecture_file import load_architecture
 from compiler.frontend.gguf_reader import read_model
 from compiler.ir.builder import build_graph
 from compiler.ir.graph import Op, Section, ValueKind
@@ -236,3 +236,46 @@ def test_validate_checks_the_rope_factors_and_the_unread_tensors(tiny):
     q_rope = next(n for n in g.body if n.name == "q_rope")
     wrong = _mutate(g, "q_rope", inputs=q_rope.inputs[:2] + (replace(q_rope.inputs[2], shape=(8,)),))
     assert any("frequency factors [(8,)] are not one vector of n_rot / 2 = 16" in p for p in graph_problems(wrong, spec))
+
+
+# -- a mixture of experts: moe_route and moe_ffn ----------------------------------------------------------------
+@pytest.mark.parametrize("name", ["qwen3moe", "olmoe"])
+def test_moe_ops_before_and_after_the_passes(tiny, name):
+    """The builder puts the router's matmul, moe_route and moe_ffn where a dense FFN's gate, up and
+    down were; kernel select gives them their kernels, the scratch pass the slots moe.c carves
+    (sized for the step's rows), and validate takes the graph."""
+    from compiler.passes.scratch import moe_scratch_bytes
+    spec, g, kv = _setup(_feature(tiny, name, wtype=DType.Q8_0.value))
+    ops = [n.op for n in g.body]
+    assert Op.GLU not in ops and ops.count(Op.MOE_ROUTE) == ops.count(Op.MOE_FFN) == 1
+    route, ffn = (next(n for n in g.body if n.op is op) for op in (Op.MOE_ROUTE, Op.MOE_FFN))
+    assert [v.name for v in route.inputs] == ["ffn_moe_logits"] and route.attrs.normalize == (name == "qwen3moe")
+    assert [v.name for v in ffn.inputs] == ["ffn_norm", "ffn_moe_topk", "ffn_moe_weights", "ffn_gate_exps",
+                                            "ffn_up_exps", "ffn_down_exps"]
+    assert graph_problems(g, spec) == [] and route.kernel is None and ffn.scratch is None
+    after = add_scratch(select_kernels(insert_kv_ops(g, kv)), kv)
+    nodes = {n.name: n for n in after.body}
+    assert nodes["ffn_moe_logits"].kernel == "kiln_matmul" and nodes["ffn_moe_topk"].kernel == "kiln_moe_route"
+    assert nodes["ffn_moe_out"].kernel == "kiln_moe_ffn" and nodes["ffn_moe_topk"].scratch is None
+    hp = spec.hparams
+    assert nodes["ffn_moe_out"].scratch.nbytes == moe_scratch_bytes(DType.Q8_0, DType.Q8_0, DType.Q8_0, 8, hp.n_expert,
+                                                                     hp.n_expert_used, hp.n_ff_exp, hp.n_embd)
+    assert graph_problems(after, spec) == []
+
+
+def test_validate_catches_moe_faults(tiny):
+    spec, g, _ = _setup(_feature(tiny, "qwen3moe"))
+    route, ffn = (next(n for n in g.body if n.op is op) for op in (Op.MOE_ROUTE, Op.MOE_FFN))
+    too_many = _mutate(g, "ffn_moe_topk", attrs=replace(route.attrs, n_used=9))
+    assert any("top 9 of 8" in p for p in graph_problems(too_many, spec))
+    ids = ffn.inputs[1]
+    short = _mutate(g, "ffn_moe_out", inputs=(ffn.inputs[0], replace(ids, shape=(8, 1)), *ffn.inputs[2:]))
+    assert any("ids (8, 1)" in p for p in graph_problems(short, spec))
+    swapped = _mutate(g, "ffn_moe_out", inputs=(*ffn.inputs[:3], ffn.inputs[5], ffn.inputs[4], ffn.inputs[3]))
+    assert any("experts" in p for p in graph_problems(swapped, spec))
+
+
+def test_moe_expert_tensors_must_have_the_metadata_shapes(tiny):
+    path = _feature(tiny, "qwen3moe", shapes={"blk.0.ffn_up_exps.weight": (8, 128, 128)})
+    with pytest.raises(Exception, match=r"ffn_up_exps\.weight' is \[8, 128, 128\] but expert_count 8"):
+        _setup(path)

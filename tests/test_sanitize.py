@@ -109,6 +109,9 @@ CASES = {
     "gemma2-q8_0-q4_0": (*_feature("gemma2", wtype=Q.Q8_0), "q4_0"),
     "phi3-q8_0-f16": (*_feature("phi3-long", wtype=Q.Q8_0), "f16"),
     "qwen2-yarn-q4_0-q8_0": (*_feature("qwen2-yarn", wtype=Q.Q4_0), "q8_0"),
+    # experts of K-quants with an up of another activation format, in their scratch's slots
+    "qwen3moe-q4_k-f16": (*_feature("qwen3moe", wtype=Q.Q4_K, n_embd=256, n_ff=256, types={
+        f"blk.{i}.ffn_up_exps.weight": Q.Q8_0 for i in range(2)}), "f16"),
 }
 
 

@@ -83,8 +83,8 @@ def test_golden_model_logits_are_the_scalar_builds_bit_for_bit(golden_model, sca
 
 
 # the new architectures' own code that has SIMD spellings: the soft-capped scores and logits
-# (tanh), and the scaled ropes and fused weights they run beside
-FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite"]
+# (tanh), and the scaled ropes and fused weights they run beside; the experts (moe.c: x8 tiles or GGUF rows by target)
+FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe"]
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import pytest
 from compiler.core.errors import ArchitectureError
 from compiler.core.paths import ARCH_DIR
 from compiler.frontend.architecture import (AttnVariant, EmbeddingScale, LayerKind, RopeFactors, RopeLayout,
-                                            RopeScaling, Scalar, Stage, available_archs, load_architecture,
-                                            parse_architecture_file)
+                                            RopeScaling, Scalar, Stage)
+from compiler.frontend.architecture_file import available_archs, load_architecture, parse_architecture_file
 
 
 def test_shipped_templates():
-    assert available_archs() == ("gemma2", "gemma3", "granite", "llama", "phi3", "qwen2", "qwen3")
+    assert available_archs() == ("gemma2", "gemma3", "granite", "llama", "olmoe", "phi3", "qwen2", "qwen3", "qwen3moe")
     llama, qwen2, qwen3, gemma3 = (load_architecture(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
     assert llama.rope_layout is RopeLayout.PAIRWISE and not llama.qkv_bias and not llama.qk_norm
     assert qwen2.rope_layout is RopeLayout.NEOX and qwen2.qkv_bias

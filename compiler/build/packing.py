@@ -35,7 +35,8 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], x8_kernels: b
         progress.note("nothing to pack: every matmul reads the GGUF's rows on this build")
         return None
     crc = spec.header_crc32
-    plan = [(p.tensor, p.dtype.label, p.n_out, p.n_in, p.src, p.offset, p.size, p.src_size) for p in packed]
+    plan = [(p.tensor, p.dtype.label, p.n_out, p.n_in, p.src, p.offset, p.size, p.src_size)
+            + ((p.experts,) if p.experts else ()) for p in packed]
     packer = (RUNTIME_DIR / "x8_pack.c").read_bytes()
     key = hashlib.sha256(repr((spec.file_size, crc, plan)).encode() + packer).hexdigest()[:24]
     path = cache_dir() / "packed" / f"{spec.path.stem}-{key}.x8"
@@ -66,13 +67,15 @@ def _pack_into(out: np.ndarray, gguf_path: Path, packed: tuple[PackedWeight, ...
     lib, ffi = kernels.lib, kernels.ffi
     gguf = np.memmap(gguf_path, dtype=np.uint8, mode="r")
     jobs = []
-    for p in packed:
-        t, row_bytes = p.dtype.value.value, p.src_size // p.n_out
+    for p in packed:  # an expert tensor: each expert's slice a matrix of its own
+        t, row_bytes = p.dtype.value.value, p.src_size // (p.n_out * p.matrices)
         rows = max(8, SLICE_BYTES // row_bytes // 8 * 8)
-        for r0 in range(0, p.n_out, rows):
-            n = min(rows, p.n_out - r0)
-            dst_at = PACKED_HEADER_BYTES + p.offset + lib.kiln_x8_bytes(t, r0, p.n_in)
-            jobs.append((t, p.src + r0 * row_bytes, n * row_bytes, dst_at, lib.kiln_x8_bytes(t, n, p.n_in), n, p.n_in))
+        for e in range(p.matrices):
+            src, dst = p.src + e * p.n_out * row_bytes, PACKED_HEADER_BYTES + p.offset + e * (p.size // p.matrices)
+            for r0 in range(0, p.n_out, rows):
+                n = min(rows, p.n_out - r0)
+                jobs.append((t, src + r0 * row_bytes, n * row_bytes, dst + lib.kiln_x8_bytes(t, r0, p.n_in),
+                             lib.kiln_x8_bytes(t, n, p.n_in), n, p.n_in))
     lock = threading.Lock()
 
     def pack(job) -> None:

@@ -7,7 +7,7 @@ import sys
 
 from ..core.errors import KilnError
 from ..frontend.registry import BUNDLED, resolve
-from .common import add_build_options, add_model_argument, int_list, log
+from .common import DEFAULT_MODEL, add_build_options, add_model_argument, int_list, log
 
 
 def run_bench(a: argparse.Namespace) -> None:
@@ -16,6 +16,12 @@ def run_bench(a: argparse.Namespace) -> None:
     from ..tools.bandwidth import read_bandwidth_c, read_bandwidth_numpy
     from ..tools.bench import decode_bytes_per_token, default_tests, render, run_bench, write_json
 
+    if a.synthetic:
+        from ..tools.synthetic_models import synthetic_model
+
+        if a.model != DEFAULT_MODEL:
+            raise KilnError("--synthetic names the model: give no MODEL with it")
+        a.model = synthetic_model(a.synthetic, a.wtype, log=log)
     threads = a.threads or default_threads()
     if threads < 1 or a.reps < 1:
         raise KilnError("--threads and --reps must be at least 1")
@@ -119,6 +125,10 @@ def run_bench_serve(a: argparse.Namespace) -> None:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="pp/tg/tg-at-depth side by side with llama.cpp (same GGUF, same threads)")
     add_model_argument(p)
+    p.add_argument("--synthetic", default=None, metavar="SHAPE",
+                   help="instead of MODEL, a model of this shape with random weights and SmolLM2's tokenizer, written "
+                        "once into $KILN_CACHE/synthetic: llama-1b, llama-3b, llama-8b, qwen3moe-small")
+    p.add_argument("--wtype", default="Q4_0", help="with --synthetic: the matmul weights' type (Q4_0, Q8_0, Q4_K)")
     p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: all cores)")
     p.add_argument("--kv-dtype", default="f32", help="KV cache dtype for both engines")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up")

@@ -55,10 +55,11 @@ def _embed(n: Node) -> list[str]:
 
 
 def _rms_norm(n: Node) -> list[str]:
+    """Runs of the weight's length: each head, or (OLMoE's q/k norms) a whole row."""
     x, w = n.inputs
-    rows = f"n * {row(x) // x.shape[-1]}" if len(x.shape) > 2 else "n"
+    runs = row(x) // w.shape[0]
     return [c_name(n.outputs[0]), c_name(x), floats(w), c_float(n.attrs.weight_offset), c_float(n.attrs.eps),
-            str(x.shape[-1]), rows]
+            str(w.shape[0]), f"n * {runs}" if len(x.shape) > 2 else "n"]
 
 
 def _matmul(n: Node) -> list[str]:
@@ -104,6 +105,19 @@ def _attention_softcap(n: Node) -> list[str]:
     return args[:10] + [c_float(n.attrs.softcap)] + args[10:]
 
 
+def _moe_route(n: Node) -> list[str]:
+    (logits,), (ids, weights) = n.inputs, n.outputs
+    a = n.attrs
+    return [c_name(ids), c_name(weights), c_name(logits), "n", str(a.n_expert), str(a.n_used), str(int(a.normalize))]
+
+
+def _moe_ffn(n: Node) -> list[str]:
+    x, ids, weights, gate, up, down = n.inputs
+    a = n.attrs
+    return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate), weight(up), weight(down),
+            "n", str(a.n_expert), str(a.n_used), str(gate.shape[1]), str(x.shape[1]), c_name(n.scratch)]
+
+
 def _count(v: Value) -> str:
     """Elements of an activation, or of the logits rows asked for."""
     return f"{'n_logits' if v.kind is ValueKind.OUTPUT else 'n'} * {row(v)}"
@@ -142,6 +156,8 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_geglu": _binary,
     "kiln_scale": _scaled,
     "kiln_softcap": _scaled,
+    "kiln_moe_route": _moe_route,
+    "kiln_moe_ffn": _moe_ffn,
 }
 
 

@@ -96,6 +96,12 @@ def act_row_bytes(weight: DType, n: int) -> int:
     return n // block * size
 
 
+def same_act_format(a: DType, b: DType) -> bool:
+    """Whether two weight types' dots take their activations in one format (each format has its
+    own block geometry: f32, q8_0, q8_1, q8_K)."""
+    return _ACT_BLOCK[a] == _ACT_BLOCK[b]
+
+
 # KV-cache element types, by their option spelling.
 KV_DTYPES: dict[str, DType] = {t.label: t for t in (DType.F32, DType.F16, DType.Q8_0, DType.Q5_0, DType.Q4_1,
                                                       DType.Q4_0)}

@@ -2,21 +2,17 @@
 
 An architecture says which block stages run in which order and how each is parameterised
 (norm, rope layout, activation, ...). Hyperparameters come from the GGUF and dtypes from
-the weights, never from here. The loader rejects unknown or missing fields by name.
+the weights, never from here. architecture_file.py reads a template into an Architecture and
+rejects unknown or missing fields by name.
 
 ("Template" alone means this file; chat templates (text/chat.py) and the C templates of the
 code generator (codegen/c_templates) are always named so.)
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
-from functools import lru_cache
-from pathlib import Path
 
-from ..core.errors import ArchitectureError
-from ..core.paths import ARCH_DIR, CHAT_TEMPLATE_DIR
 
 
 
@@ -34,6 +30,7 @@ class Stage(Enum):
     FFN_NORM = "ffn_norm"
     FFN_GLU = "ffn_glu"
     FFN_DOWN = "ffn_down"
+    FFN_MOE = "ffn_moe"  # a router and experts in place of ffn_glu and ffn_down (the template's `moe`)
     FFN_POST_NORM = "ffn_post_norm"
     FFN_RESIDUAL = "ffn_residual"
 
@@ -95,6 +92,31 @@ class AttentionScale:
 class LMHead(Enum):
     TIED = "tied"  # logits use token_embd.weight
     OUTPUT_OR_TIED = "output_or_tied"  # output.weight when the file has it, else tied
+    OUTPUT = "output"  # output.weight, which the file must have (OLMoE, as llama.cpp requires it)
+
+
+class QKNormSpan(Enum):
+    """What the qk_norm stage normalizes: each head of Q and K (Qwen3), or all of a row's heads at
+    once, before they are split into heads (OLMoE, whose attn_q_norm holds n_embd weights)."""
+    HEAD = "head"
+    ROW = "row"
+
+
+@dataclass(frozen=True)
+class MoE:
+    """A mixture-of-experts FFN (stage ffn_moe), as llama.cpp's build_moe_ffn computes it with
+    softmax gating: the router ffn_gate_inp gives each row n_expert logits; their softmax, the
+    top n_expert_used experts by it (argsort order, ties as llama.cpp's sort leaves them), those
+    probabilities (divided by their sum where `normalize`); each chosen expert's GLU FFN (the 3-D
+    ffn_gate_exps, ffn_up_exps, ffn_down_exps: an expert is one slice), its output times its
+    weight, summed over the experts in rank order."""
+    normalize: bool  # llama.cpp's norm_w: qwen3moe renormalizes the top-k weights, olmoe does not
+    ffn_length_key: str  # the GGUF key (under '{arch}.') of an expert's FFN width
+
+
+# An expert's FFN width: qwen3moe's own key (absent: feed_forward_length / expert_used_count, as
+# llama.cpp takes it), or olmoe's feed_forward_length
+MOE_FFN_LENGTH_KEYS = ("expert_feed_forward_length", "feed_forward_length")
 
 
 class AttnVariant(Enum):
@@ -138,6 +160,8 @@ class Architecture:
     attn_softcap: float | None  # scores -> c tanh(s / c), c from the GGUF or this default; None: no cap
     final_softcap: float | None  # the same on the logits
     requires: tuple[tuple[str, tuple], ...]  # metadata a file may carry only with these values
+    moe: MoE | None = None  # the experts of an ffn_moe stage; None: a dense FFN
+    qk_norm_span: QKNormSpan = QKNormSpan.HEAD
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""
@@ -152,6 +176,8 @@ class Architecture:
             keys |= {"rope.scaling.type", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor"}
         if RopeScaling.YARN in self.rope_scaling:
             keys |= {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"}
+        if self.moe is not None:
+            keys |= {"expert_count", "expert_used_count", self.moe.ffn_length_key}
         return frozenset(keys)
 
     @property
@@ -181,145 +207,3 @@ METADATA_KEYS = {
     "attn_softcap": "attn_logit_softcapping",
     "final_softcap": "final_logit_softcapping",
 }
-
-
-# How each JSON field is parsed; a field not listed here is unknown.
-_PARSERS = {
-    "arch": str,
-    "description": str,
-    "block": lambda v: tuple(Stage(s) for s in v),
-    "norm": lambda v: _one_of(v, ("rms",)),
-    "norm_weight_offset": float,
-    "rope_layout": RopeLayout,
-    "rope_base_local": lambda v: None if v is None else float(v),
-    "qkv_bias": lambda v: _boolean(v),
-    "activation": Activation,
-    "embedding_scale": EmbeddingScale,
-    "lm_head": LMHead,
-    "kv_layout": KVLayout,
-    "attn_variant": AttnVariant,
-    "layer_pattern": lambda v: None if v is None else tuple(LayerKind(k) for k in v),
-    "chat_template": lambda v: None if v is None else _chat_template_name(v),
-    "fused_qkv": lambda v: _boolean(v),
-    "fused_ffn_up": lambda v: _boolean(v),
-    "rope_scaling": lambda v: tuple(RopeScaling(t) for t in _list(v)),
-    "rope_factors": RopeFactors,
-    "attention_scale": lambda v: _attention_scale(v),
-    "residual_scale": Scalar,
-    "logit_scale": Scalar,
-    "attn_softcap": lambda v: _softcap(v),
-    "final_softcap": lambda v: _softcap(v),
-    "requires": lambda v: _requires(v),
-}
-assert set(_PARSERS) == {f.name for f in fields(Architecture)}
-
-_REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
-                   Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
-
-
-def _one_of(v, allowed):
-    if v not in allowed:
-        raise ValueError(f"{v!r} is not one of {allowed}")
-    return v
-
-
-def _chat_template_name(v):
-    if not isinstance(v, str) or not (CHAT_TEMPLATE_DIR / f"{v}.jinja").is_file():
-        known = sorted(q.stem for q in CHAT_TEMPLATE_DIR.glob("*.jinja"))
-        raise ValueError(f"{v!r} names no file in {CHAT_TEMPLATE_DIR} (known: {', '.join(known)})")
-    return v
-
-
-def _list(v):
-    if not isinstance(v, list):
-        raise ValueError(f"{v!r} is not a list")
-    return v
-
-
-def _attention_scale(v) -> AttentionScale:
-    if v in ("inv_sqrt_head_dim", "metadata"):
-        return AttentionScale(v)
-    if isinstance(v, dict) and set(v) == {"n_embd_per_head_at_layers"} and isinstance(v["n_embd_per_head_at_layers"], int):
-        return AttentionScale("n_embd_per_head_at_layers", v["n_embd_per_head_at_layers"])
-    raise ValueError(f"{v!r} is not 'inv_sqrt_head_dim', 'metadata' or {{\"n_embd_per_head_at_layers\": N}}")
-
-
-def _softcap(v) -> float | None:
-    """null: no cap; {"metadata_default": c}: the GGUF's key, or c where it has none."""
-    if v is None:
-        return None
-    if isinstance(v, dict) and set(v) == {"metadata_default"} and isinstance(v["metadata_default"], (int, float)):
-        return float(v["metadata_default"])
-    raise ValueError(f"{v!r} is not null or {{\"metadata_default\": c}}")
-
-
-def _requires(v) -> tuple[tuple[str, tuple], ...]:
-    if not isinstance(v, dict) or not all(isinstance(a, list) for a in v.values()):
-        raise ValueError(f"{v!r} is not an object of key: [allowed values]")
-    return tuple(sorted((k, tuple(a)) for k, a in v.items()))
-
-
-def _boolean(v):
-    if not isinstance(v, bool):
-        raise ValueError(f"{v!r} is not true or false")
-    return v
-
-
-def available_archs() -> tuple[str, ...]:
-    return tuple(sorted(p.stem for p in ARCH_DIR.glob("*.json")))
-
-
-def load_architecture(name: str) -> Architecture:
-    path = ARCH_DIR / f"{name}.json"
-    if not path.is_file():
-        raise ArchitectureError(
-            f"no template for architecture '{name}' ({path} does not exist); "
-            f"supported: {', '.join(available_archs())}"
-        )
-    return parse_architecture_file(path)
-
-
-@lru_cache(maxsize=None)
-def parse_architecture_file(path: Path) -> Architecture:
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ArchitectureError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ArchitectureError(f"{path}: a template is a JSON object")
-    unknown = sorted(set(raw) - set(_PARSERS))
-    if unknown:
-        raise ArchitectureError(f"{path}: unknown field '{unknown[0]}' (known fields: {', '.join(_PARSERS)})")
-    missing = [k for k in _PARSERS if k not in raw]
-    if missing:
-        raise ArchitectureError(f"{path}: missing field '{missing[0]}'")
-    values = {}
-    for key, parse in _PARSERS.items():
-        try:
-            values[key] = parse(raw[key])
-        except (ValueError, TypeError) as e:
-            raise ArchitectureError(f"{path}: field '{key}': {e}") from None
-    t = Architecture(**values)
-    _check_consistency(path, t)
-    return t
-
-
-def _check_consistency(path: Path, t: Architecture) -> None:
-    if t.arch != path.stem:
-        raise ArchitectureError(f"{path}: field 'arch' is '{t.arch}' but the file is named for '{path.stem}'")
-    present = [s for s in t.block if s in _REQUIRED_ORDER]
-    if tuple(present) != _REQUIRED_ORDER:
-        raise ArchitectureError(
-            f"{path}: field 'block' must contain, in this order, {[s.value for s in _REQUIRED_ORDER]}"
-        )
-    if len(set(t.block)) != len(t.block):
-        raise ArchitectureError(f"{path}: field 'block' lists a stage twice")
-    hybrid = t.attn_variant is AttnVariant.HYBRID_SLIDING
-    if hybrid != (t.layer_pattern is not None):
-        raise ArchitectureError(f"{path}: field 'layer_pattern' is required by, and only allowed with, attn_variant 'hybrid_sliding'")
-    if hybrid and LayerKind.LOCAL not in t.layer_pattern:
-        raise ArchitectureError(f"{path}: a hybrid_sliding template needs local layers in 'layer_pattern'")
-    if t.fused_qkv and t.qkv_bias:
-        raise ArchitectureError(f"{path}: 'fused_qkv' with 'qkv_bias' is not implemented")
-    if (t.rope_factors is RopeFactors.LONG_SHORT) != (RopeScaling.LONGROPE in t.rope_scaling):
-        raise ArchitectureError(f"{path}: 'rope_factors' long_short goes with 'rope_scaling' longrope, and only with it")

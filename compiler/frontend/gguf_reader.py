@@ -19,11 +19,12 @@ from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
 
 from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
 from .gguf_check import check_layout
-from .metadata import check_unimplemented, read_rope_scaling, read_scalars
+from .metadata import check_unimplemented, read_experts, read_rope_scaling, read_scalars
 from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
 from .vocab import read_tokenizer
 from ..core.errors import ModelFileError
-from .architecture import ROPE_FACTOR_TENSORS, Architecture, available_archs, load_architecture
+from .architecture import ROPE_FACTOR_TENSORS, Architecture
+from .architecture_file import available_archs, load_architecture
 
 
 class _Reader(GGUFReader):
@@ -233,6 +234,7 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         sliding_window=meta.integer(f"{a}.attention.sliding_window", default=None),
         scalars=read_scalars(meta, t),
         **read_rope_scaling(meta, t),
+        **read_experts(meta, t),
     )
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
         if getattr(hp, field) <= 0:

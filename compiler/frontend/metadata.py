@@ -7,6 +7,7 @@ scaling), so a key is accepted only for the architectures that implement it.
 """
 from __future__ import annotations
 
+from ..core.cconst import MOE_MAX_EXPERTS
 from ..core.errors import ModelFileError
 from .architecture import METADATA_KEYS, Architecture, Scalar
 
@@ -34,6 +35,8 @@ _NEUTRAL_KEYS: dict[str, tuple] = {
     "attention.causal": (True,),
     "expert_count": (0,),
     "expert_used_count": (0,),
+    "expert_shared_count": (0,),
+    "expert_weights_scale": (0.0, 1.0),
     "embedding_scale": (1.0,),
     "residual_scale": (1.0,),
     "logit_scale": (1.0,),
@@ -102,3 +105,25 @@ def read_rope_scaling(meta, t: Architecture) -> dict:
         yarn_beta_fast=meta.number(f"{a}.rope.scaling.yarn_beta_fast", default=32.0),
         yarn_beta_slow=meta.number(f"{a}.rope.scaling.yarn_beta_slow", default=1.0),
     )
+
+
+def read_experts(meta, t: Architecture) -> dict:
+    """A mixture of experts' numbers, as llama.cpp reads them: expert_count and expert_used_count
+    (both required), and an expert's FFN width from the template's key (qwen3moe's
+    expert_feed_forward_length, absent: feed_forward_length / expert_used_count)."""
+    if t.moe is None:
+        return {}
+    a = t.arch
+    n_expert, n_used = meta.integer(f"{a}.expert_count"), meta.integer(f"{a}.expert_used_count")
+    if not 1 <= n_expert <= MOE_MAX_EXPERTS:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.expert_count' = {n_expert}; kiln runs 1 to "
+                             f"{MOE_MAX_EXPERTS} experts a layer")
+    if not 1 <= n_used <= n_expert:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.expert_used_count' = {n_used} must be between 1 and "
+                             f"expert_count ({n_expert})")
+    n_ff = meta.integer(f"{a}.{t.moe.ffn_length_key}", default=None)
+    if n_ff is None:  # qwen3moe without its own key
+        n_ff = meta.integer(f"{a}.feed_forward_length") // n_used
+    if n_ff <= 0:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.{t.moe.ffn_length_key}' = {n_ff} must be positive")
+    return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff)

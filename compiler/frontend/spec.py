@@ -59,6 +59,10 @@ class HParams:
     yarn_beta_slow: float = 1.0
     # the numbers the architecture takes from the file (architecture.METADATA_KEYS), where present
     scalars: tuple[tuple[str, float], ...] = ()
+    # a mixture of experts (the template's `moe`): experts per layer, used per token, an expert's FFN width
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
     @property
     def rope_scaled(self) -> bool:
@@ -73,7 +77,8 @@ class HParams:
         architecture's scalars by their GGUF keys."""
         shown = {"scalars": False, "rope_scaling": self.rope_scaled, "rope_scaling_factor": self.rope_scaled,
                  "rope_attn_factor": self.rope_scaled, "rope_n_ctx_orig": self.rope_scaled,
-                 "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn"}
+                 "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn",
+                 **{name: self.n_expert > 0 for name in ("n_expert", "n_expert_used", "n_ff_exp")}}
         out = [(f.name, getattr(self, f.name)) for f in fields(self) if shown.get(f.name, True)]
         return out + list(self.scalars)
 

@@ -15,10 +15,10 @@ import numpy as np
 
 from ..core.dtypes import DType
 from ..core.errors import ArchitectureError, ModelFileError
-from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Scalar, Stage
+from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, QKNormSpan, Scalar, Stage
 from ..frontend.spec import ModelSpec, TensorInfo
-from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, Node, NormAttrs, Op, RopeAttrs,
-                    ScaleAttrs, SoftcapAttrs, Value, ValueKind)
+from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, MoeAttrs, Node, NormAttrs, Op,
+                    RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
 from .rope import rope_attrs, rope_factors
 
 # The step's inputs: the batch's arrays, one entry per row.
@@ -121,7 +121,8 @@ class GraphBuilder:
     def tail(self) -> tuple[Node, ...]:
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
         x = self.emit(Op.SELECT_ROWS, "result_rows", (x, self.inputs["inp_out"]), x.shape)
-        tied = self.arch.lm_head is LMHead.TIED or "output.weight" not in self.spec.tensors
+        tied = self.arch.lm_head is LMHead.TIED or (self.arch.lm_head is LMHead.OUTPUT_OR_TIED
+                                                    and "output.weight" not in self.spec.tensors)
         head = self.weight("output.weight", view_of="token_embd.weight" if tied else None)
         logits = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_vocab), DType.F32)
         self.nodes.append(Node(Op.LOGITS, "result_output", (x, head), (logits,)))
@@ -184,8 +185,15 @@ def _qkv(b: GraphBuilder) -> None:
 
 
 def _qk_norm(b: GraphBuilder) -> None:
-    b.q = b.norm("q_norm", b.q, b.layer_weight("attn_q_norm"))
-    b.k = b.norm("k_norm", b.k, b.layer_weight("attn_k_norm"))
+    """Each head's norm, or (OLMoE) one over all of a row's heads: the norm takes runs of its weight's length."""
+    for name, x, heads in (("q", b.q, b.hp.n_head), ("k", b.k, b.hp.n_head_kv)):
+        w = b.layer_weight(f"attn_{name}_norm")
+        span = b.hp.head_dim * (heads if b.arch.qk_norm_span is QKNormSpan.ROW else 1)
+        if w.shape != (span,):
+            raise ModelFileError(f"{b.spec.path}: tensor 'blk.0.attn_{name}_norm.weight' is {list(w.shape)}; the "
+                                 f"{b.arch.arch} architecture normalizes runs of {span} (qk_norm_span "
+                                 f"'{b.arch.qk_norm_span.value}')")
+        setattr(b, name, b.norm(f"{name}_norm", x, w))
 
 
 def _rope(b: GraphBuilder) -> None:
@@ -250,6 +258,28 @@ def _ffn_down(b: GraphBuilder) -> None:
     b.cur = b.matmul("ffn_out", b.cur, "ffn_down", (b.T, b.hp.n_embd))
 
 
+def _ffn_moe(b: GraphBuilder) -> None:
+    """Router logits (a matmul), each row's top-k experts and their weights (moe_route), then the
+    experts' FFNs weighted and summed (moe_ffn), as llama.cpp's build_moe_ffn names them."""
+    hp, moe = b.hp, b.arch.moe
+    n_exp, k, n_ff, n_embd = hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd
+    expected = {"ffn_gate_inp": (n_exp, n_embd), "ffn_gate_exps": (n_exp, n_ff, n_embd),
+                "ffn_up_exps": (n_exp, n_ff, n_embd), "ffn_down_exps": (n_exp, n_embd, n_ff)}
+    for role, shape in expected.items():
+        t = b.spec.tensor(f"blk.0.{role}.weight")
+        if t.shape != shape:
+            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {list(t.shape)} but expert_count "
+                                 f"{n_exp}, an expert's FFN width {n_ff} ({moe.ffn_length_key}) and n_embd {n_embd} "
+                                 f"make it {list(shape)}")
+    logits = b.matmul("ffn_moe_logits", b.cur, "ffn_gate_inp", (b.T, n_exp))
+    ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (b.T, k), DType.I32)
+    weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (b.T, k), DType.F32)
+    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights), RouteAttrs(n_exp, k, moe.normalize)))
+    experts = tuple(b.layer_weight(role) for role in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+    b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts), (b.T, n_embd),
+                   MoeAttrs(n_exp, k, b.arch.activation))
+
+
 def _ffn_post_norm(b: GraphBuilder) -> None:
     b.cur = b.norm("ffn_post_norm", b.cur, b.layer_weight("post_ffw_norm"))
 
@@ -270,6 +300,7 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.FFN_NORM: _ffn_norm,
     Stage.FFN_GLU: _ffn_glu,
     Stage.FFN_DOWN: _ffn_down,
+    Stage.FFN_MOE: _ffn_moe,
     Stage.FFN_POST_NORM: _ffn_post_norm,
     Stage.FFN_RESIDUAL: _ffn_residual,
 }

@@ -36,6 +36,8 @@ class Op(Enum):
     LOGITS = "logits"  # LM head over the rows the caller asks for, into caller memory
     SCALE = "scale"  # y = x * s (granite's residual branches and logits)
     SOFTCAP = "softcap"  # y = c * tanh(x / c) (Gemma 2's logits)
+    MOE_ROUTE = "moe_route"  # router logits -> each row's top-k experts (argsort of the softmax) and weights
+    MOE_FFN = "moe_ffn"  # each row's chosen experts' GLU FFNs, times their weights, summed in rank order
 
 
 class ValueKind(Enum):
@@ -123,7 +125,22 @@ class GluAttrs:
     activation: Activation
 
 
-Attrs = NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | None
+@dataclass(frozen=True)
+class RouteAttrs:
+    n_expert: int
+    n_used: int  # k: experts a row runs
+    normalize: bool  # the k weights divided by their sum (llama.cpp's norm_w)
+
+
+@dataclass(frozen=True)
+class MoeAttrs:
+    n_expert: int
+    n_used: int
+    activation: Activation
+
+
+Attrs = (NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | RouteAttrs
+         | MoeAttrs | None)
 
 # The attrs type each op must carry (checked by the validate pass).
 OP_ATTRS: dict[Op, type | None] = {
@@ -140,6 +157,8 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.LOGITS: None,
     Op.SCALE: ScaleAttrs,
     Op.SOFTCAP: SoftcapAttrs,
+    Op.MOE_ROUTE: RouteAttrs,
+    Op.MOE_FFN: MoeAttrs,
 }
 
 

@@ -45,6 +45,8 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.GLU, "geglu"): Kernel("kiln_geglu"),
     (Op.SCALE, ""): Kernel("kiln_scale"),
     (Op.SOFTCAP, ""): Kernel("kiln_softcap"),
+    (Op.MOE_ROUTE, ""): Kernel("kiln_moe_route"),
+    (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
 }
 
 # Ops whose kernel depends on an attribute, and which.
@@ -52,6 +54,7 @@ VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.GLU: lambda n: n.attrs.activation.value,
     Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 else "",
     Op.ATTENTION: lambda n: "softcap" if n.attrs.softcap else "",
+    Op.MOE_FFN: lambda n: n.attrs.activation.value,
 }
 
 BY_FUNCTION: dict[str, Kernel] = {k.function: k for k in KERNELS.values()}

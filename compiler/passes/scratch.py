@@ -1,5 +1,6 @@
 """Give the ops that need working memory a scratch buffer, so the planner places it: a matmul
-its quantized activations, an attention the span states of a lone token's history.
+its quantized activations, an attention the span states of a lone token's history, a mixture of
+experts its slots (runtime_c/moe.c).
 
 The scratch lives only during its op; the allocator packs all of them into the same bytes. A
 body op's scratch is sized for the layer that needs the most (Q4_K_M files mix weight types).
@@ -10,7 +11,7 @@ from dataclasses import replace
 from math import prod
 
 from ..core.cconst import ATTN_SPAN, ATTN_SPAN_STATE
-from ..core.dtypes import DType, act_row_bytes
+from ..core.dtypes import DType, act_row_bytes, same_act_format
 from ..ir.graph import Graph, Node, Op, Value, ValueKind
 from ..ir.kv import KVConfig
 
@@ -33,8 +34,28 @@ def _attention_bytes(g: Graph, n: Node, kv: KVConfig) -> int:
     return 4 * a.n_head * attention_spans(kv) * (a.head_dim + ATTN_SPAN_STATE)
 
 
-SCRATCH_BYTES = {Op.MATMUL: _matmul_bytes, Op.LOGITS: _matmul_bytes, Op.ATTENTION: _attention_bytes}
-SCRATCH_NAME = {Op.MATMUL: "act", Op.LOGITS: "act", Op.ATTENTION: "spans"}
+def moe_scratch_bytes(gate: DType, up: DType, down: DType, rows: int, n_expert: int, n_used: int, n_ff: int,
+                      n_embd: int) -> int:
+    """kiln_moe_scratch_bytes (runtime_c/moe.c's parts, each 64-byte aligned; a kernel test holds
+    the two together): the slots' list, x's activations by row and by slot (for up too where its
+    format is another), gate and up by slot, down's activations and output by slot."""
+    slots, ag, ad = rows * n_used, act_row_bytes(gate, n_embd), act_row_bytes(down, n_ff)
+    au = 0 if same_act_format(gate, up) else act_row_bytes(up, n_embd)
+    parts = (4 * (n_expert + 1), 4 * slots, 4 * slots, rows * ag, slots * ag, rows * au, slots * au,
+             4 * slots * n_ff, 4 * slots * n_ff, slots * ad, 4 * slots * n_embd)
+    return sum(-(-p // 64) * 64 for p in parts)
+
+
+def _moe_bytes(g: Graph, n: Node, kv: KVConfig) -> int:
+    x, _, _, gate, up, down = n.inputs
+    a = n.attrs
+    return max(moe_scratch_bytes(tg.dtype, tu.dtype, td.dtype, x.shape[0], a.n_expert, a.n_used, gate.shape[1],
+                                 x.shape[1]) for tg, tu, td in zip(*(g.tensors(w) for w in (gate, up, down))))
+
+
+SCRATCH_BYTES = {Op.MATMUL: _matmul_bytes, Op.LOGITS: _matmul_bytes, Op.ATTENTION: _attention_bytes,
+                 Op.MOE_FFN: _moe_bytes}
+SCRATCH_NAME = {Op.MATMUL: "act", Op.LOGITS: "act", Op.ATTENTION: "spans", Op.MOE_FFN: "slots"}
 
 
 def add_scratch(g: Graph, kv: KVConfig) -> Graph:

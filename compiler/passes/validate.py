@@ -20,6 +20,7 @@ from typing import Callable
 from ..core.errors import GraphError
 from ..frontend.spec import ModelSpec
 from ..core.cconst import HADAMARD_BLOCK
+from ..core.dtypes import DType
 from ..ir.graph import OP_ATTRS, AttentionAttrs, Graph, Node, Op, Section, ValueKind
 
 ShapeRule = Callable[[Node], "str | None"]
@@ -37,8 +38,9 @@ def _embed(n: Node) -> str | None:
 
 
 def _norm(n: Node) -> str | None:
+    """Runs of the weight's length: the last axis (a head), or a whole row (OLMoE's q/k norms)."""
     (x, w), (out,) = n.inputs, n.outputs
-    if w.shape != (x.shape[-1],) or out.shape != x.shape:
+    if w.shape not in ((x.shape[-1],), (prod(x.shape[1:]),)) or out.shape != x.shape:
         return f"input {x.shape}, weight {w.shape}, output {out.shape} disagree"
     return None
 
@@ -111,6 +113,27 @@ def _select_rows(n: Node) -> str | None:
     return None
 
 
+def _moe_route(n: Node) -> str | None:
+    a = n.attrs
+    (logits,), (ids, weights) = n.inputs, n.outputs
+    rows = logits.shape[0]
+    if logits.shape != (rows, a.n_expert) or ids.shape != weights.shape or ids.shape != (rows, a.n_used) \
+            or not 1 <= a.n_used <= a.n_expert or ids.dtype is not DType.I32:
+        return f"logits {logits.shape} -> top {a.n_used} of {a.n_expert}: ids {ids.shape}, weights {weights.shape}"
+    return None
+
+
+def _moe_ffn(n: Node) -> str | None:
+    a = n.attrs
+    (x, ids, weights, gate, up, down), (out,) = n.inputs, n.outputs
+    n_embd, n_ff = x.shape[-1], gate.shape[1]
+    if ids.shape != (x.shape[0], a.n_used) or weights.shape != ids.shape or out.shape != x.shape:
+        return f"x {x.shape}, ids {ids.shape}, weights {weights.shape}, output {out.shape} disagree"
+    if not _same(gate.shape, up.shape, (a.n_expert, n_ff, n_embd)) or down.shape != (a.n_expert, n_embd, n_ff):
+        return f"experts {gate.shape}, {up.shape}, {down.shape} are not {a.n_expert} x (ff, {n_embd}) and (..., ff)"
+    return None
+
+
 def _add(n: Node) -> str | None:
     problem = _elementwise(n)
     if problem is None and n.outputs[0].kind is ValueKind.STATE and n.inputs[1] != n.outputs[0]:
@@ -132,6 +155,8 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.LOGITS: _matmul,
     Op.SCALE: _elementwise,
     Op.SOFTCAP: _elementwise,
+    Op.MOE_ROUTE: _moe_route,
+    Op.MOE_FFN: _moe_ffn,
 }
 assert set(SHAPE_RULES) == set(Op)
 

@@ -68,6 +68,8 @@ class Layout:
     activation_peak_live_bytes: int
     packed: tuple[PackedWeight, ...] = ()
     sections: tuple[tuple[str, int, int], ...] = ()  # (head | body | tail, first op, last op)
+    expert_bytes: int = 0  # the mixture of experts' 3-D tensors, every layer's
+    expert_bytes_per_token: int = 0  # of those, what one token's experts read (k of n_expert a layer)
 
     @property
     def packed_bytes(self) -> int:
@@ -105,7 +107,18 @@ def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOpti
         activation_peak_live_bytes=peak_live_bytes(evs, lambda lt: align(lt.value.nbytes)),
         packed=packed,
         sections=_sections(g),
+        **_expert_bytes(g),
     )
+
+
+def _expert_bytes(g: Graph) -> dict:
+    """The experts' bytes, all and a decode token's: k of n_expert slices of each expert tensor."""
+    total = active = 0
+    for n in (n for n in g.body if n.op is Op.MOE_FFN):
+        for v in n.inputs[3:]:
+            size = sum(t.nbytes for t in g.tensors(v))
+            total, active = total + size, active + size // n.attrs.n_expert * n.attrs.n_used
+    return {"expert_bytes": total, "expert_bytes_per_token": active}
 
 
 def _sections(g: Graph) -> tuple[tuple[str, int, int], ...]:
@@ -125,14 +138,18 @@ def _weight_buffers(g: Graph) -> list[Buffer]:
                 continue
             for t in g.tensors(v):
                 note = f"view of {t.name}" if v.tensor is not None and t.name != v.name else ""
+                if n.op is Op.MOE_FFN:
+                    note = f"{t.shape[0]} experts of {t.nbytes // t.shape[0]:,} bytes, {n.attrs.n_used} read a token"
                 out.append(Buffer(v.name if v.tensor is not None else t.name, "weights", t.offset, t.nbytes, t.shape,
                                   t.dtype.label, i, i, note))
     return sorted(out, key=lambda b: (b.offset, b.name))
 
 
 def _packed_buffers(packed: tuple[PackedWeight, ...]) -> list[Buffer]:
-    return [Buffer(f"{p.tensor}.x8", "packed", p.offset, p.size, (p.n_out, p.n_in), p.dtype.label, p.first_op,
-                   p.first_op, f"rows interleaved by 8, from GGUF offset {p.src:#x}") for p in packed]
+    return [Buffer(f"{p.tensor}.x8", "packed", p.offset, p.size, (*((p.experts,) if p.experts else ()), p.n_out, p.n_in),
+                   p.dtype.label, p.first_op, p.first_op, f"rows interleaved by 8, from GGUF offset {p.src:#x}"
+                   + (f"; each expert's {p.size // p.experts:,} bytes on their own" if p.experts else ""))
+            for p in packed]
 
 
 def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:

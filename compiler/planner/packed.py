@@ -4,8 +4,10 @@
 same bits either way.
 
 An x8 copy has the bytes of the GGUF rows it replaces (Q4_K and Q5_K a few more: dtypes.x8_bytes);
-a tensor two matmuls share is packed once. Offsets are 64-byte aligned, in the order a step reads
-them: the head's, then each layer's in turn, then the tail's.
+a tensor two matmuls share is packed once. A mixture of experts' 3-D tensor is packed expert by
+expert, each slice an x8 matrix of its own, one after another (runtime_c/moe.c reads slice e at e
+times a slice's bytes). Offsets are 64-byte aligned, in the order a step reads them: the head's,
+then each layer's in turn, then the tail's.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from ..frontend.spec import TensorInfo
 from ..ir.graph import Graph, Op, ValueKind
 from .kv_plan import align
 
-PACKED_OPS = (Op.MATMUL, Op.LOGITS)
+PACKED_OPS = (Op.MATMUL, Op.LOGITS, Op.MOE_FFN)
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,17 @@ class PackedWeight:
     size: int  # of the x8 copy
     first_op: int
     src_size: int = 0  # of the GGUF rows it is made from
+    experts: int = 0  # a 3-D tensor's experts, each packed as an n_out x n_in matrix; 0: one matrix
+
+    @property
+    def matrices(self) -> int:
+        return max(1, self.experts)
 
 
 def packs(t: TensorInfo) -> bool:
-    """Whether a matmul's weight has an x8 copy: an x8 type, whole groups of 8 rows, rows the x8
-    kernels take (kiln_x8_packs)."""
-    return t.dtype in X8_DTYPES and len(t.shape) == 2 and t.shape[0] % 8 == 0 and t.shape[1] <= X8_MAX_IN
+    """Whether a matmul's weight (or each expert's) has an x8 copy: an x8 type, whole groups of 8
+    rows, rows the x8 kernels take (kiln_x8_packs)."""
+    return t.dtype in X8_DTYPES and len(t.shape) in (2, 3) and t.shape[-2] % 8 == 0 and t.shape[-1] <= X8_MAX_IN
 
 
 def _reads(g: Graph):
@@ -57,8 +64,9 @@ def plan_packed(g: Graph) -> tuple[PackedWeight, ...]:
     for i, t in _reads(g):
         if t.name in out or not packs(t):
             continue
-        size = x8_bytes(t.dtype, t.shape[0], t.shape[1])
-        out[t.name] = PackedWeight(t.name, t.dtype, t.shape[0], t.shape[1], t.offset, end, size, i, t.nbytes)
+        experts = t.shape[0] if len(t.shape) == 3 else 0
+        size = max(1, experts) * x8_bytes(t.dtype, t.shape[-2], t.shape[-1])
+        out[t.name] = PackedWeight(t.name, t.dtype, t.shape[-2], t.shape[-1], t.offset, end, size, i, t.nbytes, experts)
         end = align(end + size)
     return tuple(out.values())
 

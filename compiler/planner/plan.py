@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from ..core.errors import GraphError
 from ..core.options import CompileOptions
-from ..frontend.architecture import Architecture, load_architecture
+from ..frontend.architecture import Architecture
+from ..frontend.architecture_file import load_architecture
 from ..frontend.gguf_reader import read_model
 from ..frontend.registry import resolve
 from ..frontend.spec import ModelSpec

