@@ -66,7 +66,9 @@ async def _drive(url: str, model: str, questions: list[str], constrained: set[in
                  max_tokens: int, schema_field: str) -> list[float]:
     out = [0.0] * len(questions)
     todo = list(range(len(questions)))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as c:
+    # a new connection a request: llama-server closes an idle kept-alive one, which a reused one
+    # can meet mid-send ("Server disconnected without sending a response")
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_keepalive_connections=0)) as c:
         async def worker():
             while todo:
                 i = todo.pop(0)
