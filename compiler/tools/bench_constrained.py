@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from ..core.errors import KilnError
-from .bench_serve import WORDS, _free_port, _Process, find_llama_server
+from .bench_serve import WORDS, _free_port, _Process, find_llama_server, load_client
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "facts"],
           "properties": {"title": {"type": "string", "maxLength": 40},
@@ -66,9 +66,7 @@ async def _drive(url: str, model: str, questions: list[str], constrained: set[in
                  max_tokens: int, schema_field: str) -> list[float]:
     out = [0.0] * len(questions)
     todo = list(range(len(questions)))
-    # a new connection a request: llama-server closes an idle kept-alive one, which a reused one
-    # can meet mid-send ("Server disconnected without sending a response")
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_keepalive_connections=0)) as c:
+    async with load_client(concurrency) as c:
         async def worker():
             while todo:
                 i = todo.pop(0)

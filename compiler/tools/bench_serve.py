@@ -68,6 +68,14 @@ class Result:
                 "wall_s": self.wall, "output_tokens": self.output_tokens}
 
 
+def load_client(concurrency: int) -> httpx.AsyncClient:
+    """The load generator's client: a new connection a request, since llama-server closes an idle
+    kept-alive one, which a reused one can meet mid-send ("Server disconnected without sending a
+    response"); on loopback a connect costs nothing beside a request's tokens."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(600.0),
+                             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=0))
+
+
 async def _one(client: httpx.AsyncClient, url: str, model: str, system: str, question: str, max_tokens: int,
                out: dict) -> None:
     body = {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
@@ -98,7 +106,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, system: str, que
 async def _drive(url: str, model: str, w: Workload) -> tuple[float, dict]:
     out = {"ttft": [], "itl": [], "output": 0, "prompt": 0, "cached": 0}
     todo = list(w.requests())
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=w.concurrency)) as c:
+    async with load_client(w.concurrency) as c:
         async def worker():
             while todo:
                 system, question, n = todo.pop(0)
