@@ -21,8 +21,8 @@ from ..text.tokenizer import make_tokenizer
 from .constraints import Constraint, Guidance, Guide, constraint_of
 from .generation import Decoding, stop_list
 from .sampling import DEFAULTS, LogitBias, SamplingParams
+from .batch import run_waves
 from .sequence import Sequence
-from .spec_decode import decode_wave
 from .speculation import Speculation, SpecStats
 from .status import ModelError, status_error
 from .topology import default_threads
@@ -270,47 +270,8 @@ class Model:
         spec = Speculation.of(self, speculative, draft_model, max_draft)
         if spec is not None:
             self.spec_stats = SpecStats()
-        out: list[str] = [""] * len(prompts)
-        todo = list(range(len(prompts)))
-        while todo:
-            wave: list[tuple[int, Sequence]] = []
-            try:
-                while todo:
-                    wave.append((todo[0], self.sequence()))
-                    todo.pop(0)
-            except ModelError:
-                if not wave:
-                    raise
-            try:
-                if spec is not None:
-                    decode_wave(self, wave, ids, params, stop_list(stop), max_tokens, out,
-                                sinks if context_shift else None, spec, self.spec_stats, guides, bias)
-                else:
-                    self._decode_together(wave, ids, params, stop_list(stop), max_tokens, out,
-                                          sinks if context_shift else None, guides, bias)
-            finally:
-                for _, s in wave:
-                    s.close()
-        return out
-
-    def _decode_together(self, wave, ids, params, stops, max_tokens, out, sinks: int | None,
-                         guides: list[Guide | None], bias: LogitBias | None) -> None:
-        running = [(i, s, self.decoding(ids[i], params[i], stops, max_tokens, context_shift=sinks is not None,
-                                        guide=guides[i], bias=bias), s.prefill(ids[i])) for i, s in wave]
-        while running:
-            step = []
-            for i, s, run, logits in running:
-                got = run.next(logits, s.n_past)
-                out[i] += got.text
-                if not got.finish_reason:
-                    step.append((i, s, run, got.token))
-            if not step:
-                return
-            for _, s, _, _ in step:
-                if sinks is not None:
-                    s.shift_if_full(sinks)
-            rows = self.step([(s, tok) for _, s, _, tok in step])
-            running = [(i, s, run, row) for (i, s, run, _), row in zip(step, rows)]
+        return run_waves(self, ids, params, stop_list(stop), max_tokens, sinks if context_shift else None, guides,
+                         bias, spec)
 
     def decoding(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], max_tokens: int,
                  ignore_eos: bool = False, context_shift: bool = False, guide: Guide | None = None,
