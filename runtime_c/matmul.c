@@ -38,7 +38,7 @@ static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const 
 
 void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch) {
-#ifdef KILN_HAVE_VNNI
+#ifdef KILN_HAVE_X8
     if (w->packed && kiln_x8_supported(w->type, n_out, n_in)) {
         _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
         const uint8_t *act = kiln_quantize_rows_mt(t, w->type, x, n_rows, n_in, scratch, local);

@@ -98,7 +98,7 @@ static void list_slots(const moe_shape *m, const int32_t *ids, int32_t *first, i
 static void expert_rows(const kiln_weight *w, int e, int n_out, int n_in, int o0, int o1, const uint8_t *act,
                         size_t a_row, int n_a, float *y, size_t y_row, int32_t *reads) {
     if (reads) __atomic_fetch_add(reads, o1 - o0, __ATOMIC_RELAXED);
-#ifdef KILN_HAVE_VNNI
+#ifdef KILN_HAVE_X8
     if (w->packed && kiln_x8_supported(w->type, n_out, n_in)) {
         const uint8_t *slice = (const uint8_t *)w->packed + (size_t)e * kiln_x8_bytes(w->type, n_out, n_in);
         kiln_x8_gemm(w->type, slice, o0 / 8, (o1 + 7) / 8, n_in, act, a_row, n_a, y, y_row);

@@ -140,9 +140,9 @@ void kiln_dequant_f16_neon(const void *src, float *dst, int n);
 void kiln_dequant_q8_0_neon(const void *src, float *dst, int n);
 #endif
 
-/* AVX-512 VNNI (x8_vnni.c, and x8_amx.c where AMX is built): matmuls on weights interleaved by
- * eight rows (x8_pack.c) */
-#ifdef KILN_HAVE_VNNI
+/* matmuls on weights interleaved by eight rows (x8_pack.c): AVX-512 VNNI (x8_vnni.c, and x8_amx.c
+ * where AMX is built), or AVX2 (x8_avx2.c) */
+#ifdef KILN_HAVE_X8
 /* y[c * y_row + 8g + r] for the x8 groups [g0, g1) of a packed matrix and activation rows c < n_a */
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row);

@@ -1,5 +1,6 @@
-/* x8.h: the x8 layout's facts and the vector pieces its AVX-512 kernels share (x8_vnni.c, the
- * AMX tiles of x8_amx.c); the layout itself is described in x8_pack.c. */
+/* x8.h: the x8 layout's facts, what its kernels share (the activations' scales, for x8_vnni.c and
+ * x8_avx2.c), and the vector pieces of the AVX-512 ones (x8_vnni.c, the AMX tiles of x8_amx.c);
+ * the layout itself is described in x8_pack.c. */
 #ifndef KILN_X8_H
 #define KILN_X8_H
 
@@ -9,6 +10,7 @@
 #include "quant_impl.h"
 
 #define X8_MAX_BLOCKS (KILN_X8_MAX_IN / 32)
+#define INLINE static inline __attribute__((always_inline))
 
 /* bytes of one kx8 block: a K-quant super-block of 8 rows */
 static inline size_t kiln_kx8_bytes(int type) {
@@ -20,10 +22,31 @@ static inline size_t kiln_kx8_bytes(int type) {
     }
 }
 
+#ifdef KILN_HAVE_X8
+/* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
+ * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
+ * + offset; each array holds (c, b) at c * c_step + b * b_step. */
+INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int rows, int nb, float *yd, float *ys,
+                       int32_t *seed, int c_step, int b_step) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
+    for (int c = 0; c < rows; c++)
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
+            kiln_half h[2];
+            memcpy(h, ab, q_at);
+            const size_t at = (size_t)c * c_step + (size_t)b * b_step;
+            yd[at] = kiln_fp16_to_fp32(h[0]), ys[at] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32 && f.offset; j++) sum += (int8_t)ab[q_at + j];
+            seed[at] = -f.offset * sum;
+        }
+}
+#endif
+
 #ifdef KILN_HAVE_VNNI
 #include <immintrin.h>
-
-#define INLINE static inline __attribute__((always_inline))
 
 /* Two x8 blocks side by side in one 512-bit vector: lanes 0..7 hold group g's rows, lanes
  * 8..15 those of the group at a + `apart` bytes. Every lane does exactly the arithmetic of a
@@ -66,27 +89,6 @@ INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
         s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
     }
     return _mm512_add_epi32(s0, s1);
-}
-
-/* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
- * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
- * + offset; each array holds (c, b) at c * c_step + b * b_step. */
-INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int rows, int nb, float *yd, float *ys,
-                       int32_t *seed, int c_step, int b_step) {
-    kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
-    const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
-    for (int c = 0; c < rows; c++)
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
-            kiln_half h[2];
-            memcpy(h, ab, q_at);
-            const size_t at = (size_t)c * c_step + (size_t)b * b_step;
-            yd[at] = kiln_fp16_to_fp32(h[0]), ys[at] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
-            int sum = 0;
-            for (int j = 0; j < 32 && f.offset; j++) sum += (int8_t)ab[q_at + j];
-            seed[at] = -f.offset * sum;
-        }
 }
 
 /* AMX (x8_amx.c): where the build, the CPU and the OS allow tiles, x8_rows' values for the

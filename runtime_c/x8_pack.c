@@ -50,7 +50,7 @@ int kiln_x8_packs(int type, int n_out, int n_in) {
 }
 
 int kiln_x8_kernels(void) {
-#ifdef KILN_HAVE_VNNI
+#ifdef KILN_HAVE_X8
     return 1;
 #else
     return 0; /* matmuls read the GGUF layout */

@@ -143,3 +143,59 @@ def test_an_unknown_isa_switch_is_refused_by_name(golden_model, monkeypatch):
     monkeypatch.setenv("KILN_ISA", "no-amx,bogus")
     with pytest.raises(BuildError, match=r"KILN_ISA: unknown bogus"):
         compiler.load(golden_model, ctx=64)
+
+
+X8_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# each GGUF block's bytes that hold values (not the f16 scales): (block bytes, value ranges, fill)
+VALUE_BYTES = {Q.Q4_0: (18, [(2, 18)], 0xFF), Q.Q4_1: (20, [(4, 20)], 0xFF), Q.Q5_0: (22, [(2, 22)], 0xFF),
+               Q.Q5_1: (24, [(4, 24)], 0xFF), Q.Q8_0: (34, [(2, 34)], 0x80), Q.Q4_K: (144, [(4, 144)], 0xFF),
+               Q.Q5_K: (176, [(4, 176)], 0xFF), Q.Q6_K: (210, [(0, 192)], 0xFF)}
+
+
+def _extreme(w: np.ndarray, t: Q) -> np.ndarray:
+    """Weights of the largest magnitude each type holds: u = 15, 31 or 63 (K-quants with scales 63), q = -128."""
+    size, ranges, fill = VALUE_BYTES[t]
+    blocks = w.reshape(w.shape[0], -1, size).copy()
+    for a, b in ranges:
+        blocks[:, :, a:b] = fill
+    return blocks.reshape(w.shape)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v4", "avx512-vnni", "native"])
+def test_x8_kernels_of_each_target_give_the_reference_dots(target):
+    """The matmuls on the x8 layout (AVX2's x8_avx2.c on x86-64-v3 and -v4, AVX-512 VNNI's x8_vnni.c
+    above them), every weight type, one activation row and chunks with remainders: the scalar
+    reference dot's bits for every (row, output) pair, the weights at their extremes included (a
+    weight 15 or 31 or 63 against activations of +-127 is where 16-bit pair sums would overflow)."""
+    runnable(target)
+    from compiler.build.runtime import runtime_kernels
+    from test_kernels import quantized
+
+    K = runtime_kernels(target=target)
+    ffi, lib = K.ffi, K.lib
+    assert lib.kiln_x8_kernels() == 1
+
+    def ptr(a, t="void *"):
+        return ffi.cast(t, ffi.from_buffer(a))
+    for t in X8_TYPES:
+        n_in = 768 if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 576
+        for n_out, rows in [(8, 1), (48, 1), (48, 6), (24, 19)]:
+            rng = np.random.default_rng(900 + int(t) + n_out + rows)
+            _, w = quantized(rng, n_out, n_in, t)
+            if rows == 6:  # every weight at its largest magnitude: all bits of the values set, scales kept
+                w = _extreme(w, t)
+            packed = np.zeros(lib.kiln_x8_bytes(int(t), n_out, n_in), np.uint8)
+            lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
+            x = rng.standard_normal((rows, n_in)).astype(np.float32)
+            if rows == 6:  # against activations that all quantize to +127 or -127, the largest sums
+                x = np.where(np.arange(rows)[:, None] % 2 == 0, 3.0, -3.0).astype(np.float32) * np.ones_like(x)
+            y = np.zeros((rows, n_out), np.float32)
+            scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+            lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
+                               ptr(y, "float *"), ptr(scratch))
+            act = np.zeros((rows, lib.kiln_act_row_bytes(int(t), n_in)), np.uint8)
+            for r in range(rows):
+                lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), n_in)
+            want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                             for r in range(rows)], np.float32)
+            np.testing.assert_array_equal(y, want, err_msg=f"{target} {t.name} {n_out}x{rows}")

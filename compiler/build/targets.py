@@ -164,6 +164,7 @@ def kernel_set(sanitize: bool, target: str = "native", isa: tuple[str, ...] = ()
 # isa.h's macros, and what each adds to a build
 KERNEL_PATHS = (
     ("KILN_HAVE_AVX2", "AVX2 on the GGUF layout"),
+    ("KILN_HAVE_X8_AVX2", "AVX2 on the x8 layout"),
     ("KILN_HAVE_VNNI", "AVX-512 VNNI on the x8 layout"),
     ("KILN_HAVE_AMX", "AMX tiles in prefill"),
     ("KILN_HAVE_NEON", "NEON"),

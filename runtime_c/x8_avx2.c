@@ -1,0 +1,211 @@
+/* x8_avx2.c: matmuls on the x8 layout (x8_pack.c) with AVX2 alone, for the CPUs without AVX-512
+ * VNNI (x86-64-v3: every laptop since Haswell, Zen 1 to 3).
+ *
+ * The layout puts 4 weights of each of 8 rows in one 32-byte vector, so each lane is one row:
+ * vpmaddubsw against 4 activation bytes broadcast to every lane, then vpmaddwd by ones, gives 8
+ * rows' sums of 4 products at once, with no reduction across lanes. Each unpacked weight block
+ * serves X8_ROWS activation rows. The 16-bit pair sums are added as 16-bit numbers only as far as
+ * they cannot overflow: with |y| <= 127 a pair is at most 2 * 127 * u_max, so 8 of them for 4-bit
+ * weights (u <= 15), 4 for 5-bit (u <= 31), 2 for Q6_K (u <= 63), and Q8_0 takes |q| and y's sign
+ * (|q| <= 128) one product pair at a time. The integer block sums are exact; the float steps are
+ * the reference dot's (ref_quant.c, ref_kquant.c) in its order, as in x8_vnni.c: a row's value is
+ * the same bits on every path.
+ */
+#include <string.h>
+
+#include "x8.h"
+
+#ifdef KILN_HAVE_X8_AVX2
+#include <immintrin.h>
+
+#define X8_ROWS 4 /* activation rows that share each unpacked weight block */
+
+INLINE __m256i bcast4(const uint8_t *y) { /* 4 activation bytes in every lane */
+    int32_t v;
+    memcpy(&v, y, 4);
+    return _mm256_set1_epi32(v);
+}
+
+INLINE __m256i sum_pairs(__m256i s16) { /* 16 x int16 -> 8 x int32: each lane's two pairs */
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+/* bit j of a 32-bit mask -> `bit` in byte j, else 0 */
+INLINE __m256i mask_bytes(uint32_t bits, char bit) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(bit));
+}
+
+/* The 8 weight vectors of one x8 chunk of 32 weights (u[k]: weights 4k..4k+3 of each row), as
+ * unsigned bytes; Q8_0's as signed q (stored q ^ 0x80) */
+INLINE void unpack8(const int type, const uint8_t *qs, const uint32_t *qh, __m256i u[8]) {
+    if (type == KILN_Q8_0) {
+        for (int k = 0; k < 8; k++)
+            u[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * k)), _mm256_set1_epi8((char)0x80));
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int v = 0; v < 4; v++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
+        u[2 * v] = _mm256_and_si256(raw, m4), u[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    }
+    if (qh)
+        for (int k = 0; k < 8; k++) u[k] = _mm256_or_si256(u[k], mask_bytes(qh[k], 0x10));
+}
+
+/* sum over k in [k0, k0 + n) of u[k] . y[4k..4k+3] for each row lane: 16-bit pair sums added in
+ * runs of `run` (no run can overflow), each run widened to 32 bits */
+INLINE __m256i dot_run(const __m256i u[8], const uint8_t *y, int k0, int n, int run) {
+    __m256i s32 = _mm256_setzero_si256();
+    for (int k = k0; k < k0 + n; k += run) {
+        __m256i s16 = _mm256_maddubs_epi16(u[k], bcast4(y + 4 * k));
+        for (int j = 1; j < run; j++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k + j], bcast4(y + 4 * (k + j))));
+        s32 = _mm256_add_epi32(s32, sum_pairs(s16));
+    }
+    return s32;
+}
+
+/* Q8_0's signed weights: |q| against y with q's sign, a pair at a time */
+INLINE __m256i dot_signed(const __m256i u[8], const uint8_t *y) {
+    __m256i s32 = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++)
+        s32 = _mm256_add_epi32(s32, sum_pairs(_mm256_maddubs_epi16(_mm256_sign_epi8(u[k], u[k]),
+                                                                   _mm256_sign_epi8(bcast4(y + 4 * k), u[k]))));
+    return s32;
+}
+
+/* -- the 32-weight types: acc = fma(isum, d * y.d, acc); mins = fma(m, y.s, mins); acc + mins -- */
+INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                    size_t a_row, float *y, size_t y_row) {
+    kiln_b32 f = {0};
+    kiln_b32_of(type, &f);
+    const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t q_at = f.has_min ? 4 : 2;
+    const int run = f.bits == 8 ? 1 : f.qh_at ? 4 : 8;
+    float yd[X8_ROWS][X8_MAX_BLOCKS], ys[X8_ROWS][X8_MAX_BLOCKS];
+    int32_t seed[X8_ROWS][X8_MAX_BLOCKS];
+    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS, 1);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
+        __m256 acc[X8_ROWS], mins[X8_ROWS];
+        for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++, blk += x8_bytes) {
+            const uint8_t *p = blk + (f.has_min ? 32 : 16);
+            __m256i u[8];
+            unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? (const uint32_t *)p : NULL, u);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            for (int c = 0; c < C; c++) {
+                const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
+                __m256i sum = f.bits == 8 ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
+                if (f.offset && f.bits != 8) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[c][b]));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(yd[c][b])), acc[c]);
+            }
+        }
+        if (f.has_min) { /* each row's minimums, block by block: a chain of its own, as the reference's */
+            blk = w + (size_t)g * nb * x8_bytes;
+            for (int b = 0; b < nb; b++, blk += x8_bytes) {
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+                for (int c = 0; c < C; c++) mins[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(ys[c][b]), mins[c]);
+            }
+        }
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * y_row + 8 * g, _mm256_add_ps(acc[c], mins[c]));
+    }
+}
+
+/* -- the K-quants: acc = fma(isum, d * y.d, acc); mins = fma(msum, dmin * y.d, mins); acc - mins -- */
+INLINE __m256i bytes32(const uint8_t *a, int is_signed) { /* 8 bytes as 8 int32 */
+    const __m128i b = _mm_loadl_epi64((const __m128i *)a);
+    return is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+}
+
+INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                     size_t a_row, float *y, size_t y_row) {
+    const size_t kb = kiln_kx8_bytes(type);
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K;
+    const size_t chunk_bytes = q6 ? 192 : q5 ? 160 : 128, head = q6 ? 16 + 128 : 32 + 128;
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *blk = w + (size_t)g * nb * kb;
+        __m256 acc[X8_ROWS], mins[X8_ROWS];
+        for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++, blk += kb) {
+            __m256i isum[X8_ROWS];
+            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            const uint8_t *chunk = blk + head;
+            for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
+                __m256i u[8];
+                const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
+                unpack8(KILN_Q4_0, qs, q5 ? (const uint32_t *)chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
+                if (q6) {
+                    const uint32_t *h4 = (const uint32_t *)chunk, *h5 = h4 + 8;
+                    for (int k = 0; k < 8; k++)
+                        u[k] = _mm256_or_si256(_mm256_or_si256(u[k], mask_bytes(h4[k], 0x10)), mask_bytes(h5[k], 0x20));
+                    /* two sub-blocks of 16, each with its own scale, their sums seeded with -32 sum(y) */
+                    const __m256i sa = bytes32(blk + 16 + 8 * (2 * j), 1), sb = bytes32(blk + 16 + 8 * (2 * j + 1), 1);
+                    for (int c = 0; c < C; c++) {
+                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+                        const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
+                        const __m256i s0 = _mm256_add_epi32(_mm256_set1_epi32(-32 * yb->bsums[2 * j]), dot_run(u, y4, 0, 4, 2));
+                        const __m256i s1 = _mm256_add_epi32(_mm256_set1_epi32(-32 * yb->bsums[2 * j + 1]),
+                                                            dot_run(u, y4, 4, 4, 2));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_mullo_epi32(s0, sa),
+                                                                             _mm256_mullo_epi32(s1, sb)));
+                    }
+                } else {
+                    const __m256i sc = bytes32(blk + 32 + 8 * j, 0);
+                    for (int c = 0; c < C; c++) {
+                        const uint8_t *y4 = (const uint8_t *)((const block_q8_K *)(act + c * a_row) + b)->qs + 32 * j;
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_run(u, y4, 0, 8, q5 ? 4 : 8), sc));
+                    }
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            for (int c = 0; c < C; c++) {
+                const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d, _mm256_set1_ps(yb->d)), acc[c]);
+                if (!q6) { /* sum over sub-blocks of m_j x (y's sum over sub-block j) */
+                    __m256i msum = _mm256_setzero_si256();
+                    for (int p = 0; p < 4; p++) {
+                        const uint8_t *m = blk + 96 + 16 * p;
+                        const __m256i pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+                            _mm_loadl_epi64((const __m128i *)m), _mm_loadl_epi64((const __m128i *)(m + 8))));
+                        const int lo = yb->bsums[4 * p] + yb->bsums[4 * p + 1], hi = yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
+                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs, _mm256_set1_epi32(
+                                                                           (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16))));
+                    }
+                    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+                    mins[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, _mm256_set1_ps(yb->d)), mins[c]);
+                }
+            }
+        }
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * y_row + 8 * g, _mm256_sub_ps(acc[c], mins[c]));
+    }
+}
+
+/* every activation row, X8_ROWS at a time */
+INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
+                    int n_a, float *y, size_t y_row) {
+    int c = 0;
+    if (kiln_is_kquant(type)) {
+        for (; c + X8_ROWS <= n_a; c += X8_ROWS)
+            kx8_rows(type, X8_ROWS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        return;
+    }
+    for (; c + X8_ROWS <= n_a; c += X8_ROWS)
+        x8_rows(type, X8_ROWS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+    for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+}
+
+#define X8_CASE(type) \
+    case type: x8_gemm(type, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row); break;
+void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+                  float *y, size_t y_row) {
+    switch (type) { /* each type its own copy of the kernels, the type a constant in it */
+        X8_CASE(KILN_Q4_0) X8_CASE(KILN_Q4_1) X8_CASE(KILN_Q5_0) X8_CASE(KILN_Q5_1) X8_CASE(KILN_Q8_0)
+        X8_CASE(KILN_Q4_K) X8_CASE(KILN_Q5_K) X8_CASE(KILN_Q6_K)
+    }
+}
+#endif
