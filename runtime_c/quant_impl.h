@@ -146,6 +146,8 @@ void kiln_dequant_q8_0_neon(const void *src, float *dst, int n);
 /* y[c * y_row + 8g + r] for the x8 groups [g0, g1) of a packed matrix and activation rows c < n_a */
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row);
+void kiln_x8_gemm_avx2(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
+                       int n_a, float *y, size_t y_row);
 #endif
 
 #endif

@@ -1,5 +1,6 @@
-/* x8_avx2.c: matmuls on the x8 layout (x8_pack.c) with AVX2 alone, for the CPUs without AVX-512
- * VNNI (x86-64-v3: every laptop since Haswell, Zen 1 to 3).
+/* x8_avx2.c: matmuls on the x8 layout (x8_pack.c) 256 bits wide: with AVX2 alone on the CPUs
+ * without AVX-512 VNNI (x86-64-v3: every laptop since Haswell, Zen 1 to 3), and with vpdpbusd on
+ * ymm for the single-row matmuls of the VNNI builds (x8_vnni.c says why).
  *
  * The layout puts 4 weights of each of 8 rows in one 32-byte vector, so each lane is one row:
  * vpmaddubsw against 4 activation bytes broadcast to every lane, then vpmaddwd by ones, gives 8
@@ -15,7 +16,7 @@
 
 #include "x8.h"
 
-#ifdef KILN_HAVE_X8_AVX2
+#if defined(KILN_HAVE_X8) && defined(KILN_HAVE_AVX2)
 #include <immintrin.h>
 
 #define X8_ROWS 4 /* activation rows that share each unpacked weight block */
@@ -57,9 +58,15 @@ INLINE void unpack8(const int type, const uint8_t *qs, const uint32_t *qh, __m25
 }
 
 /* sum over k in [k0, k0 + n) of u[k] . y[4k..4k+3] for each row lane: 16-bit pair sums added in
- * runs of `run` (no run can overflow), each run widened to 32 bits */
+ * runs of `run` (no run can overflow), each run widened to 32 bits; with VNNI (256 bits wide),
+ * vpdpbusd's 32-bit sums directly */
 INLINE __m256i dot_run(const __m256i u[8], const uint8_t *y, int k0, int n, int run) {
     __m256i s32 = _mm256_setzero_si256();
+#ifdef KILN_HAVE_VNNI
+    (void)run;
+    for (int k = k0; k < k0 + n; k++) s32 = _mm256_dpbusd_epi32(s32, u[k], bcast4(y + 4 * k));
+    return s32;
+#endif
     for (int k = k0; k < k0 + n; k += run) {
         __m256i s16 = _mm256_maddubs_epi16(u[k], bcast4(y + 4 * k));
         for (int j = 1; j < run; j++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k + j], bcast4(y + 4 * (k + j))));
@@ -201,11 +208,18 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
 
 #define X8_CASE(type) \
     case type: x8_gemm(type, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row); break;
-void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+void kiln_x8_gemm_avx2(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row) {
     switch (type) { /* each type its own copy of the kernels, the type a constant in it */
         X8_CASE(KILN_Q4_0) X8_CASE(KILN_Q4_1) X8_CASE(KILN_Q5_0) X8_CASE(KILN_Q5_1) X8_CASE(KILN_Q8_0)
         X8_CASE(KILN_Q4_K) X8_CASE(KILN_Q5_K) X8_CASE(KILN_Q6_K)
     }
 }
+
+#ifdef KILN_HAVE_X8_AVX2
+void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+                  float *y, size_t y_row) {
+    kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
+}
+#endif
 #endif

@@ -12,6 +12,12 @@
 
 #ifdef KILN_HAVE_VNNI
 #define X8_TOKENS 8 /* activation rows that share each unpacked weight block */
+/* A matmul of fewer activation rows (decode's one) takes the 256-bit kernel (x8_avx2.c, with
+   vpdpbusd on ymm): on Zen 4, which runs a 512-bit op as two 256-bit halves, one group's rows a
+   vector from one stream decoded SmolLM2 about 20% faster than two groups' from two (kiln bench,
+   tg128, alternated runs); from 4 rows up the 512-bit kernel was faster. Not measured on an
+   AVX-512 Intel part. */
+#define X8_WIDE_ROWS 2
 
 /* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
  * act. The activation rows' scales, and for offset types -offset * sum(y) per block, are
@@ -176,6 +182,10 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
     case type: x8_gemm(type, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row); break;
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row) {
+    if (n_a < X8_WIDE_ROWS) {
+        kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
+        return;
+    }
     switch (type) { /* each type its own copy of the kernels, the type a constant in it */
         X8_CASE(KILN_Q4_0) X8_CASE(KILN_Q4_1) X8_CASE(KILN_Q5_0) X8_CASE(KILN_Q5_1) X8_CASE(KILN_Q8_0)
         X8_CASE(KILN_Q4_K) X8_CASE(KILN_Q5_K) X8_CASE(KILN_Q6_K)
