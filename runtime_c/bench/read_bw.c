@@ -15,14 +15,15 @@
 
 #include "read_bw.h"
 
-typedef float vec __attribute__((vector_size(64), aligned(64))); /* the compiler's widest loads */
+/* the compiler's widest loads, summed as integers (random bits as floats would meet NaNs and denormals) */
+typedef uint32_t vec __attribute__((vector_size(64), aligned(64)));
 
 typedef struct {
     const vec *p;
     size_t n; /* vectors */
     pthread_barrier_t *start, *done;
     int passes;
-    float sink;
+    uint32_t sink;
 } slice;
 
 static double now(void) {
@@ -33,7 +34,11 @@ static double now(void) {
 
 static void *reader(void *arg) {
     slice *s = arg;
-    memset((void *)s->p, 1, s->n * sizeof(vec)); /* first touch: the pages are this thread's */
+    /* first touch: the pages are this thread's; every 8 bytes different, so that no two pages are
+       alike (a hypervisor that merges identical pages would back the whole buffer with one, and
+       its reads would never leave the cache) */
+    uint64_t *q = (uint64_t *)s->p;
+    for (size_t i = 0; i < s->n * sizeof(vec) / sizeof *q; i++) q[i] = (uint64_t)(uintptr_t)(q + i) * 0x9E3779B97F4A7C15ull;
     for (int k = 0; k < s->passes; k++) {
         pthread_barrier_wait(s->start);
         vec a[8] = {{0}};
