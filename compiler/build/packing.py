@@ -48,22 +48,23 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], x8_kernels: b
     progress.work(f"{len(packed)} weight matrices ({packed_bytes(packed) / 2**20:.1f} MiB) into {path}")
     advance = progress.bar(packed_bytes(packed), "pack")
     with atomic_file(path) as f:
-        f.truncate(total)  # the whole file at once: the packer writes straight into its mapping
-        out = np.memmap(f, dtype=np.uint8, mode="r+", shape=(total,))
-        _pack_into(out, spec.path, packed, kernels, advance)
-        kernels.lib.kiln_packed_header(kernels.ffi.from_buffer(out), spec.file_size, crc, packed_bytes(packed))
-        out.flush()
-        del out
+        f.truncate(total)
+        _pack_into(f.fileno(), spec.path, packed, kernels, advance)
+        header = np.zeros(PACKED_HEADER_BYTES, np.uint8)
+        kernels.lib.kiln_packed_header(kernels.ffi.from_buffer(header), spec.file_size, crc, packed_bytes(packed))
+        os.pwrite(f.fileno(), header, 0)
     return path
 
 
 SLICE_BYTES = 4 << 20  # a thread packs this much of a matrix at a time: many slices, an even spread
 
 
-def _pack_into(out: np.ndarray, gguf_path: Path, packed: tuple[PackedWeight, ...], kernels, advance) -> None:
-    """Every matrix from the mapped GGUF into the mapped file, in slices of whole 8-row groups,
-    one thread a core: the packer is C and releases the GIL, so it runs at the speed of memory
-    rather than of one core, and nothing is copied on the way."""
+def _pack_into(fd: int, gguf_path: Path, packed: tuple[PackedWeight, ...], kernels, advance) -> None:
+    """Every matrix from the mapped GGUF into the file, in slices of whole 8-row groups, one thread
+    a core: the packer is C and releases the GIL, so it runs at the speed of memory rather than of
+    one core. Each thread packs a slice into a buffer of its own and writes it at its offset: a
+    mapping of the new file would fault in its pages one at a time (measured on llama-1b's 624 MiB:
+    0.6 to 1.2 GB/s through a mapping, 1.1 to 1.2 GB/s this way, fsync included)."""
     lib, ffi = kernels.lib, kernels.ffi
     gguf = np.memmap(gguf_path, dtype=np.uint8, mode="r")
     jobs = []
@@ -76,12 +77,15 @@ def _pack_into(out: np.ndarray, gguf_path: Path, packed: tuple[PackedWeight, ...
                 n = min(rows, p.n_out - r0)
                 jobs.append((t, src + r0 * row_bytes, n * row_bytes, dst + lib.kiln_x8_bytes(t, r0, p.n_in),
                              lib.kiln_x8_bytes(t, n, p.n_in), n, p.n_in))
-    lock = threading.Lock()
+    lock, mine = threading.Lock(), threading.local()
 
     def pack(job) -> None:
         t, src_at, src_size, dst_at, dst_size, n, n_in = job
-        lib.kiln_pack_x8(t, ffi.from_buffer(gguf[src_at:src_at + src_size]),
-                         ffi.from_buffer(out[dst_at:dst_at + dst_size]), n, n_in)
+        if getattr(mine, "buf", None) is None or mine.buf.size < dst_size:
+            mine.buf = np.empty(dst_size, np.uint8)
+        lib.kiln_pack_x8(t, ffi.from_buffer(gguf[src_at:src_at + src_size]), ffi.from_buffer(mine.buf), n, n_in)
+        if os.pwrite(fd, memoryview(mine.buf)[:dst_size], dst_at) != dst_size:
+            raise OSError(f"a short write packing into the packed file at offset {dst_at}")
         with lock:
             advance(dst_size)
 
