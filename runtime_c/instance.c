@@ -98,6 +98,9 @@ int kiln_model_open(const kiln_model_desc *d, kiln_model **out, const char *gguf
         kiln_close(m);
         return status;
     }
+    /* With the packed copy the GGUF serves embedding rows and small vectors between the matmul
+       rows: without readahead, touching them does not pull the rows around them into memory. */
+    if (m->packed_map) madvise((void *)m->gguf, (size_t)d->gguf_bytes, MADV_RANDOM);
     m->weights = malloc(d->weights_bytes);
     m->kv_view = calloc((size_t)d->n_layer, sizeof *m->kv_view);
     m->arena = aligned_alloc(64, (d->arena_bytes + 63) / 64 * 64);

@@ -57,6 +57,7 @@ def packed_file(spec: ModelSpec, packed: tuple[PackedWeight, ...], x8_kernels: b
 
 
 SLICE_BYTES = 4 << 20  # a thread packs this much of a matrix at a time: many slices, an even spread
+FORGET_GAP = 1 << 20  # unpacked bytes between packed rows that are forgotten with them
 
 
 def _pack_into(fd: int, gguf_path: Path, packed: tuple[PackedWeight, ...], kernels, advance) -> None:
@@ -91,3 +92,25 @@ def _pack_into(fd: int, gguf_path: Path, packed: tuple[PackedWeight, ...], kerne
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(pack, jobs))
+    del gguf
+    _forget(gguf_path, [(job[1], job[2]) for job in jobs])
+
+
+def _forget(path: Path, ranges: list[tuple[int, int]]) -> None:
+    """Let the page cache drop the GGUF rows just packed: the model reads their packed copy from
+    now on, so they would only sit beside it in memory (clean pages; a mapping that still holds
+    them keeps them)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    spans: list[list[int]] = []  # the ranges merged across small gaps (norms, padding): the page cache's
+    for at, size in sorted(ranges):  # folios can be larger than a page, and one is dropped only whole
+        if spans and at - spans[-1][1] < FORGET_GAP:
+            spans[-1][1] = max(spans[-1][1], at + size)
+        else:
+            spans.append([at, at + size])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for start, end in spans:
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
