@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #define X8_ROWS 4 /* activation rows that share each unpacked weight block */
+#define X8_AHEAD 4096 /* bytes: a memory latency at a thread's share of the bandwidth, and some */
 
 INLINE __m256i bcast4(const uint8_t *y) { /* 4 activation bytes in every lane */
     int32_t v;
@@ -101,6 +102,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++, blk += x8_bytes) {
             const uint8_t *p = blk + (f.has_min ? 32 : 16);
+            for (size_t at = 0; at < x8_bytes; at += 64) __builtin_prefetch(blk + X8_AHEAD + at);
             __m256i u[8];
             unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? (const uint32_t *)p : NULL, u);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
@@ -138,6 +140,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
         __m256 acc[X8_ROWS], mins[X8_ROWS];
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++, blk += kb) {
+            for (size_t at = 0; at < kb; at += 64) __builtin_prefetch(blk + X8_AHEAD + at);
             __m256i isum[X8_ROWS];
             for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
             const uint8_t *chunk = blk + head;
