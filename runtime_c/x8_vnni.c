@@ -18,6 +18,7 @@
    tg128, alternated runs); from 4 rows up the 512-bit kernel was faster. Not measured on an
    AVX-512 Intel part. */
 #define X8_WIDE_ROWS 2
+#define X8_AHEAD 4096 /* bytes of each group's stream prefetched ahead (x8_avx2.c's distance) */
 
 /* y[c * y_row + 8g + r] for groups [g0, g1) and C activation rows (q8_0 or q8_1 blocks) from
  * act. The activation rows' scales, and for offset types -offset * sum(y) per block, are
@@ -39,6 +40,8 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
         __m512 acc[X8_TOKENS], mins[X8_TOKENS];
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++, blk += x8_bytes) {
+            for (size_t at = 0; at < x8_bytes; at += 64)
+                __builtin_prefetch(blk + X8_AHEAD + at), __builtin_prefetch(blk + apart + X8_AHEAD + at);
             const uint8_t *p = blk + (f.has_min ? 32 : 16);
             __m512i u[8];
             x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
@@ -91,6 +94,8 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
         __m512 acc[X8_TOKENS], mins[X8_TOKENS];
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++, blk += kb) {
+            for (size_t at = 0; at < kb; at += 64)
+                __builtin_prefetch(blk + X8_AHEAD + at), __builtin_prefetch(blk + apart + X8_AHEAD + at);
             __m512i isum[X8_TOKENS];
             for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
             const uint8_t *chunk = blk + head;
