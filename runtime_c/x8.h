@@ -12,14 +12,30 @@
 #define X8_MAX_BLOCKS (KILN_X8_MAX_IN / 32)
 #define INLINE static inline __attribute__((always_inline))
 
-/* bytes of one kx8 block: a K-quant super-block of 8 rows */
-static inline size_t kiln_kx8_bytes(int type) {
-    switch (type) {
-    case KILN_Q4_K: return 32 + 128 + 8 * 128;
-    case KILN_Q5_K: return 32 + 128 + 8 * (32 + 128);
-    case KILN_Q6_K: return 16 + 128 + 8 * (64 + 128);
-    default: return 0;
+/* gemm(T, ...) for the x8 type T that `type` names: each type its own copy of an inlined kernel,
+   the type a constant in it */
+#define X8_EACH_TYPE(type, gemm, ...)                                                             \
+    switch (type) {                                                                               \
+    case KILN_Q4_0: gemm(KILN_Q4_0, __VA_ARGS__); break;                                          \
+    case KILN_Q4_1: gemm(KILN_Q4_1, __VA_ARGS__); break;                                          \
+    case KILN_Q5_0: gemm(KILN_Q5_0, __VA_ARGS__); break;                                          \
+    case KILN_Q5_1: gemm(KILN_Q5_1, __VA_ARGS__); break;                                          \
+    case KILN_Q8_0: gemm(KILN_Q8_0, __VA_ARGS__); break;                                          \
+    case KILN_Q4_K: gemm(KILN_Q4_K, __VA_ARGS__); break;                                          \
+    case KILN_Q5_K: gemm(KILN_Q5_K, __VA_ARGS__); break;                                          \
+    case KILN_Q6_K: gemm(KILN_Q6_K, __VA_ARGS__); break;                                          \
     }
+
+/* A kx8 block (a K-quant super-block of 8 rows): its head (d, Q4_K/Q5_K's dmin, the scales and
+   minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits and Q6_K's fifth and sixth
+   as planes before the nibbles) */
+static inline size_t kiln_kx8_head(int type) { return type == KILN_Q6_K ? 16 + 128 : 32 + 128; }
+static inline size_t kiln_kx8_chunk(int type) {
+    return type == KILN_Q6_K ? 64 + 128 : type == KILN_Q5_K ? 32 + 128 : 128;
+}
+static inline size_t kiln_kx8_bytes(int type) {
+    return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K ? kiln_kx8_head(type) + 8 * kiln_kx8_chunk(type)
+                                                                        : 0;
 }
 
 #ifdef KILN_HAVE_X8

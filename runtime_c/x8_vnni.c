@@ -77,7 +77,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
     const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K;
-    const size_t chunk_bytes = q6 ? 192 : q5 ? 160 : 128, head = q6 ? 16 + 128 : 32 + 128;
+    const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type);
     int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][4]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
     for (int c = 0; c < C; c++)
         for (int b = 0; b < nb; b++) {
@@ -183,17 +183,12 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
     for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
 }
 
-#define X8_CASE(type) \
-    case type: x8_gemm(type, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row); break;
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row) {
     if (n_a < X8_WIDE_ROWS) {
         kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
         return;
     }
-    switch (type) { /* each type its own copy of the kernels, the type a constant in it */
-        X8_CASE(KILN_Q4_0) X8_CASE(KILN_Q4_1) X8_CASE(KILN_Q5_0) X8_CASE(KILN_Q5_1) X8_CASE(KILN_Q8_0)
-        X8_CASE(KILN_Q4_K) X8_CASE(KILN_Q5_K) X8_CASE(KILN_Q6_K)
-    }
+    X8_EACH_TYPE(type, x8_gemm, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row)
 }
 #endif
