@@ -94,15 +94,29 @@ INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, si
     }
 }
 
+/* s + u . (the 4 bytes at p, in every lane). GCC 12 broadcasts them into a register with an
+ * instruction of its own before each vpdpbusd, where vpdpbusd can read them broadcast itself
+ * ({1to16}): one instruction fewer per 64 multiply-adds took SmolLM2's prefill 10-20% faster on
+ * Zen 4. The sums are the same integers. */
+typedef int32_t kiln_dword_alias __attribute__((may_alias));
+INLINE __m512i dpbusd_bcast(__m512i s, __m512i u, const uint8_t *p) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(u), "m"(*(const kiln_dword_alias *)p));
+    return s;
+#else
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_dpbusd_epi32(s, u, _mm512_set1_epi32(v));
+#endif
+}
+
 /* seed + sum(u * y) over a 32-weight chunk for 16 row lanes: u[k] holds weights 4k..4k+3 of
  * each row, y4 the activation's 32 bytes, 4 of them broadcast a vpdpbusd, in two chains */
 INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
     __m512i s0 = seed, s1 = _mm512_setzero_si512();
     for (int k = 0; k < 8; k += 2) {
-        int32_t v0, v1;
-        memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 4 * k + 4, 4);
-        s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
-        s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(v1));
+        s0 = dpbusd_bcast(s0, u[k], y4 + 4 * k);
+        s1 = dpbusd_bcast(s1, u[k + 1], y4 + 4 * k + 4);
     }
     return _mm512_add_epi32(s0, s1);
 }

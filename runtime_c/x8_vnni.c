@@ -121,10 +121,8 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                         __m512i s0 = _mm512_set1_epi32(-32 * yb->bsums[2 * j]);
                         __m512i s1 = _mm512_set1_epi32(-32 * yb->bsums[2 * j + 1]);
                         for (int k = 0; k < 4; k++) {
-                            int32_t v0, v1;
-                            memcpy(&v0, y4 + 4 * k, 4), memcpy(&v1, y4 + 16 + 4 * k, 4);
-                            s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(v0));
-                            s1 = _mm512_dpbusd_epi32(s1, u[4 + k], _mm512_set1_epi32(v1));
+                            s0 = dpbusd_bcast(s0, u[k], y4 + 4 * k);
+                            s1 = dpbusd_bcast(s1, u[4 + k], y4 + 16 + 4 * k);
                         }
                         isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(s0, sa),
                                                                              _mm512_mullo_epi32(s1, sb)));
