@@ -1,5 +1,6 @@
-/* act_avx2.c: AVX2 twins of the q8 activation quantizers (ref_quant.c) and of the dequantizers
- * of the f16 and q8_0 KV caches: the scalar references' exact bytes and values. */
+/* act_avx2.c: AVX2 twins of the q8 activation quantizers (q8_0, q8_1: ref_quant.c; q8_K:
+ * ref_kquant.c) and of the dequantizers of the f16 and q8_0 KV caches: the scalar references'
+ * exact bytes and values. */
 #include <string.h>
 
 #include "fp16.h"
@@ -65,6 +66,39 @@ void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n) {
         y[b].s = kiln_fp32_to_fp16(d * (float)sum);
     }
 }
+/* q8_K: d = max|x| / 127 with the sign of the first value that reaches it, q = lrintf(x / d)
+ * (at most 127; lrintf rounds half to even, as vcvtps2dq does), bsums the sums of each 16 q */
+void kiln_quantize_q8_K_avx2(const float *x, void *dst, int n) {
+    block_q8_K *y = dst;
+    for (int b = 0; b < n / QK_K; b++, x += QK_K) {
+        __m256 m8 = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) /* max_ps returns its second operand where the first is NaN: passed over, as by the scalar > */
+            m8 = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)), m8);
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        int first = 0;
+        while (!(__builtin_fabsf(x[first]) == amax)) first++;
+        const float iscale = -127.0f / x[first];
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_set1_ps(iscale), _mm256_loadu_ps(x + j + 8 * k))),
+                                        _mm256_set1_epi32(127));
+            y[b].bsums[j / 16] = (int16_t)hsum8_i32(_mm256_add_epi32(q[0], q[1]));
+            y[b].bsums[j / 16 + 1] = (int16_t)hsum8_i32(_mm256_add_epi32(q[2], q[3]));
+            const __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+            _mm256_storeu_si256((__m256i *)(y[b].qs + j),
+                                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
 /* ==== dequantizers of the KV cache types: the scalar ones' exact values ========================= */
 
 void kiln_dequant_f16_avx2(const void *src, float *dst, int n) {

@@ -113,12 +113,12 @@ KILN_ROWS_AVX2(q6_K)
 #undef KILN_ROWS_AVX2
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
+void kiln_quantize_q8_K_avx2(const float *x, void *dst, int n);
 void kiln_dequant_f16_avx2(const void *src, float *dst, int n);
 void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
 #endif
 
-/* NEON (rows_neon.c, kquant_neon.c, act_neon.c): the same twins as AVX2's, 4 weight rows a tile,
- * and the q8_K quantizer */
+/* NEON (rows_neon.c, kquant_neon.c, act_neon.c): the same twins as AVX2's, 4 weight rows a tile */
 #ifdef KILN_HAVE_NEON
 #define KILN_ROWS_NEON(name)                                                                                \
     void kiln_rows_##name##_neon(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row,   \

@@ -29,11 +29,6 @@ typedef struct {
 #else
 #define SIMD(f) NULL
 #endif
-#ifdef KILN_HAVE_NEON /* the twins NEON has beyond AVX2's */
-#define NEON(f) f##_neon
-#else
-#define NEON(f) NULL
-#endif
 
 static const type_traits TYPES[KILN_TYPE_COUNT] = {
     [KILN_F32] = {1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, SIMD(kiln_rows_f32)},
@@ -67,7 +62,7 @@ static const struct {
     [KILN_F32] = {1, 4, kiln_ref_copy_f32},
     [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), kiln_ref_quantize_q8_0, SIMD(kiln_quantize_q8_0)},
     [KILN_Q8_1] = {QK8_1, sizeof(block_q8_1), kiln_ref_quantize_q8_1, SIMD(kiln_quantize_q8_1)},
-    [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_ref_quantize_q8_K, NEON(kiln_quantize_q8_K)},
+    [KILN_Q8_K] = {QK_K, sizeof(block_q8_K), kiln_ref_quantize_q8_K, SIMD(kiln_quantize_q8_K)},
 };
 
 static kiln_quant_fn act_quantizer(int type) {

@@ -418,7 +418,7 @@ def test_the_simd_twins_this_build_has(capsys):
         print("\nSIMD twins in this build: " + "; ".join(f"{k.lower()}: {', '.join(v) or '-'}" for k, v in names.items()))
     if "Q8_0" in names["DOT"]:  # an AVX2 build: every twin types.c's table lists is in it
         assert set(names["DOT"]) == {"F32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
-        assert set(names["DEQUANT"]) == {"F16", "Q8_0"} and set(names["ACT"]) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+        assert set(names["DEQUANT"]) == {"F16", "Q8_0"} and set(names["ACT"]) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 
 
 @pytest.mark.parametrize("t", _with_twin(lib.KILN_SIMD_DOT), ids=lambda t: t.name)
