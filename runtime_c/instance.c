@@ -175,7 +175,9 @@ int kiln_eval(kiln_model *m, int seq, const int32_t *tokens, int n_tokens, float
     for (int i = 0; i < d->prefill_chunk; i++) seqs[i] = seq, want[i] = (int8_t)logits_all;
     for (int done = 0; done < n_tokens;) {
         const int n = n_tokens - done < d->prefill_chunk ? n_tokens - done : d->prefill_chunk;
-        want[n - 1] = 1; /* the last row's logits always; every row's when logits_all */
+        /* every row's logits when logits_all, else only the last token's: an earlier chunk's
+           last row would cost a pass over the output matrix for logits nobody reads */
+        want[n - 1] = (int8_t)(logits_all || done + n == n_tokens);
         const kiln_batch b = {n, tokens + done, seqs, NULL, want};
         const int status = kiln_step(m, &b, logits_all ? logits + (size_t)done * d->n_vocab : logits);
         want[n - 1] = (int8_t)logits_all;
