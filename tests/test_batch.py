@@ -39,6 +39,11 @@ def assert_batch_invariant(m: Model, n: int = 150) -> None:
                 got = m.step(items if size == 3 else items[::-1])
                 last = min(i + size, n) - 1
                 assert np.array_equal(got[0 if size == 3 else 1], alone[last]), (size, i)
+    with m.sequence() as e, m.sequence() as f:  # a step that wants no logits of one item, or of none
+        e.prefill(ids[:-2]), f.prefill(other[:5])
+        assert m.step([(e, ids[-2]), (f, other[5])], need=[False, False]).shape == (0, m.n_vocab)
+        got = m.step([(f, other[6]), (e, ids[-1])], need=[False, True])
+        assert got.shape == (1, m.n_vocab) and np.array_equal(got[0], alone[-1]) and f.n_past == 7
     threads = 1 if m.n_threads > 1 else 2  # another instance of the same library, another thread count
     other_m = Model(m.compiled, threads=threads)
     assert np.array_equal(other_m.prefill(ids, logits="all"), alone)

@@ -170,10 +170,15 @@ class Model:
         seq.tokens.extend(int(t) for t in tokens)
         return out if logits_all else out[0]
 
-    def step(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]]) -> np.ndarray:
+    def step(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]],
+             need: SequenceABC[bool] | None = None) -> np.ndarray:
         """One batched step: each item is (sequence, token or token ids), appended to that sequence.
-        Returns each item's last row of logits, [len(items), vocab]."""
-        return self._step(items, [False] * len(items))
+        Returns each item's last row of logits, [len(items), vocab]; given `need`, only those of the
+        items whose flag is true, in order (a prompt's chunk before its last needs none, and its
+        row would cost a pass over the output matrix)."""
+        if need is not None and len(need) != len(items):
+            raise ModelError(f"step: {len(need)} need flags for {len(items)} items")
+        return self._step(items, [False] * len(items), need)
 
     def step_rows(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]],
                   every_row: SequenceABC[bool]) -> list[np.ndarray]:
@@ -185,17 +190,17 @@ class Model:
         sizes = [np.size(toks) if every else 1 for (_, toks), every in zip(items, every_row)]
         return np.split(self._step(items, every_row), np.cumsum(sizes)[:-1])
 
-    def _step(self, items, every_row: SequenceABC[bool]) -> np.ndarray:
+    def _step(self, items, every_row: SequenceABC[bool], need: SequenceABC[bool] | None = None) -> np.ndarray:
         if not items:
             raise ModelError(f"a step takes 1 to {self.options.batch_tokens} rows (batch_tokens, --batch-tokens), got 0")
         rows, seqs, want = [], [], []
-        for (seq, toks), every in zip(items, every_row):
+        for i, ((seq, toks), every) in enumerate(zip(items, every_row)):
             if not isinstance(seq, Sequence) or seq.model is not self:
                 raise ModelError(f"step: {seq!r} is not a sequence of this model")
             ids = self._tokens([toks] if np.ndim(toks) == 0 else toks)
             rows.append(ids)
             seqs += [seq._live()] * ids.size
-            want += [int(bool(every))] * (ids.size - 1) + [1]
+            want += [int(bool(every))] * (ids.size - 1) + [int(need is None or bool(need[i]))]
         tokens = np.concatenate(rows)
         seq_arr, want_arr = np.array(seqs, np.int32), np.array(want, np.int8)
         out = np.empty((int(want_arr.sum()), self.n_vocab), dtype=np.float32)

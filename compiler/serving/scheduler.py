@@ -204,8 +204,10 @@ class Scheduler(Speculating):
         try:
             if self.speculation is not None:
                 rows = self._step_speculating(items)
-            else:
-                rows = self.model.step([(r.seq, chunk) for r, chunk in items])
+            else:  # logits only where a request samples: a prompt's chunk before its last has none
+                need = [len(chunk) == len(r.todo) for r, chunk in items]
+                got = iter(self.model.step([(r.seq, chunk) for r, chunk in items], need))
+                rows = [next(got) if n else None for n in need]
         except PoolFullError:
             self._make_room(items)
             return
