@@ -85,6 +85,7 @@ INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, si
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
     const uint32_t *qh2 = (const uint32_t *)((const uint8_t *)qh + apart);
+#pragma GCC unroll 4 /* u[] must stay in registers: GCC 12 kept Q5's loop rolled, u[] on the stack */
     for (int v = 0; v < 4; v++) {
         const __m512i raw = x16_join(qs + 32 * v, apart);
         u[2 * v] = _mm512_and_si512(raw, m4), u[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
