@@ -19,6 +19,10 @@ static inline void kiln_add_bias(float *y, const float *bias, int n_rows, int n_
  * on its GGUF rows (ranges of rows); activations quantized as above */
 void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);
+/* the same, on rows a kiln_matmul_mt before it (same x, same activation format) left quantized
+ * in `scratch`; one row is quantized again on each thread's stack, where that one left it */
+void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
+                              const float *x, int n_rows, float *y, void *scratch);
 /* kiln_attention: (token block, query heads of one kv head) items, or one token's (kv head, span)
  * items, dealt round-robin */
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,

@@ -9,10 +9,15 @@
 #include "kernels_mt.h"
 #include "quant_impl.h"
 
+/* whether the rows are quantized on each thread's stack (one row, no barrier) or into scratch */
+static int act_on_stack(int type, int n_rows, int n_in) {
+    return n_rows == 1 && kiln_act_row_bytes(type, n_in) <= KILN_LOCAL_ACT_BYTES;
+}
+
 const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
                                      void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]) {
     const size_t a_row = kiln_act_row_bytes(type, n_in);
-    if (n_rows == 1 && a_row <= KILN_LOCAL_ACT_BYTES) {
+    if (act_on_stack(type, n_rows, n_in)) {
         kiln_quantize_act(type, x, local, n_in);
         return local;
     }
@@ -22,12 +27,20 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
     return scratch;
 }
 
+/* x's rows in the type's activation format: quantized now, or (quantized) as the matmul before
+ * left them in scratch */
+static const uint8_t *act_rows(const kiln_thread *t, int type, const float *x, int n_rows, int n_in, void *scratch,
+                               uint8_t local[KILN_LOCAL_ACT_BYTES], int quantized) {
+    if (quantized && !act_on_stack(type, n_rows, n_in)) return scratch;
+    return kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
+}
+
 /* the GGUF rows: each thread a range of whole tiles of 8 rows */
 static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
-                           const float *x, int n_rows, float *y, void *scratch) {
+                           const float *x, int n_rows, float *y, void *scratch, int quantized) {
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
-    const uint8_t *act = kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
+    const uint8_t *act = act_rows(t, type, x, n_rows, n_in, scratch, local, quantized);
     int o0, o1;
     kiln_share(t, n_out, 8, &o0, &o1);
     if (o0 == o1) return;
@@ -36,12 +49,12 @@ static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const 
     kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
 }
 
-void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
-                    const float *x, int n_rows, float *y, void *scratch) {
+static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
+                      const float *x, int n_rows, float *y, void *scratch, int quantized) {
 #ifdef KILN_HAVE_X8
     if (w->packed && kiln_x8_supported(w->type, n_out, n_in)) {
         _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
-        const uint8_t *act = kiln_quantize_rows_mt(t, w->type, x, n_rows, n_in, scratch, local);
+        const uint8_t *act = act_rows(t, w->type, x, n_rows, n_in, scratch, local, quantized);
         int g0, g1;
         kiln_share(t, n_out / 8, 2, &g0, &g1); /* pairs of groups share vectors */
         if (g1 == g0) return;
@@ -51,13 +64,23 @@ void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bia
         return;
     }
 #endif
-    matmul_rows_mt(t, w->type, w->data, bias, n_out, n_in, x, n_rows, y, scratch);
+    matmul_rows_mt(t, w->type, w->data, bias, n_out, n_in, x, n_rows, y, scratch, quantized);
+}
+
+void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
+                    const float *x, int n_rows, float *y, void *scratch) {
+    matmul_mt(t, w, bias, n_out, n_in, x, n_rows, y, scratch, 0);
+}
+
+void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
+                              const float *x, int n_rows, float *y, void *scratch) {
+    matmul_mt(t, w, bias, n_out, n_in, x, n_rows, y, scratch, 1);
 }
 
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in, const float *x, int n_rows,
                  float *y, void *scratch) {
     const kiln_thread alone = {0, 1, NULL};
-    matmul_rows_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch);
+    matmul_rows_mt(&alone, type, w, bias, n_out, n_in, x, n_rows, y, scratch, 0);
 }
 
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,

@@ -17,6 +17,7 @@ from compiler.passes.kernel_select import KERNELS, select_kernels
 from compiler.passes.kv_insert import insert_kv_ops
 from compiler.passes.kv_rotate import rotate_kv
 from compiler.passes.scratch import add_scratch, attention_spans
+from compiler.passes.share_act import share_act
 from compiler.passes.validate import graph_problems, validate
 
 
@@ -155,6 +156,33 @@ def test_scratch_fits_the_layer_that_needs_the_most(tiny):
     after = add_scratch(select_kernels(insert_kv_ops(g, kv)), kv)
     down = next(n for n in after.body if n.name == "ffn_out")
     assert down.scratch.nbytes == 8 * max(292, 8 * 36)
+
+
+def test_share_act_before_after(tiny):
+    """q, k and v read one normed row set, and so do gate and up: the first of each run quantizes,
+    the others read its copy, from one scratch that lives across the run."""
+    spec, g, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
+    g = insert_kv_ops(g, kv)
+    assert all(n.attrs.act_from is None for n in g.nodes if n.op is Op.MATMUL)
+    after = add_scratch(select_kernels(share_act(g)), kv)
+    by_name = {n.name: n for n in after.body}
+    assert {n: by_name[n].attrs.act_from for n in ("q", "k", "v", "attn_out", "ffn_gate", "ffn_up", "ffn_out")} == {
+        "q": None, "k": "q", "v": "q", "attn_out": None, "ffn_gate": None, "ffn_up": "ffn_gate", "ffn_out": None}
+    assert [by_name[n].kernel for n in ("q", "k", "ffn_up")] == ["kiln_matmul", "kiln_matmul_quantized",
+                                                                 "kiln_matmul_quantized"]
+    assert by_name["k"].scratch is by_name["q"].scratch and by_name["ffn_up"].scratch is by_name["ffn_gate"].scratch
+    assert graph_problems(after, spec) == []
+
+
+def test_share_act_needs_one_format_in_every_layer(tiny):
+    """Layer 1's v is Q4_K (q8_K activations), the rest Q4_1 (q8_1): v quantizes its own rows in
+    every layer, k still reads q's; the shared scratch is sized for the largest reader."""
+    spec, g, kv = _setup(tiny("llama", n_embd=256, n_head=4, n_head_kv=2, wtype=DType.Q4_1.value,
+                              types={"blk.1.attn_v.weight": DType.Q4_K.value}))
+    after = add_scratch(select_kernels(share_act(insert_kv_ops(g, kv))), kv)
+    by_name = {n.name: n for n in after.body}
+    assert (by_name["k"].attrs.act_from, by_name["v"].attrs.act_from) == ("q", None)
+    assert by_name["v"].scratch.nbytes == 8 * 292 and by_name["q"].scratch.nbytes == 8 * 8 * 36
 
 
 @pytest.mark.parametrize("k,v,rotated", [("f16", "f16", ""), ("q8_0", "f16", "k"), ("f16", "q4_0", "v"),

@@ -144,6 +144,7 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_embed": _embed,
     "kiln_rms_norm": _rms_norm,
     "kiln_matmul": _matmul,
+    "kiln_matmul_quantized": _matmul,
     "kiln_select_rows": _select_rows,
     "kiln_rope": _rope,
     "kiln_rope_ext": _rope_ext,

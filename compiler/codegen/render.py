@@ -13,7 +13,7 @@ import jinja2
 from ..core.dtypes import DType
 from ..core.version import __version__
 from ..planner.plan import Planned
-from ..ir.graph import Node, Value, ValueKind
+from ..ir.graph import Node, Value, ValueKind, scratch_from
 from ..passes.kernel_select import BY_FUNCTION
 from .emit import ARGS, c_float, c_name, statement, weight_field
 
@@ -34,7 +34,8 @@ def _shape(v: Value) -> str:
 
 def _node_lines(n: Node, index: int, offsets: dict[str, int], indent: str) -> list[str]:
     lines = [f"{indent}/* {n.name}: {n.op.value} */"]
-    for v in [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + ([n.scratch] if n.scratch else []):
+    own_scratch = [n.scratch] if n.scratch and scratch_from(n) is None else []  # a shared one is declared once
+    for v in [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + own_scratch:
         ctype = _C_TYPE[v.dtype]
         cast = "" if ctype == "void" else f"({ctype} *)"
         lines.append(f"{indent}{ctype} *{c_name(v)} = {cast}A({offsets[v.name]:#x}); /* {_shape(v)} */")

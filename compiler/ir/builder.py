@@ -17,8 +17,8 @@ from ..core.dtypes import DType
 from ..core.errors import ArchitectureError, ModelFileError
 from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, QKNormSpan, Scalar, Stage
 from ..frontend.spec import ModelSpec, TensorInfo
-from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, MoeAttrs, Node, NormAttrs, Op,
-                    RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
+from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, MatmulAttrs, MoeAttrs, Node, NormAttrs,
+                    Op, RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
 from .rope import rope_attrs, rope_factors
 
 # The step's inputs: the batch's arrays, one entry per row.
@@ -96,7 +96,7 @@ class GraphBuilder:
     def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
         w = role if isinstance(role, Value) else self.layer_weight(role)
         inputs = (x, w) + ((self.layer_weight(w.name, "bias"),) if bias else ())
-        return self.emit(Op.MATMUL, name, inputs, shape)
+        return self.emit(Op.MATMUL, name, inputs, shape, MatmulAttrs())
 
     def scale(self, name: str, x: Value, by: float) -> Value:
         return self.emit(Op.SCALE, name, (x,), x.shape, ScaleAttrs(by))

@@ -72,6 +72,13 @@ class Value:
 
 
 @dataclass(frozen=True)
+class MatmulAttrs:
+    """act_from: the matmul before this one that quantized the same rows, in the same format, into
+    the scratch both use (the share_act pass sets it); None: this one quantizes them itself."""
+    act_from: str | None = None
+
+
+@dataclass(frozen=True)
 class NormAttrs:
     eps: float
     weight_offset: float
@@ -146,7 +153,7 @@ Attrs = (NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleA
 OP_ATTRS: dict[Op, type | None] = {
     Op.EMBED: EmbedAttrs,
     Op.RMS_NORM: NormAttrs,
-    Op.MATMUL: None,
+    Op.MATMUL: MatmulAttrs,
     Op.ROPE: RopeAttrs,
     Op.HADAMARD: None,
     Op.ATTENTION: AttentionAttrs,
@@ -171,6 +178,11 @@ class Node:
     attrs: Attrs = None
     kernel: str | None = None  # the runtime function, set by the kernel-selection pass
     scratch: Value | None = None  # working memory the kernel needs during this op only
+
+
+def scratch_from(n: Node) -> str | None:
+    """The node whose scratch n uses as well (a matmul reading another's quantized rows), or None."""
+    return n.attrs.act_from if n.op is Op.MATMUL else None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.EMBED, ""): Kernel("kiln_embed", RUNTIME_DTYPES),
     (Op.RMS_NORM, ""): Kernel("kiln_rms_norm", F32),
     (Op.MATMUL, ""): Kernel("kiln_matmul", RUNTIME_DTYPES),
+    (Op.MATMUL, "quantized"): Kernel("kiln_matmul_quantized", RUNTIME_DTYPES),  # reads another's quantized rows
     (Op.LOGITS, ""): Kernel("kiln_matmul", RUNTIME_DTYPES),
     (Op.ROPE, ""): Kernel("kiln_rope"),
     (Op.ROPE, "scaled"): Kernel("kiln_rope_ext", F32),
@@ -51,6 +52,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
 
 # Ops whose kernel depends on an attribute, and which.
 VARIANT: dict[Op, Callable[[Node], str]] = {
+    Op.MATMUL: lambda n: "quantized" if n.attrs.act_from else "",
     Op.GLU: lambda n: n.attrs.activation.value,
     Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 else "",
     Op.ATTENTION: lambda n: "softcap" if n.attrs.softcap else "",

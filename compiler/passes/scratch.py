@@ -2,8 +2,9 @@
 its quantized activations, an attention the span states of a lone token's history, a mixture of
 experts its slots (runtime_c/moe.c).
 
-The scratch lives only during its op; the allocator packs all of them into the same bytes. A
-body op's scratch is sized for the layer that needs the most (Q4_K_M files mix weight types).
+The scratch lives only during its op (a run of matmuls sharing their rows' copy: from the first
+to the last); the allocator packs all of them into the same bytes. A body op's scratch is sized
+for the layer that needs the most (Q4_K_M files mix weight types).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from math import prod
 
 from ..core.cconst import ATTN_SPAN, ATTN_SPAN_STATE
 from ..core.dtypes import DType, act_row_bytes, same_act_format
-from ..ir.graph import Graph, Node, Op, Value, ValueKind
+from ..ir.graph import Graph, Node, Op, Value, ValueKind, scratch_from
 from ..ir.kv import KVConfig
 
 # A lone token's spans are work items for the threads, their states kept in the scratch until they
@@ -60,11 +61,12 @@ SCRATCH_NAME = {Op.MATMUL: "act", Op.LOGITS: "act", Op.ATTENTION: "spans", Op.MO
 
 def add_scratch(g: Graph, kv: KVConfig) -> Graph:
     for section, nodes in g.sections():
-        out = []
-        for n in nodes:
-            size = SCRATCH_BYTES[n.op](g, n, kv) if n.op in SCRATCH_BYTES else 0
-            if size:
-                n = replace(n, scratch=Value(f"{n.name}.{SCRATCH_NAME[n.op]}", ValueKind.ACTIVATION, (size,), DType.I8))
-            out.append(n)
-        g = g.with_nodes(section, out)
+        size = {n.name: SCRATCH_BYTES[n.op](g, n, kv) if n.op in SCRATCH_BYTES else 0 for n in nodes}
+        for n in nodes:  # a shared buffer holds the largest of its matmuls' rows
+            if (lead := scratch_from(n)) is not None:
+                size[lead] = max(size[lead], size.pop(n.name))
+        scratch = {name: Value(f"{name}.{SCRATCH_NAME[n.op]}", ValueKind.ACTIVATION, (size[name],), DType.I8)
+                   for n in nodes if (name := n.name) in size and size[name]}
+        g = g.with_nodes(section, [replace(n, scratch=scratch[scratch_from(n) or n.name])
+                                   if (scratch_from(n) or n.name) in scratch else n for n in nodes])
     return g

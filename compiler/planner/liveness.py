@@ -35,8 +35,9 @@ def lifetimes(g: Graph) -> list[Lifetime]:
         for v in n.inputs:
             if v.kind is ValueKind.ACTIVATION:
                 last[v.name] = i
-        if n.scratch is not None:
+        if n.scratch is not None:  # from the first op that uses it to the last (matmuls may share one)
             values[n.scratch.name] = n.scratch
-            first[n.scratch.name] = last[n.scratch.name] = i
+            first.setdefault(n.scratch.name, i)
+            last[n.scratch.name] = i
     assert all(v.kind in ARENA_KINDS for v in values.values())
     return [Lifetime(values[name], first[name], last[name]) for name in values]

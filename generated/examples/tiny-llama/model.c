@@ -119,18 +119,16 @@ static void step(void *arg, const kiln_thread *t) {
         OP_DONE(1);
         /* q: matmul */
         float *q = (float *)A(0x1000); /* [n x 4 x 16] */
-        void *q_act = A(0x2000); /* [1088 bytes] */
+        void *q_act = A(0x3000); /* [1088 bytes] */
         kiln_matmul_mt(t, &L->attn_q, NULL, 64, 64, attn_norm, n, q, q_act);
         OP_DONE(2);
         /* k: matmul */
         float *k = (float *)A(0x2000); /* [n x 2 x 16] */
-        void *k_act = A(0x2800); /* [1088 bytes] */
-        kiln_matmul_mt(t, &L->attn_k, NULL, 32, 64, attn_norm, n, k, k_act);
+        kiln_matmul_quantized_mt(t, &L->attn_k, NULL, 32, 64, attn_norm, n, k, q_act);
         OP_DONE(3);
         /* v: matmul */
         float *v = (float *)A(0x2800); /* [n x 2 x 16] */
-        void *v_act = A(0x3000); /* [1088 bytes] */
-        kiln_matmul_mt(t, &L->attn_v, NULL, 32, 64, attn_norm, n, v, v_act);
+        kiln_matmul_quantized_mt(t, &L->attn_v, NULL, 32, 64, attn_norm, n, v, q_act);
         OP_DONE(4);
         /* q_rope: rope */
         float *q_rope = (float *)A(0x0); /* [n x 4 x 16] */
@@ -162,13 +160,12 @@ static void step(void *arg, const kiln_thread *t) {
         OP_DONE(11);
         /* ffn_gate: matmul */
         float *ffn_gate = (float *)A(0x0); /* [n x 128] */
-        void *ffn_gate_act = A(0x2000); /* [1088 bytes] */
+        void *ffn_gate_act = A(0x5000); /* [1088 bytes] */
         kiln_matmul_mt(t, &L->ffn_gate, NULL, 128, 64, ffn_norm, n, ffn_gate, ffn_gate_act);
         OP_DONE(12);
         /* ffn_up: matmul */
         float *ffn_up = (float *)A(0x2000); /* [n x 128] */
-        void *ffn_up_act = A(0x5000); /* [1088 bytes] */
-        kiln_matmul_mt(t, &L->ffn_up, NULL, 128, 64, ffn_norm, n, ffn_up, ffn_up_act);
+        kiln_matmul_quantized_mt(t, &L->ffn_up, NULL, 128, 64, ffn_norm, n, ffn_up, ffn_gate_act);
         OP_DONE(13);
         /* ffn_glu: glu */
         float *ffn_glu = (float *)A(0x4000); /* [n x 128] */
