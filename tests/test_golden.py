@@ -60,3 +60,19 @@ def test_examples_are_deterministic(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     assert render_examples(tmp_path / "a") == render_examples(tmp_path / "b")
+
+
+def test_ops_without_a_barrier_between_them_may_not_share_arena_bytes(tmp_path):
+    """k and v run beside q (they read its quantized rows, with no barrier between them): a layout
+    that put k's output over q's input is refused, not emitted as a race."""
+    from dataclasses import replace
+
+    from compiler.codegen.emit import CodegenError
+
+    model = write_tiny_model(tmp_path / "tiny-llama.gguf", TinySpec(arch="llama", wtype=Q.Q8_0))
+    p = plan(model, CompileOptions(ctx=64, prefill_chunk=16))
+    assert "OP_NEXT" in generate(p)
+    at = {b.name: b for b in p.layout.buffers}
+    planted = [replace(b, offset=at["attn_norm"].offset) if b.name == "k" else b for b in p.layout.buffers]
+    with pytest.raises(CodegenError, match="q and k run without a barrier, but k and attn_norm share arena bytes"):
+        generate(replace(p, layout=replace(p.layout, buffers=tuple(planted))))

@@ -16,7 +16,8 @@ from ..ir.graph import Node, Op, Value, ValueKind
 
 
 class CodegenError(KilnError):
-    """The graph needs a runtime function the code generator has no arguments for."""
+    """The graph needs a runtime function the code generator has no arguments for, or the layout
+    would let two ops without a barrier between them race."""
 
 
 def c_float(x: float) -> str:

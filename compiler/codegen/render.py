@@ -15,7 +15,7 @@ from ..core.version import __version__
 from ..planner.plan import Planned
 from ..ir.graph import Node, Value, ValueKind, scratch_from
 from ..passes.kernel_select import BY_FUNCTION
-from .emit import ARGS, c_float, c_name, statement, weight_field
+from .emit import ARGS, CodegenError, c_float, c_name, statement, weight_field
 
 assert set(ARGS) == set(BY_FUNCTION), "every runtime function the kernel table names has its arguments"
 
@@ -32,7 +32,7 @@ def _shape(v: Value) -> str:
     return "[" + " x ".join(["n", *map(str, v.shape[1:])]) + "]"
 
 
-def _node_lines(n: Node, index: int, offsets: dict[str, int], indent: str) -> list[str]:
+def _node_lines(n: Node, index: int, offsets: dict[str, int], indent: str, then: Node | None) -> list[str]:
     lines = [f"{indent}/* {n.name}: {n.op.value} */"]
     own_scratch = [n.scratch] if n.scratch and scratch_from(n) is None else []  # a shared one is declared once
     for v in [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + own_scratch:
@@ -40,8 +40,28 @@ def _node_lines(n: Node, index: int, offsets: dict[str, int], indent: str) -> li
         cast = "" if ctype == "void" else f"({ctype} *)"
         lines.append(f"{indent}{ctype} *{c_name(v)} = {cast}A({offsets[v.name]:#x}); /* {_shape(v)} */")
     lines.append(f"{indent}{statement(n)}")
-    lines.append(f"{indent}OP_DONE({index});")
+    # a matmul sharing this one's quantized rows (or its run's) may start before this one ends
+    lines.append(f"{indent}{'OP_NEXT' if then is not None and scratch_from(then) else 'OP_DONE'}({index});")
     return lines
+
+
+def _arena_values(n: Node) -> tuple[list[Value], list[Value]]:
+    """The arena values n reads and those it writes."""
+    reads = [v for v in n.inputs if v.kind is ValueKind.ACTIVATION] + ([n.scratch] if scratch_from(n) else [])
+    writes = [v for v in n.outputs if v.kind is ValueKind.ACTIVATION] + ([n.scratch] if n.scratch and not
+                                                                          scratch_from(n) else [])
+    return reads, writes
+
+
+def _check_unfenced(n: Node, then: Node, spans: dict[str, range]) -> None:
+    """Two ops with no barrier between them run at once on different threads: neither may write
+    arena bytes the other reads or writes."""
+    (r1, w1), (r2, w2) = _arena_values(n), _arena_values(then)
+    for a, b in [(x, y) for x in w1 for y in r2 + w2] + [(x, y) for x in w2 for y in r1]:
+        sa, sb = spans[a.name], spans[b.name]
+        if a.name != b.name and sa.start < sb.stop and sb.start < sa.stop:
+            raise CodegenError(f"{n.name} and {then.name} run without a barrier, but {a.name} and {b.name} share "
+                               f"arena bytes [{max(sa.start, sb.start):#x}, {min(sa.stop, sb.stop):#x})")
 
 
 def _weight_at(t, packed: dict[str, int]) -> tuple[str, str, str]:
@@ -52,10 +72,18 @@ def _weight_at(t, packed: dict[str, int]) -> tuple[str, str, str]:
 def generate(p: Planned) -> str:
     g, spec, opts, lay, kv = p.graph, p.spec, p.options, p.layout, p.layout.kv
     offsets = {b.name: b.offset for b in lay.region("activations")}
+    spans = {b.name: range(b.offset, b.offset + b.size) for b in lay.region("activations")}
+    for _, nodes in g.sections():  # a run of ops without barriers between them: each pair at once
+        run: list[Node] = []
+        for n in nodes:
+            run = [*run, n] if scratch_from(n) else [n]
+            for other in run[:-1]:
+                _check_unfenced(other, n, spans)
     packed = {pw.tensor: pw.offset for pw in lay.packed}
     schedule = iter(range(len(g.nodes)))
-    sections = {s.value: [line for n in nodes for line in _node_lines(n, next(schedule), offsets, "        " if
-                                                                          s.value == "body" else "    ")]
+    sections = {s.value: [line for n, then in zip(nodes, (*nodes[1:], None))
+                          for line in _node_lines(n, next(schedule), offsets, "        " if s.value == "body" else "    ",
+                                                  then)]
                 for s, nodes in g.sections()}
     roles = [v for n in g.body for v in n.inputs if v.kind is ValueKind.WEIGHT]
     outer = [v for n in g.head + g.tail for v in n.inputs if v.kind is ValueKind.WEIGHT]
