@@ -29,6 +29,14 @@ static inline __m256i round_away(__m256 v) {
     return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
 }
 
+/* 4 x 8 int32 (each within int8) -> 32 int8 in order; the packs interleave 128-bit lanes, the
+ * permute undoes it */
+static inline void narrow32(const __m256i q[4], int8_t *dst) {
+    const __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
+                                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 /* one block of 32: q = round(x / d) as bytes with d = max|x| / 127 (returned); *sum = sum(q) */
 static inline float quantize_block(const float *x, int8_t *qs, int *sum) {
     __m256 v[4], amax = _mm256_setzero_ps();
@@ -42,11 +50,7 @@ static inline float quantize_block(const float *x, int8_t *qs, int *sum) {
     const float d = _mm_cvtss_f32(m) / 127.0f, id = d ? 1.0f / d : 0.0f;
     __m256i q[4];
     for (int k = 0; k < 4; k++) q[k] = round_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
-    /* pack 4 x 8 int32 -> 32 int8; the packs interleave 128-bit lanes, the permute undoes it */
-    const __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
-                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)qs, q8);
+    narrow32(q, qs);
     *sum = hsum8_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     return d;
 }
@@ -72,7 +76,7 @@ void kiln_quantize_q8_K_avx2(const float *x, void *dst, int n) {
     block_q8_K *y = dst;
     for (int b = 0; b < n / QK_K; b++, x += QK_K) {
         __m256 m8 = _mm256_setzero_ps();
-        for (int j = 0; j < QK_K; j += 8) /* max_ps returns its second operand where the first is NaN: passed over, as by the scalar > */
+        for (int j = 0; j < QK_K; j += 8) /* max_ps gives its second operand for a NaN: passed over, as by > */
             m8 = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)), m8);
         __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -81,19 +85,16 @@ void kiln_quantize_q8_K_avx2(const float *x, void *dst, int n) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }
-        int first = 0;
-        while (!(__builtin_fabsf(x[first]) == amax)) first++;
-        const float iscale = -127.0f / x[first];
+        const float iscale = kiln_q8_K_iscale(x, amax);
         for (int j = 0; j < QK_K; j += 32) {
             __m256i q[4];
-            for (int k = 0; k < 4; k++)
-                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_set1_ps(iscale), _mm256_loadu_ps(x + j + 8 * k))),
-                                        _mm256_set1_epi32(127));
+            for (int k = 0; k < 4; k++) {
+                const __m256 v = _mm256_mul_ps(_mm256_set1_ps(iscale), _mm256_loadu_ps(x + j + 8 * k));
+                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(127));
+            }
             y[b].bsums[j / 16] = (int16_t)hsum8_i32(_mm256_add_epi32(q[0], q[1]));
             y[b].bsums[j / 16 + 1] = (int16_t)hsum8_i32(_mm256_add_epi32(q[2], q[3]));
-            const __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
-            _mm256_storeu_si256((__m256i *)(y[b].qs + j),
-                                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            narrow32(q, y[b].qs + j);
         }
         y[b].d = 1.0f / iscale;
     }

@@ -64,9 +64,7 @@ void kiln_quantize_q8_K_neon(const float *x, void *dst, int n) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }
-        int first = 0;
-        while (!(__builtin_fabsf(x[first]) == amax)) first++;
-        const float iscale = -127.0f / x[first];
+        const float iscale = kiln_q8_K_iscale(x, amax);
         const float32x4_t vs = vdupq_n_f32(iscale);
         for (int j = 0; j < QK_K; j += 32) {
             int32x4_t q[8];

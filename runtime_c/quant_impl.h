@@ -75,6 +75,13 @@ void kiln_ref_copy_f32(const float *x, void *dst, int n);
 void kiln_ref_quantize_q8_0(const float *x, void *dst, int n);
 void kiln_ref_quantize_q8_1(const float *x, void *dst, int n);
 void kiln_ref_quantize_q8_K(const float *x, void *dst, int n);
+/* q8_K's inverse scale for a block whose largest magnitude is amax > 0: -127 over the first value
+ * of that magnitude, so that its sign is the reference's (the SIMD twins find amax, then this) */
+static inline float kiln_q8_K_iscale(const float *x, float amax) {
+    int first = 0;
+    while (!(__builtin_fabsf(x[first]) == amax)) first++;
+    return -127.0f / x[first];
+}
 void kiln_ref_quantize_f16(const float *x, void *dst, int n);
 void kiln_ref_quantize_q4_0(const float *x, void *dst, int n);
 void kiln_ref_quantize_q4_1(const float *x, void *dst, int n);

@@ -81,9 +81,9 @@ def generate(p: Planned) -> str:
                 _check_unfenced(other, n, spans)
     packed = {pw.tensor: pw.offset for pw in lay.packed}
     schedule = iter(range(len(g.nodes)))
+    indent = {"body": "        "}
     sections = {s.value: [line for n, then in zip(nodes, (*nodes[1:], None))
-                          for line in _node_lines(n, next(schedule), offsets, "        " if s.value == "body" else "    ",
-                                                  then)]
+                          for line in _node_lines(n, next(schedule), offsets, indent.get(s.value, "    "), then)]
                 for s, nodes in g.sections()}
     roles = [v for n in g.body for v in n.inputs if v.kind is ValueKind.WEIGHT]
     outer = [v for n in g.head + g.tail for v in n.inputs if v.kind is ValueKind.WEIGHT]
