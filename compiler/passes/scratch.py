@@ -61,12 +61,13 @@ SCRATCH_NAME = {Op.MATMUL: "act", Op.LOGITS: "act", Op.ATTENTION: "spans", Op.MO
 
 def add_scratch(g: Graph, kv: KVConfig) -> Graph:
     for section, nodes in g.sections():
-        size = {n.name: SCRATCH_BYTES[n.op](g, n, kv) if n.op in SCRATCH_BYTES else 0 for n in nodes}
+        owner = {n.name: scratch_from(n) or n.name for n in nodes}  # whose scratch each op uses
+        size: dict[str, int] = {}
         for n in nodes:  # a shared buffer holds the largest of its matmuls' rows
-            if (lead := scratch_from(n)) is not None:
-                size[lead] = max(size[lead], size.pop(n.name))
-        scratch = {name: Value(f"{name}.{SCRATCH_NAME[n.op]}", ValueKind.ACTIVATION, (size[name],), DType.I8)
-                   for n in nodes if (name := n.name) in size and size[name]}
-        g = g.with_nodes(section, [replace(n, scratch=scratch[scratch_from(n) or n.name])
-                                   if (scratch_from(n) or n.name) in scratch else n for n in nodes])
+            need = SCRATCH_BYTES[n.op](g, n, kv) if n.op in SCRATCH_BYTES else 0
+            size[owner[n.name]] = max(size.get(owner[n.name], 0), need)
+        scratch = {n.name: Value(f"{n.name}.{SCRATCH_NAME[n.op]}", ValueKind.ACTIVATION, (size[n.name],), DType.I8)
+                   for n in nodes if owner[n.name] == n.name and size[n.name]}
+        g = g.with_nodes(section, [replace(n, scratch=scratch[owner[n.name]]) if owner[n.name] in scratch else n
+                                   for n in nodes])
     return g

@@ -178,7 +178,8 @@ class Model:
         row would cost a pass over the output matrix)."""
         if need is not None and len(need) != len(items):
             raise ModelError(f"step: {len(need)} need flags for {len(items)} items")
-        return self._step(items, [False] * len(items), need)
+        need = [True] * len(items) if need is None else need
+        return self._step(items, ["last" if wanted else None for wanted in need])
 
     def step_rows(self, items: SequenceABC[tuple[Sequence, int | SequenceABC[int]]],
                   every_row: SequenceABC[bool]) -> list[np.ndarray]:
@@ -188,19 +189,20 @@ class Model:
         if len(every_row) != len(items):
             raise ModelError(f"step_rows: {len(every_row)} every_row flags for {len(items)} items")
         sizes = [np.size(toks) if every else 1 for (_, toks), every in zip(items, every_row)]
-        return np.split(self._step(items, every_row), np.cumsum(sizes)[:-1])
+        return np.split(self._step(items, ["all" if every else "last" for every in every_row]), np.cumsum(sizes)[:-1])
 
-    def _step(self, items, every_row: SequenceABC[bool], need: SequenceABC[bool] | None = None) -> np.ndarray:
+    def _step(self, items, rows_wanted: SequenceABC[str | None]) -> np.ndarray:
+        """kiln_step over items; each item's logits rows: "all", its "last", or None."""
         if not items:
             raise ModelError(f"a step takes 1 to {self.options.batch_tokens} rows (batch_tokens, --batch-tokens), got 0")
         rows, seqs, want = [], [], []
-        for i, ((seq, toks), every) in enumerate(zip(items, every_row)):
+        for (seq, toks), wanted in zip(items, rows_wanted):
             if not isinstance(seq, Sequence) or seq.model is not self:
                 raise ModelError(f"step: {seq!r} is not a sequence of this model")
             ids = self._tokens([toks] if np.ndim(toks) == 0 else toks)
             rows.append(ids)
             seqs += [seq._live()] * ids.size
-            want += [int(bool(every))] * (ids.size - 1) + [int(need is None or bool(need[i]))]
+            want += [int(wanted == "all")] * (ids.size - 1) + [int(wanted is not None)]
         tokens = np.concatenate(rows)
         seq_arr, want_arr = np.array(seqs, np.int32), np.array(want, np.int8)
         out = np.empty((int(want_arr.sum()), self.n_vocab), dtype=np.float32)
