@@ -13,10 +13,11 @@
  * query cannot see score -inf and weigh exactly 0, and rows no query of the pass can see read a
  * row of zeros, so they add exactly 0 as well.
  *
- * Shape. A span is staged once (K transposed, with AVX-512, so a vector holds 16 keys' scores
- * and each score is one fma chain over the head dimension) and then taken by every query that
- * sees it: one token's query heads in decode, a block of up to ATTN_ITEM_Q queries in prefill,
- * where the span is read from memory once for the block instead of once per few tokens.
+ * Shape. A span is staged once and then taken by every query that sees it: one token's query
+ * heads in decode, a block of up to ATTN_ITEM_Q queries in prefill, where the span is read from
+ * memory once for the block instead of once per few tokens. The scores read K transposed: an f16
+ * or f32 K as the cache holds it (kv_view.h), in place when the span lies in one page; other K
+ * types are dequantized and transposed on the stack.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@ static const float ZERO_ROW[KILN_MAX_HEAD_DIM];
 
 static int part_type(const kiln_kv_view *kv, int part) { return part ? kv->v_type : kv->k_type; }
 
-/* Rows the vector loops read where they lie: f32, and f16 where they convert on load. */
+/* V rows the vector loops read where they lie: f32, and f16 where they convert on load. */
 static int in_place(int type, int hd) {
 #ifdef KILN_SPAN_F16_ROWS
     if (type == KILN_F16 && hd % 8 == 0) return 1;
@@ -67,14 +68,26 @@ static void cache_rows(const kiln_kv_view *kv, const int32_t *table, int part, i
     }
 }
 
-/* Ask for positions [lo, hi] of one head's K or V ahead of their use: a page holds a head's
- * rows side by side, so each page run is one sequential range of cache lines. */
+/* Ask for positions [lo, hi] of one head's K or V ahead of their use, a page run at a time: a
+ * page holds a head's rows side by side, one sequential range of cache lines, or its transposed
+ * K, one such range for each d. */
 static void prefetch_rows(const kiln_kv_view *kv, const int32_t *table, int part, int h, size_t row_bytes, int lo,
                           int hi) {
+    const int columns = !part && kiln_k_transposed(kv->k_type);
+    const size_t es = kv->k_type == KILN_F16 ? 2 : 4, hd = row_bytes / es;
     for (int j = lo; j <= hi;) {
         const int page_end = (j / kv->page_size + 1) * kv->page_size, end = hi + 1 < page_end ? hi + 1 : page_end;
-        const char *src = (const char *)kiln_kv_row(kv, table, part, h, j, row_bytes);
-        for (size_t at = 0; at < (size_t)(end - j) * row_bytes; at += 64) __builtin_prefetch(src + at);
+        if (columns) {
+            const size_t len = (size_t)(end - j) * es, ld = (size_t)kv->page_size * es;
+            const char *col = (const char *)kiln_kv_k_column(kv, table, h, j, row_bytes);
+            for (size_t d = 0; d < hd; d++) {
+                for (size_t at = 0; at < len; at += 64) __builtin_prefetch(col + d * ld + at);
+                __builtin_prefetch(col + d * ld + len - 1);
+            }
+        } else {
+            const char *src = (const char *)kiln_kv_row(kv, table, part, h, j, row_bytes);
+            for (size_t at = 0; at < (size_t)(end - j) * row_bytes; at += 64) __builtin_prefetch(src + at);
+        }
         j = end;
     }
 }
@@ -109,24 +122,54 @@ static void clear(attn_state st, int hd) {
  * groups), of which lo .. hi are visible to some query and the rest read zeros. */
 typedef struct {
     int j0, n;
-    const void *k[SPAN], *v[SPAN]; /* in place, or dequantized into the caller's buffers */
-    int k_half, v_half;            /* the rows in place are f16 */
-#ifdef KILN_SPAN_TRANSPOSED
-    float kt[KILN_MAX_HEAD_DIM * SPAN]; /* K transposed: kt[d * SPAN + j - j0] */
-#endif
+    const void *kt;      /* K transposed, kt[d * ld + j - j0]: in the cache, or staged */
+    int ld, k_half;      /* its row stride in values; its values are f16 */
+    const void *v[SPAN]; /* V rows: in place, or dequantized into the caller's buffer */
+    int v_half;          /* the rows in place are f16 */
+    float staged[KILN_MAX_HEAD_DIM * SPAN];
 } span_rows;
+
+/* whether staging a span needs buffers for dequantized rows */
+static int needs_rows_buffer(const kiln_kv_view *kv, int hd) {
+    return !kiln_k_transposed(kv->k_type) || !in_place(kv->v_type, hd);
+}
+
+/* A transposed K across pages: each page's part copied, values unchanged, into sp->staged; zeros
+ * where no page holds any of lo .. hi (the page may not exist) */
+static void gather_columns(span_rows *sp, const kiln_kv_view *kv, const int32_t *table, int h, size_t row_bytes,
+                           int hd, int lo, int hi) {
+    const int ps = kv->page_size;
+    const size_t es = row_bytes / hd;
+    for (int a = sp->j0; a < sp->j0 + sp->n;) {
+        const int b = (a / ps + 1) * ps < sp->j0 + sp->n ? (a / ps + 1) * ps : sp->j0 + sp->n;
+        const uint8_t *src = a / ps >= lo / ps && a / ps <= hi / ps ? kiln_kv_k_column(kv, table, h, a, row_bytes) : NULL;
+        uint8_t *dst = (uint8_t *)sp->staged + (size_t)(a - sp->j0) * es;
+        for (int d = 0; d < hd; d++) {
+            if (src) memcpy(dst + (size_t)d * SPAN * es, src + (size_t)d * ps * es, (size_t)(b - a) * es);
+            else memset(dst + (size_t)d * SPAN * es, 0, (size_t)(b - a) * es);
+        }
+        a = b;
+    }
+    sp->kt = sp->staged, sp->ld = SPAN;
+}
 
 static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_view *kv, const int32_t *table, int h,
                        const size_t row_bytes[2], int hd, int lo, int hi) {
-    const int k_direct = in_place(kv->k_type, hd), v_direct = in_place(kv->v_type, hd);
-    sp->k_half = k_direct && kv->k_type == KILN_F16, sp->v_half = v_direct && kv->v_type == KILN_F16;
+    sp->v_half = in_place(kv->v_type, hd) && kv->v_type == KILN_F16;
     sp->j0 = lo & ~(GROUP - 1), sp->n = ((hi | (GROUP - 1)) + 1) - sp->j0;
-    cache_rows(kv, table, 0, h, row_bytes[0], sp->j0, sp->n, lo, hi, kbuf, hd, sp->k);
     cache_rows(kv, table, 1, h, row_bytes[1], sp->j0, sp->n, lo, hi, vbuf, hd, sp->v);
-#ifdef KILN_SPAN_TRANSPOSED
-    if (sp->k_half) kiln_span_transpose(sp->kt, SPAN, sp->k, sp->n, hd, 1);
-    else kiln_span_transpose(sp->kt, SPAN, sp->k, sp->n, hd, 0);
-#endif
+    if (kiln_k_transposed(kv->k_type)) {
+        sp->k_half = kv->k_type == KILN_F16;
+        if (sp->j0 / kv->page_size == (sp->j0 + sp->n - 1) / kv->page_size) /* one page, lo's: read where it lies */
+            sp->kt = kiln_kv_k_column(kv, table, h, sp->j0, row_bytes[0]), sp->ld = kv->page_size;
+        else
+            gather_columns(sp, kv, table, h, row_bytes[0], hd, lo, hi);
+        return;
+    }
+    const void *rows[SPAN];
+    cache_rows(kv, table, 0, h, row_bytes[0], sp->j0, sp->n, lo, hi, kbuf, hd, rows);
+    kiln_span_transpose(sp->staged, SPAN, rows, sp->n, hd, 0);
+    sp->kt = sp->staged, sp->ld = SPAN, sp->k_half = 0;
 }
 
 /* Queries q[i] (i < nq, one sequence, one kv head), query i seeing positions first[i] .. last[i]:
@@ -147,11 +190,7 @@ static void score_span(const attn_state st[], const float *const q[], const int 
         float *so[KILN_SPAN_MAX_Q];
         const float *qo[KILN_SPAN_MAX_Q];
         for (int k = 0; k < m; k++) so[k] = s[order[o + k]], qo[k] = q[order[o + k]];
-#ifdef KILN_SPAN_TRANSPOSED
-        kiln_span_scores(so, qo, m, sp->kt, SPAN, n, hd, scale);
-#else
-        kiln_span_scores_rows(so, qo, m, sp->k, n, hd, scale);
-#endif
+        kiln_span_scores(so, qo, m, sp->kt, sp->ld, sp->k_half, n, hd, scale);
     }
     for (int o = 0; o < n_live; o++) {
         const int i = order[o];
@@ -213,7 +252,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
             continue;
         }
         prefetch_span(kv, table, g, row_bytes, a, b); /* every line requested at once */
-        const size_t nb = in_place(kv->k_type, hd) && in_place(kv->v_type, hd) ? 0 : (size_t)SPAN * hd;
+        const size_t nb = needs_rows_buffer(kv, hd) ? (size_t)SPAN * hd : 0;
         float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
         span_rows rows;
         stage_span(&rows, buf, buf + nb, kv, table, g, row_bytes, hd, a, b);
@@ -252,7 +291,7 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
         qs[i] = q + ((size_t)t * n_head + h0 + i % heads) * hd;
         clear((attn_state){acc + (size_t)i * hd, &max[i], &denom[i]}, hd);
     }
-    const size_t nb = in_place(kv->k_type, hd) && in_place(kv->v_type, hd) ? 0 : (size_t)SPAN * hd;
+    const size_t nb = needs_rows_buffer(kv, hd) ? (size_t)SPAN * hd : 0;
     float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
     span_rows rows;
     int a, b;
@@ -335,6 +374,7 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
     float kr[KILN_MAX_HEAD_DIM];
+    uint8_t raw[KILN_MAX_HEAD_DIM * sizeof(float)];
     float *s = malloc(sizeof(float) * (size_t)kv->mass_stride); /* one head's scores over a history */
     if (!s) return; /* the bookkeeping is skipped, never the attention */
     for (int t = 0; t < n_tokens; t++) {
@@ -345,7 +385,8 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
             const float *qh = q + ((size_t)t * n_head + h) * head_dim;
             float max = -INFINITY, denom = 0.0f;
             for (int j = 0; j < n; j++) {
-                kiln_dequantize_row_ref(kv->k_type, kiln_kv_row(kv, table, 0, h / group, first + j, k_row), kr, head_dim);
+                kiln_kv_k_read(kv, table, h / group, first + j, k_row, raw);
+                kiln_dequantize_row_ref(kv->k_type, raw, kr, head_dim);
                 float dot = 0.0f; /* the scores' chain (attn_span.h) */
                 for (int d = 0; d < head_dim; d++) dot = fmaf(qh[d], kr[d], dot);
                 s[j] = dot * scale;
@@ -373,6 +414,7 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
+    uint8_t raw[KILN_MAX_HEAD_DIM * sizeof(float)];
     for (int item = 0; item < n_tokens * n_head; item++) {
         const int t = item / n_head, h = item % n_head, p = row[t];
         const int32_t *table = kiln_kv_table(kv, seq[t]);
@@ -381,7 +423,8 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
         float max = -INFINITY, denom = 0.0f;
         memset(acc, 0, (size_t)head_dim * sizeof(float));
         for (int j = kiln_kv_first_visible(kv, p); j <= p; j++) { /* online softmax: rescale when a new maximum appears */
-            kiln_dequantize_row_ref(kv->k_type, kiln_kv_row(kv, table, 0, h / group, j, k_row), kr, head_dim);
+            kiln_kv_k_read(kv, table, h / group, j, k_row, raw);
+            kiln_dequantize_row_ref(kv->k_type, raw, kr, head_dim);
             float s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
             s *= scale;

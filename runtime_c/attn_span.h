@@ -3,13 +3,15 @@
  * What every path computes (vec_f32.h's rule: one order of operations on every instruction set):
  *   score  s[i][j] = (q[i] . k[j]) * scale, the dot one fma chain over d = 0 .. hd-1 from 0;
  *   values acc[i][d] = fma(w[i][j], v[j][d], acc[i][d]) over the rows j in order.
- * With AVX2 or AVX-512 the span's keys are first transposed (kt[d * ld + j] = k[j][d]), so that one
- * vector holds 8 or 16 keys' chains; the scalar path runs each chain on its own. Rows are f32, or
- * f16 (`half`, read in place where the vector loops convert on load), which converts exactly.
+ * Keys are read transposed, kt[d * ld + j] = k[j][d], so that one vector holds 4, 8 or 16 keys'
+ * chains: an f16 or f32 K as the cache holds it (kv_view.h), other types transposed from their
+ * dequantized rows (kiln_span_transpose). Keys and rows are f32, or f16 (`half`, read in place where
+ * the vector loops convert on load), which converts exactly.
  */
 #ifndef KILN_ATTN_SPAN_H
 #define KILN_ATTN_SPAN_H
 
+#include "fp16.h"
 #include "vec_f32.h"
 
 #define KILN_SPAN_MAX_Q 4 /* queries one call of kiln_span_scores or kiln_span_values takes */
@@ -21,13 +23,8 @@
 #else
 #define KILN_SPAN_KEYS 8
 #endif
-#if defined(KILN_AVX2)
-#define KILN_SPAN_TRANSPOSED 1 /* the scores read keys transposed */
-#define KILN_SPAN_F16_ROWS 1   /* the kernels read f16 rows in place */
-#endif
-#if defined(KILN_NEON) /* as AVX2: 4 keys a register, groups of 8 */
-#define KILN_SPAN_TRANSPOSED 1
-#define KILN_SPAN_F16_ROWS 1
+#if defined(KILN_AVX2) || defined(KILN_NEON)
+#define KILN_SPAN_F16_ROWS 1 /* the values kernel reads f16 rows in place */
 #endif
 
 #define KILN_INLINE static inline __attribute__((always_inline))
@@ -53,7 +50,7 @@ KILN_INLINE void kiln_transpose16(__m512 r[16]) {
 }
 #endif
 
-#if defined(KILN_SPAN_TRANSPOSED) && defined(KILN_AVX2)
+#if defined(KILN_AVX2)
 /* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd */
 KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
     const int es = half ? 2 : 4;
@@ -90,15 +87,16 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[]
 
 #if defined(__AVX512F__)
 /* s[i][16v + l] for i < nq and v < nv (n = 16 nv keys), each score one fma chain over d */
-KILN_INLINE void kiln_span_scores_n(float *const s[], const float *const q[], const int nq, const float *kt, int ld,
-                                    const int nv, int hd, float scale) {
+KILN_INLINE void kiln_span_scores_n(float *const s[], const float *const q[], const int nq, const void *kt, int ld,
+                                    const int nv, int hd, float scale, const int half) {
+    const size_t es = half ? 2 : 4;
     __m512 a[KILN_SPAN_MAX_Q][4];
     for (int i = 0; i < nq; i++)
         for (int v = 0; v < nv; v++) a[i][v] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
-        const float *k = kt + (size_t)d * ld;
+        const char *k = (const char *)kt + (size_t)d * ld * es;
         __m512 kv[4];
-        for (int v = 0; v < nv; v++) kv[v] = _mm512_loadu_ps(k + 16 * v);
+        for (int v = 0; v < nv; v++) kv[v] = kiln_load16(k + 16 * v * es, half);
         for (int i = 0; i < nq; i++) {
             const __m512 qi = _mm512_set1_ps(q[i][d]);
             for (int v = 0; v < nv; v++) a[i][v] = _mm512_fmadd_ps(qi, kv[v], a[i][v]);
@@ -109,11 +107,14 @@ KILN_INLINE void kiln_span_scores_n(float *const s[], const float *const q[], co
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(s[i] + 16 * v, _mm512_mul_ps(a[i][v], sc));
 }
 
-#define KILN_SCORES_CASE(nq, nv) \
-    case (nq) * 8 + (nv): kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale); break;
+#define KILN_SCORES_CASE(nq, nv)                                        \
+    case (nq) * 8 + (nv):                                               \
+        if (half) kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale, 1); \
+        else kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale, 0);      \
+        break;
 /* scores of nq <= 4 queries against n = 16 nv <= 64 transposed keys: each shape its own unrolled body */
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const float *kt, int ld, int n,
-                                    int hd, float scale) {
+static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale) {
     switch (nq * 8 + n / 16) {
         KILN_SCORES_CASE(1, 1) KILN_SCORES_CASE(1, 2) KILN_SCORES_CASE(1, 3) KILN_SCORES_CASE(1, 4)
         KILN_SCORES_CASE(2, 1) KILN_SCORES_CASE(2, 2) KILN_SCORES_CASE(2, 3) KILN_SCORES_CASE(2, 4)
@@ -178,30 +179,32 @@ static inline void kiln_span_values(float *const acc[], const float *const w[], 
 
 #elif defined(KILN_AVX2)
 /* one query's scores against n <= 64 transposed keys, 8 a register */
-KILN_INLINE void kiln_span_scores1(float *s, const float *q, const float *kt, int ld, const int nv, int hd,
-                                   float scale) {
+KILN_INLINE void kiln_span_scores1(float *s, const float *q, const void *kt, int ld, const int nv, int hd,
+                                   float scale, const int half) {
+    const size_t es = half ? 2 : 4;
     __m256 a[8];
     for (int v = 0; v < nv; v++) a[v] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
         const __m256 qd = _mm256_set1_ps(q[d]);
-        for (int v = 0; v < nv; v++) a[v] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kt + (size_t)d * ld + 8 * v), a[v]);
+        const char *k = (const char *)kt + (size_t)d * ld * es;
+        for (int v = 0; v < nv; v++) a[v] = _mm256_fmadd_ps(qd, kiln_load8(k + 8 * v * es, half), a[v]);
     }
     for (int v = 0; v < nv; v++) _mm256_storeu_ps(s + 8 * v, _mm256_mul_ps(a[v], _mm256_set1_ps(scale)));
 }
 
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const float *kt, int ld, int n,
-                                    int hd, float scale) {
+#define KILN_SCORES_CASE(nv)                                              \
+    case nv:                                                              \
+        if (half) kiln_span_scores1(s[i], q[i], kt, ld, nv, hd, scale, 1); \
+        else kiln_span_scores1(s[i], q[i], kt, ld, nv, hd, scale, 0);      \
+        break;
+static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale) {
     for (int i = 0; i < nq; i++) switch (n / 8) { /* each width its own unrolled body */
-        case 1: kiln_span_scores1(s[i], q[i], kt, ld, 1, hd, scale); break;
-        case 2: kiln_span_scores1(s[i], q[i], kt, ld, 2, hd, scale); break;
-        case 3: kiln_span_scores1(s[i], q[i], kt, ld, 3, hd, scale); break;
-        case 4: kiln_span_scores1(s[i], q[i], kt, ld, 4, hd, scale); break;
-        case 5: kiln_span_scores1(s[i], q[i], kt, ld, 5, hd, scale); break;
-        case 6: kiln_span_scores1(s[i], q[i], kt, ld, 6, hd, scale); break;
-        case 7: kiln_span_scores1(s[i], q[i], kt, ld, 7, hd, scale); break;
-        default: kiln_span_scores1(s[i], q[i], kt, ld, 8, hd, scale); break;
+        KILN_SCORES_CASE(1) KILN_SCORES_CASE(2) KILN_SCORES_CASE(3) KILN_SCORES_CASE(4)
+        KILN_SCORES_CASE(5) KILN_SCORES_CASE(6) KILN_SCORES_CASE(7) KILN_SCORES_CASE(8)
         }
 }
+#undef KILN_SCORES_CASE
 
 /* one query's weighted rows: 64 columns in registers across the rows, then 8 at a time, then one */
 static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
@@ -268,30 +271,32 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[]
 }
 
 /* one query's scores against n = 4 nv <= 64 transposed keys, 4 a register */
-KILN_INLINE void kiln_span_scores1(float *s, const float *q, const float *kt, int ld, const int nv, int hd,
-                                   float scale) {
+KILN_INLINE void kiln_span_scores1(float *s, const float *q, const void *kt, int ld, const int nv, int hd,
+                                   float scale, const int half) {
+    const size_t es = half ? 2 : 4;
     float32x4_t a[16];
     for (int v = 0; v < nv; v++) a[v] = vdupq_n_f32(0.0f);
     for (int d = 0; d < hd; d++) {
         const float32x4_t qd = vdupq_n_f32(q[d]);
-        for (int v = 0; v < nv; v++) a[v] = vfmaq_f32(a[v], qd, vld1q_f32(kt + (size_t)d * ld + 4 * v));
+        const char *k = (const char *)kt + (size_t)d * ld * es;
+        for (int v = 0; v < nv; v++) a[v] = vfmaq_f32(a[v], qd, kiln_load4(k + 4 * v * es, half));
     }
     for (int v = 0; v < nv; v++) vst1q_f32(s + 4 * v, vmulq_f32(a[v], vdupq_n_f32(scale)));
 }
 
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const float *kt, int ld, int n,
-                                    int hd, float scale) {
+#define KILN_SCORES_CASE(n8)                                                  \
+    case n8:                                                                  \
+        if (half) kiln_span_scores1(s[i], q[i], kt, ld, 2 * n8, hd, scale, 1); \
+        else kiln_span_scores1(s[i], q[i], kt, ld, 2 * n8, hd, scale, 0);      \
+        break;
+static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale) {
     for (int i = 0; i < nq; i++) switch (n / 8) { /* each width its own unrolled body */
-        case 1: kiln_span_scores1(s[i], q[i], kt, ld, 2, hd, scale); break;
-        case 2: kiln_span_scores1(s[i], q[i], kt, ld, 4, hd, scale); break;
-        case 3: kiln_span_scores1(s[i], q[i], kt, ld, 6, hd, scale); break;
-        case 4: kiln_span_scores1(s[i], q[i], kt, ld, 8, hd, scale); break;
-        case 5: kiln_span_scores1(s[i], q[i], kt, ld, 10, hd, scale); break;
-        case 6: kiln_span_scores1(s[i], q[i], kt, ld, 12, hd, scale); break;
-        case 7: kiln_span_scores1(s[i], q[i], kt, ld, 14, hd, scale); break;
-        default: kiln_span_scores1(s[i], q[i], kt, ld, 16, hd, scale); break;
+        KILN_SCORES_CASE(1) KILN_SCORES_CASE(2) KILN_SCORES_CASE(3) KILN_SCORES_CASE(4)
+        KILN_SCORES_CASE(5) KILN_SCORES_CASE(6) KILN_SCORES_CASE(7) KILN_SCORES_CASE(8)
         }
 }
+#undef KILN_SCORES_CASE
 
 /* one query's weighted rows: 64 columns in registers across the rows, then 4 at a time, then one */
 static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
@@ -322,18 +327,28 @@ static inline void kiln_span_values(float *const acc[], const float *const w[], 
 }
 
 #else
-/* Rows are f32 here (the attention dequantizes f16 rows first): each score's chain on its own */
-static inline void kiln_span_scores_rows(float *const s[], const float *const q[], int nq, const void *const rows[],
-                                         int n, int hd, float scale) {
+/* kt[d * ld + j] = rows[j][d] for j < n and d < hd, f32 or f16 rows */
+static inline void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
+    for (int d = 0; d < hd; d++)
+        for (int j = 0; j < n; j++)
+            kt[(size_t)d * ld + j] = half ? kiln_fp16_to_fp32(((const kiln_half *)rows[j])[d]) : ((const float *)rows[j])[d];
+}
+
+/* each score's chain on its own */
+static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale) {
     for (int i = 0; i < nq; i++)
         for (int j = 0; j < n; j++) {
-            const float *k = rows[j];
             float a = 0.0f;
-            for (int d = 0; d < hd; d++) a = fmaf(q[i][d], k[d], a);
+            for (int d = 0; d < hd; d++) {
+                const size_t at = (size_t)d * ld + j;
+                a = fmaf(q[i][d], half ? kiln_fp16_to_fp32(((const kiln_half *)kt)[at]) : ((const float *)kt)[at], a);
+            }
             s[i][j] = a * scale;
         }
 }
 
+/* V rows are f32 here: the attention dequantizes f16 ones first */
 static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
                                     int n, int hd, int half) {
     (void)half;

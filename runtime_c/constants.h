@@ -8,6 +8,7 @@ enum kiln_constants {
     KILN_HADAMARD_BLOCK = 64,     /* a quantized K or V is held in Hadamard blocks of this many values */
     KILN_ATTN_SPAN = 64,          /* attention cuts every history at multiples of this many positions */
     KILN_ATTN_SPAN_STATE = 2,     /* a span's softmax state: its max and denominator, then head_dim sums */
+    KILN_K_TRANSPOSED_TYPES = 3,  /* bit t set: a K cache of kiln_type t (f32 0, f16 1) is held transposed (kv_view.h) */
     KILN_LOCAL_ACT_BYTES = 20480, /* a decode matmul quantizes its one row on the stack: n_in up to 16384 */
     KILN_X8_MAX_IN = 32768,       /* the longest row the x8 layout's kernels take */
     KILN_MOE_MAX_EXPERTS = 512,   /* experts a layer may have: the router's per-row stack arrays */

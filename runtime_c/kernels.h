@@ -127,7 +127,8 @@ void kiln_quantize_row(int type, const float *x, void *dst, int n);
 
 /* One layer's view of the paged KV pool (kv_plan.py): position p of sequence s lives in page
  * tables[s * max_blocks + p / page_size], at row p % page_size of each kv head, K at k_off and
- * V at v_off within the page: [n_head_kv][page_size][row]. K and V rows have their own types. */
+ * V at v_off within the page: [n_head_kv][page_size][row], an f16 or f32 K transposed within its
+ * head's rows (kv_view.h). K and V rows have their own types. */
 typedef struct {
     uint8_t *pages;        /* the layer group's pool: [n_pages][page_bytes] */
     size_t page_bytes;

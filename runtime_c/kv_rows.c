@@ -1,7 +1,8 @@
 /* kv_rows.c: writing K and V rows into the paged cache, and moving them for a context shift.
  *
  * Rows are quantized on write through the type table (types.c), so every cache dtype, K and V
- * each their own, is written by the same code. */
+ * each their own, is written by the same code; an f16 or f32 K row then goes to its place in the
+ * page's transposed K (kv_view.h). */
 #include <string.h>
 
 #include "kernels.h"
@@ -11,11 +12,13 @@
 void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
                    int n_tokens, int n_head_kv, int head_dim) {
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
+    uint8_t k_buf[KILN_MAX_HEAD_DIM * sizeof(float)];
     for (int t = 0; t < n_tokens; t++) {
         const int32_t *table = kiln_kv_table(kv, seq[t]);
         for (int h = 0; h < n_head_kv; h++) {
             const size_t src = ((size_t)t * n_head_kv + h) * head_dim;
-            kiln_quantize_row(kv->k_type, k + src, kiln_kv_row(kv, table, 0, h, row[t], k_row), head_dim);
+            kiln_quantize_row(kv->k_type, k + src, k_buf, head_dim); /* the row, then into its tile */
+            kiln_kv_k_write(kv, table, h, row[t], k_row, k_buf);
             kiln_quantize_row(kv->v_type, v + src, kiln_kv_row(kv, table, 1, h, row[t], v_row), head_dim);
         }
     }
@@ -39,21 +42,20 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
     const int32_t *table = kiln_kv_table(kv, seq);
     const int lo = kiln_kv_first_visible(kv, n), r0 = first_changed > lo ? first_changed : lo;
     float x[KILN_MAX_HEAD_DIM];
+    uint8_t k_buf[KILN_MAX_HEAD_DIM * sizeof(float)];
     for (int r = r0; r < n; r++) {
         if (keep[r] == r) continue;
         const int32_t delta = r - keep[r];
         for (int h = 0; h < n_head_kv; h++) { /* rows never overlap: keep[r] > r, and rows are moved in order */
-            const uint8_t *k_src = kiln_kv_row(kv, table, 0, h, keep[r], k_row);
-            uint8_t *k_dst = kiln_kv_row(kv, table, 0, h, r, k_row);
+            kiln_kv_k_read(kv, table, h, keep[r], k_row, k_buf);
             if (rope_base > 0.0f) {
-                kiln_dequantize_row_ref(kv->k_type, k_src, x, head_dim);
+                kiln_dequantize_row_ref(kv->k_type, k_buf, x, head_dim);
                 if (hadamard) kiln_hadamard(x, x, head_dim);
                 kiln_rope_ext(x, x, &delta, 1, 1, head_dim, rope_base, neox, &rotate, factors);
                 if (hadamard) kiln_hadamard(x, x, head_dim);
-                kiln_quantize_row(kv->k_type, x, k_dst, head_dim);
-            } else {
-                memcpy(k_dst, k_src, k_row);
+                kiln_quantize_row(kv->k_type, x, k_buf, head_dim);
             }
+            kiln_kv_k_write(kv, table, h, r, k_row, k_buf);
             memcpy(kiln_kv_row(kv, table, 1, h, r, v_row), kiln_kv_row(kv, table, 1, h, keep[r], v_row), v_row);
         }
     }

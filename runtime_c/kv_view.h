@@ -1,10 +1,18 @@
 /* kv_view.h: addressing a layer's rows in the paged KV pool (kiln_kv_view, kernels.h), shared by
- * the cache's writers (kv_rows.c) and its reader (attention.c). */
+ * the cache's writers (kv_rows.c) and its reader (attention.c).
+ *
+ * K transposed. Attention scores a query against many keys at once, one multiply-add chain over
+ * the head dimension per key, so a vector wants one value of d from each of several keys. An f16
+ * or f32 K is therefore held the way it is read: transposed within its page, head h's part of the
+ * page (the bytes its page_size rows would take) [head_dim][page_size], value d of position p at
+ * [d * page_size + p % page_size]. It is written once by the store instead of transposed at every
+ * read. The block-quantized K types (blocks along d) and V keep rows. */
 #ifndef KILN_KV_VIEW_H
 #define KILN_KV_VIEW_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "window.h"
@@ -18,6 +26,55 @@ static inline uint8_t *kiln_kv_row(const kiln_kv_view *kv, const int32_t *table,
                                    size_t row_bytes) {
     return kv->pages + (size_t)table[pos / kv->page_size] * kv->page_bytes + (part ? kv->v_off : kv->k_off) +
            ((size_t)h * kv->page_size + pos % kv->page_size) * row_bytes;
+}
+
+static inline int kiln_k_transposed(int k_type) { return k_type >= 0 && k_type < 32 && (KILN_K_TRANSPOSED_TYPES >> k_type & 1); }
+
+/* value 0 of K position pos of head h in a transposed K; value d is d * page_size elements on */
+static inline uint8_t *kiln_kv_k_column(const kiln_kv_view *kv, const int32_t *table, int h, int pos, size_t row_bytes) {
+    const size_t es = kv->k_type == KILN_F16 ? 2 : 4;
+    return kiln_kv_row(kv, table, 0, h, pos - pos % kv->page_size, row_bytes) + (size_t)(pos % kv->page_size) * es;
+}
+
+/* n values from every `from`-th element of src to every `to`-th of dst (a row into its column or back) */
+static inline void kiln_k_strided_copy16(void *dst, size_t to, const void *src, size_t from, size_t n) {
+    for (size_t d = 0; d < n; d++) {
+        uint16_t v;
+        memcpy(&v, (const uint16_t *)src + d * from, sizeof v);
+        memcpy((uint16_t *)dst + d * to, &v, sizeof v);
+    }
+}
+
+static inline void kiln_k_strided_copy32(void *dst, size_t to, const void *src, size_t from, size_t n) {
+    for (size_t d = 0; d < n; d++) {
+        uint32_t v;
+        memcpy(&v, (const uint32_t *)src + d * from, sizeof v);
+        memcpy((uint32_t *)dst + d * to, &v, sizeof v);
+    }
+}
+
+/* K row `pos` of head h in its type's row format (row_bytes of it), gathered or copied */
+static inline void kiln_kv_k_read(const kiln_kv_view *kv, const int32_t *table, int h, int pos, size_t row_bytes,
+                                  uint8_t *row) {
+    if (!kiln_k_transposed(kv->k_type)) {
+        memcpy(row, kiln_kv_row(kv, table, 0, h, pos, row_bytes), row_bytes);
+        return;
+    }
+    const uint8_t *col = kiln_kv_k_column(kv, table, h, pos, row_bytes);
+    if (kv->k_type == KILN_F16) kiln_k_strided_copy16(row, 1, col, kv->page_size, row_bytes / 2);
+    else kiln_k_strided_copy32(row, 1, col, kv->page_size, row_bytes / 4);
+}
+
+/* the inverse: K row `pos` of head h from its row format into the cache */
+static inline void kiln_kv_k_write(const kiln_kv_view *kv, const int32_t *table, int h, int pos, size_t row_bytes,
+                                   const uint8_t *row) {
+    if (!kiln_k_transposed(kv->k_type)) {
+        memcpy(kiln_kv_row(kv, table, 0, h, pos, row_bytes), row, row_bytes);
+        return;
+    }
+    uint8_t *col = kiln_kv_k_column(kv, table, h, pos, row_bytes);
+    if (kv->k_type == KILN_F16) kiln_k_strided_copy16(col, kv->page_size, row, 1, row_bytes / 2);
+    else kiln_k_strided_copy32(col, kv->page_size, row, 1, row_bytes / 4);
 }
 
 static inline int kiln_kv_first_visible(const kiln_kv_view *kv, int pos) { return kiln_window_first(kv->window, pos); }

@@ -323,10 +323,16 @@ class PagedCache:
                           self.n_kv, self.hd)
 
     def raw(self, part: int, h: int, p: int) -> np.ndarray:
-        """The bytes of position p of kv head h, K (0) or V (1)."""
-        at = (self.table[p // self.page_size] * self.page_bytes + part * self.half[0]
-              + (h * self.page_size + p % self.page_size) * self.row_bytes[part])
-        return self.pages[at:at + self.row_bytes[part]]
+        """The bytes of position p of kv head h, K (0) or V (1), as a row. An f16 or f32 K is held
+        transposed in its page, head h's part [hd][page_size] (runtime_c/kv_view.h), so its row is
+        gathered."""
+        rb, r = self.row_bytes[part], p % self.page_size
+        base = self.table[p // self.page_size] * self.page_bytes + part * self.half[0] + h * self.page_size * rb
+        if part == 0 and self.types[0] in (Q.F16, Q.F32):
+            es = rb // self.hd
+            at = base + (np.arange(self.hd)[:, None] * self.page_size + r) * es
+            return self.pages[(at + np.arange(es)).reshape(-1)]
+        return self.pages[base + r * rb:base + (r + 1) * rb]
 
     def rows(self, part: int, n_pos: int) -> np.ndarray:
         """[n_kv][n_pos][hd] dequantized (by gguf.quants), read back through the table."""

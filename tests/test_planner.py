@@ -60,13 +60,18 @@ def test_sliding_bound_never_exceeds_context(gemma3):
 def test_kv_offsets_are_closed_form_and_disjoint(tiny, k, v):
     kv = plan(tiny("gemma3", n_layer=6, head_dim=32), CompileOptions(ctx=40, prefill_chunk=4, n_seq=2, page_size=8,
                                                        kv_dtype_k=k, kv_dtype_v=v)).layout.kv
+    assert kv.k_transposed == (k == "f32")  # f32 and f16 K are held transposed: each value is a piece
+    es, hd = kv.k_row_bytes // 32, 32
     rows = []
     for ly in kv.layers:
         for page in range(kv.groups[ly.group].n_pages):
             for part, size in ((0, kv.k_row_bytes), (1, kv.v_row_bytes)):
                 for h in range(kv.config.n_head_kv):
                     for r in range(kv.config.page_size):
-                        rows.append((kv.offset(page, ly.layer, part, h, r), size))
+                        if part == 0 and kv.k_transposed:
+                            rows += [(kv.offset(page, ly.layer, 0, h, r, d), es) for d in range(hd)]
+                        else:
+                            rows.append((kv.offset(page, ly.layer, part, h, r), size))
     rows.sort()
     assert rows[0][0] >= 0 and rows[-1][0] + rows[-1][1] <= kv.total_bytes
     assert all(a + n <= b for (a, n), (b, _) in zip(rows, rows[1:]))  # no two rows overlap

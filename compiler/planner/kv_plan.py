@@ -10,7 +10,12 @@ head-major inside so that attention streams one head's rows of a page contiguous
         K: pool_offset[g] + p*page_bytes[g] + k_offset[l] + (h*page_size + r)*k_row_bytes
         V: pool_offset[g] + p*page_bytes[g] + v_offset[l] + (h*page_size + r)*v_row_bytes
 
-K and V may have different element types (ir/kv.py), so their rows may differ in size.
+K and V may have different element types (ir/kv.py), so their rows may differ in size. An f16
+or f32 K is held transposed in the bytes of its head's rows, [head_dim][page_size], because
+attention reads one value of d from many keys at once (runtime_c/kv_view.h):
+
+        K value d: pool_offset[g] + p*page_bytes[g] + k_offset[l] + h*page_size*k_row_bytes
+                   + (d*page_size + r)*k_value_bytes
 
 A sequence maps positions to pages through one block table per group (block b holds
 positions b*page_size ..). A sliding group needs at most the pages that cover the window
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.cconst import K_TRANSPOSED_TYPES
 from ..core.options import CompileOptions
 from ..frontend.architecture import LayerKind
 from ..ir.graph import Layer
@@ -101,13 +107,21 @@ class KVPlan:
         """Bytes one position takes across every layer (all groups)."""
         return len(self.layers) * self.config.n_head_kv * (self.k_row_bytes + self.v_row_bytes)
 
-    def offset(self, page: int, layer: int, kv: int, head: int, row: int) -> int:
-        """Byte offset of (page, layer, K=0|V=1, kv_head, row in page) in the KV region."""
+    @property
+    def k_transposed(self) -> bool:
+        """K is held transposed in its pages (an f16 or f32 K; runtime_c/constants.h says which)."""
+        return bool(K_TRANSPOSED_TYPES >> int(self.config.k_dtype.value) & 1)
+
+    def offset(self, page: int, layer: int, kv: int, head: int, row: int, d: int = 0) -> int:
+        """Byte offset of (page, layer, K=0|V=1, kv_head, row in page) in the KV region: of its row, or,
+        in a transposed K, of its value d."""
         ly = self.layers[layer]
         g = self.groups[ly.group]
-        row_bytes = self.v_row_bytes if kv else self.k_row_bytes
-        return (g.pool_offset + page * g.page_bytes + (ly.v_offset if kv else ly.offset)
-                + (head * self.config.page_size + row) * row_bytes)
+        ps, row_bytes = self.config.page_size, self.v_row_bytes if kv else self.k_row_bytes
+        head_at = g.pool_offset + page * g.page_bytes + (ly.v_offset if kv else ly.offset) + head * ps * row_bytes
+        if not kv and self.k_transposed:
+            return head_at + (d * ps + row) * (row_bytes // self.config.head_dim)
+        return head_at + row * row_bytes
 
 
 def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions) -> KVPlan:

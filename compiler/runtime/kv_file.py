@@ -41,6 +41,7 @@ def layout_identity(model) -> dict:
         "kv_dtype_k": c.k_dtype.label,
         "kv_dtype_v": c.v_dtype.label,
         "kv_hadamard": [c.k_hadamard, c.v_hadamard],
+        "k_transposed": kv.k_transposed,
         "page_size": c.page_size,
         "groups": [{"window": g.window or 0, "page_bytes": g.page_bytes} for g in kv.groups],
     }

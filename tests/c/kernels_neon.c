@@ -227,6 +227,7 @@ static void check_spans(void) {
     enum { HD_MAX = 256 };
     static float k32[KILN_ATTN_SPAN][HD_MAX], v32[KILN_ATTN_SPAN][HD_MAX], q[KILN_SPAN_MAX_Q][HD_MAX];
     static uint16_t k16[KILN_ATTN_SPAN][HD_MAX], v16[KILN_ATTN_SPAN][HD_MAX];
+    static uint16_t kt16[HD_MAX * KILN_ATTN_SPAN];
     static float kt[HD_MAX * KILN_ATTN_SPAN], s[KILN_SPAN_MAX_Q][KILN_ATTN_SPAN], w[KILN_SPAN_MAX_Q][KILN_ATTN_SPAN];
     static float acc[KILN_SPAN_MAX_Q][HD_MAX], want[HD_MAX];
     for (int j = 0; j < KILN_ATTN_SPAN; j++)
@@ -255,21 +256,26 @@ static void check_spans(void) {
                     for (int j = 0; j < n; j++) w[i][j] = uniform();
                     for (int d = 0; d < hd; d++) acc[i][d] = normalish();
                 }
-#ifdef KILN_SPAN_TRANSPOSED
-                kiln_span_transpose(kt, KILN_ATTN_SPAN, krows, n, hd, half);
-                kiln_span_scores(so, qo, nq, kt, KILN_ATTN_SPAN, n, hd, 0.125f);
-#else
-                if (half) continue;
-                kiln_span_scores_rows(so, qo, nq, krows, n, hd, 0.125f);
+#ifndef KILN_SPAN_F16_ROWS
+                if (half) continue; /* the scalar path's values take f32 rows */
 #endif
-                for (int i = 0; i < nq; i++)
-                    for (int j = 0; j < n; j++) {
-                        float a = 0.0f;
-                        for (int d = 0; d < hd; d++)
-                            a = fmaf(q[i][d], half ? kiln_fp16_to_fp32(k16[j][d]) : k32[j][d], a);
-                        a *= 0.125f;
-                        same("span scores", j, &s[i][j], &a, sizeof a);
-                    }
+                /* keys transposed from rows (other K types, dequantized), then f16 keys as the cache
+                   holds them: transposed, read in place */
+                kiln_span_transpose(kt, KILN_ATTN_SPAN, krows, n, hd, half);
+                for (int d = 0; d < hd; d++)
+                    for (int j = 0; j < n; j++) kt16[d * KILN_ATTN_SPAN + j] = k16[j][d];
+                for (int in_place = 0; in_place <= half; in_place++) {
+                    kiln_span_scores(so, qo, nq, in_place ? (const void *)kt16 : (const void *)kt, KILN_ATTN_SPAN,
+                                     in_place, n, hd, 0.125f);
+                    for (int i = 0; i < nq; i++)
+                        for (int j = 0; j < n; j++) {
+                            float a = 0.0f;
+                            for (int d = 0; d < hd; d++)
+                                a = fmaf(q[i][d], half ? kiln_fp16_to_fp32(k16[j][d]) : k32[j][d], a);
+                            a *= 0.125f;
+                            same("span scores", j, &s[i][j], &a, sizeof a);
+                        }
+                }
                 for (int i = 0; i < nq; i++) {
                     memcpy(want, acc[i], sizeof want);
                     for (int j = 0; j < n; j++)
@@ -279,13 +285,7 @@ static void check_spans(void) {
                     same("span values", i, acc[i], want, (size_t)hd * sizeof(float));
                 }
             }
-    printf("attention spans (transposed: %s): %s\n",
-#ifdef KILN_SPAN_TRANSPOSED
-           "yes",
-#else
-           "no",
-#endif
-           failures == before ? "equal" : "DIFFER");
+    printf("attention spans: %s\n", failures == before ? "equal" : "DIFFER");
 }
 
 int main(void) {

@@ -74,6 +74,9 @@ def render_text(lay: Layout) -> str:
     out.append(f"  offset(page, layer, K|V, head, row) = pool_offset[group] + page*page_bytes[group] + "
                f"(K ? k_offset[layer] + (head*{kc.page_size} + row) * {kv.k_row_bytes} : "
                f"v_offset[layer] + (head*{kc.page_size} + row) * {kv.v_row_bytes})")
+    if kv.k_transposed:
+        out.append(f"  K ({kc.k_dtype.label}) is held transposed in those bytes: value d of (head, row) at k_offset[layer] + "
+                   f"head*{kc.page_size * kv.k_row_bytes} + (d*{kc.page_size} + row) * {kv.k_row_bytes // kc.head_dim}")
 
     out += ["", "WEIGHTS (offsets within the GGUF file)"]
     out += _buffer_rows(lay.region("weights"))
