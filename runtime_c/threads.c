@@ -17,6 +17,7 @@
 /* A worker's stack: the kernels keep per-thread buffers there (the x8 matmuls up to 450 KB), so
  * the size is set rather than left to the platform's default (128 KB on musl). */
 #define KILN_WORKER_STACK_BYTES (4u << 20)
+#define KILN_WAKE_SPINS (1u << 13) /* pauses a worker waits for the next region before it sleeps: ~0.1-0.3 ms */
 
 struct kiln_pool {
     int n;         /* threads of a region, the caller included; fixed before any worker starts */
@@ -24,8 +25,8 @@ struct kiln_pool {
     pthread_t *workers;
     pthread_mutex_t mu;
     pthread_cond_t start, done;
-    unsigned generation; /* bumped once per region */
-    int running;         /* workers still inside the current region */
+    atomic_uint generation; /* bumped once per region, under mu */
+    atomic_int running;     /* workers still inside the current region, changed under mu */
     int stop;
     kiln_region_fn fn;
     void *arg;
@@ -45,6 +46,12 @@ static void *worker_main(void *p_) {
     free(wa);
     unsigned seen = 0;
     for (;;) {
+        /* Steps follow each other within microseconds (a decode loop's Python between them): watch
+           for the next one a while before sleeping, since a futex wake-up costs tens of them. */
+        for (unsigned spins = 0; spins < KILN_WAKE_SPINS; spins++) {
+            if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen) break;
+            cpu_relax();
+        }
         pthread_mutex_lock(&p->mu);
         while (p->generation == seen && !p->stop) pthread_cond_wait(&p->start, &p->mu);
         if (p->stop) {
@@ -125,6 +132,8 @@ void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg) {
     pthread_mutex_unlock(&p->mu);
     const kiln_thread t0 = {0, p->n, p};
     fn(arg, &t0);
+    for (unsigned spins = 0; spins < KILN_WAKE_SPINS && atomic_load_explicit(&p->running, memory_order_acquire) > 0; spins++)
+        cpu_relax();
     pthread_mutex_lock(&p->mu);
     while (p->running > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
