@@ -27,9 +27,13 @@ def test_bench_smoke(tiny, smollm2, tmp_path, capsys):
         assert r["llamacpp_tok_s"] == max(statistics.median(v) for v in r["llamacpp_runs"].values())
         assert r["ratio"] == pytest.approx(r["kiln_tok_s"] / r["llamacpp_tok_s"])
     assert data["decode_bytes_per_token"] == decode_bytes_per_token(compiler.load(path, ctx=64))
-    # the header names the kernels that ran; the bound is the C read kernel's, numpy's beside it
+    # the header names the kernels that ran; the bound is the C read kernel's, measured in each round of a
+    # decode test and set against the runs of that round, numpy's figure beside it
     assert f"kiln's kernels: {data['kernels']}" in text and data["target"] == "native"
-    assert "read_bw.c" in text and data["read_bandwidth_gb_s"] > 0 and data["read_bandwidth_numpy_gb_s"] > 0
+    assert "read_bw.c" in text and data["read_bandwidth_numpy_gb_s"] > 0
+    for r in data["results"]:
+        assert len(r["bandwidth_runs"]) == (0 if r["test"].startswith("pp") else 1)
+        assert all(bw > 0 for bw in r["bandwidth_runs"])
 
 
 def test_bench_takes_a_target_and_an_isa_switch(tiny, smollm2, tmp_path, capsys):

@@ -52,15 +52,15 @@ def run_bench(a: argparse.Namespace) -> None:
         meta["page_sizes"] = {str(k): {str(d): v for d, v in row.items()} for k, row in sweep.items()}
     elif not a.batch_only:
         tests = default_tests(a.pp, a.tg, a.depth, a.pp_depth)
-        results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=log, build=build)
+        results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=log, build=build,
+                            bandwidth=lambda: read_bandwidth_c(threads, passes=3, log=log))
         m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype, **build)
         ext = m.compiled.extension
         meta["kernels"] = kernel_set(ext.sanitize, ext.target, ext.isa)
         meta["decode_bytes_per_token"] = decode_bytes_per_token(m)
-        meta["read_bandwidth_gb_s"] = read_bandwidth_c(threads, log=log)
         meta["read_bandwidth_numpy_gb_s"] = read_bandwidth_numpy(threads)
         sys.stdout.write(render(results, str(a.model), threads, meta["decode_bytes_per_token"],
-                                meta["read_bandwidth_gb_s"], meta["read_bandwidth_numpy_gb_s"], meta["kernels"]))
+                                meta["read_bandwidth_numpy_gb_s"], meta["kernels"]))
     if batches:
         from ..tools.bench_batch import render_batch, run_batch_bench
 

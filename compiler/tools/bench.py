@@ -5,6 +5,10 @@ generation (tg) times N single-token decodes, optionally after a prefill of `dep
 tokens that is not timed. Each test runs once to warm up, then `reps` times, alternating
 engines so that a noisy neighbour hits both; medians are reported with kiln/llama.cpp ratios.
 llama.cpp runs with flash attention off and on; the ratio is against the faster of the two.
+
+Decode is bound by the rate at which the cores read memory, and on a shared machine that rate
+moves from minute to minute. So each round of a decode test also measures it (runtime_c/bench/
+read_bw.c), and a decode run is judged against the bandwidth measured beside it.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -40,6 +44,11 @@ class BenchResult:
     ratio: float
     kiln_runs: list[float]
     llamacpp_runs: dict[str, list[float]]  # by setting: "fa off", "fa on"
+    bandwidth_runs: list[float] = field(default_factory=list)  # GB/s read beside each round (decode tests)
+
+    def of_bound(self, runs: list[float], bytes_per_token: int) -> float:
+        """The median over rounds of a run's bytes read per second over the bandwidth of its round."""
+        return statistics.median(s * bytes_per_token / (bw * 1e9) for s, bw in zip(runs, self.bandwidth_runs))
 
     @property
     def llamacpp_by_setting(self) -> dict[str, float]:
@@ -88,7 +97,9 @@ def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str, flash_attn: boo
 
 
 def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
-              log=lambda s: None, build: dict | None = None) -> list[BenchResult]:
+              log=lambda s: None, build: dict | None = None,
+              bandwidth: Callable[[], float] | None = None) -> list[BenchResult]:
+    """bandwidth: measures the read bandwidth (GB/s) once more, in each counted round of a decode test."""
     ctx = max(t.depth + t.n_timed for t in tests) + 1
     kiln, m = kiln_engine(model, ctx, threads, kv_dtype, build)
     from .llamacpp import flash_attn_settings
@@ -99,17 +110,20 @@ def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dty
     results = []
     for t in tests:
         runs: dict[str, list[float]] = {name: [] for name in engines}
+        bw: list[float] = []
         for rep in range(reps + 1):  # the first round warms every engine up and is not counted
             for name, engine in engines.items():
                 speed = engine.run(t, tokens)
                 if rep:
                     runs[name].append(speed)
+            if rep and t.n_gen and bandwidth:
+                bw.append(bandwidth())
         kiln_runs = runs.pop("kiln")
         k = statistics.median(kiln_runs)
         best = max(statistics.median(v) for v in runs.values())
         log(f"{t.name}: kiln {k:.1f} tok/s, llama.cpp " +
             ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in runs.items()))
-        results.append(BenchResult(t.name, k, best, k / best, kiln_runs, runs))
+        results.append(BenchResult(t.name, k, best, k / best, kiln_runs, runs, bw))
     return results
 
 
@@ -123,7 +137,7 @@ def decode_bytes_per_token(m) -> int:
     return total
 
 
-def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int, bandwidth: float,
+def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int,
            bandwidth_numpy: float | None = None, kernels: str = "") -> str:
     names = list(results[0].llamacpp_runs)
     out = [f"kiln bench: {model}, {threads} thread(s), medians; ratio = kiln / the faster llama.cpp",
@@ -133,15 +147,18 @@ def render(results: list[BenchResult], model: str, threads: int, bytes_per_token
         by = r.llamacpp_by_setting
         out.append(f"{r.test:<14} {r.kiln_tok_s:>11.1f} " + " ".join(f"{by[n]:>17.1f}" for n in names)
                    + f" {r.ratio:>6.2f}x")
-    limit = bandwidth * 1e9 / bytes_per_token
-    numpy = f"; numpy reads {bandwidth_numpy:.1f}" if bandwidth_numpy else ""
-    out.append(f"decode reads {bytes_per_token / 1e6:.1f} MB of weights per token; measured read bandwidth "
-               f"{bandwidth:.1f} GB/s ({threads} thread(s), runtime_c/bench/read_bw.c{numpy}) bounds decode near "
-               f"{limit:.0f} tok/s")
-    for r in results:
-        if r.test.startswith("tg"):
-            out.append(f"  {r.test}: kiln at {100 * r.kiln_tok_s / limit:.0f}% of that bound, "
-                       f"llama.cpp at {100 * r.llamacpp_tok_s / limit:.0f}%")
+    judged = [r for r in results if r.bandwidth_runs]
+    if judged:
+        every = [bw for r in judged for bw in r.bandwidth_runs]
+        numpy = f"; numpy reads {bandwidth_numpy:.1f}" if bandwidth_numpy else ""
+        out.append(f"decode reads {bytes_per_token / 1e6:.1f} MB of weights per token; the read bandwidth, measured in "
+                   f"each round ({threads} thread(s), runtime_c/bench/read_bw.c{numpy}), was {min(every):.1f}-"
+                   f"{max(every):.1f} GB/s; each run against its round's:")
+    for r in judged:
+        best = max(r.llamacpp_runs, key=lambda n: statistics.median(r.llamacpp_runs[n]))
+        out.append(f"  {r.test}: kiln at {100 * r.of_bound(r.kiln_runs, bytes_per_token):.0f}% of the bound, "
+                   f"llama.cpp at {100 * r.of_bound(r.llamacpp_runs[best], bytes_per_token):.0f}% "
+                   f"(rounds at {statistics.median(r.bandwidth_runs):.1f} GB/s, median)")
     return "\n".join(out) + "\n"
 
 
