@@ -20,7 +20,6 @@
  * types are dequantized and transposed on the stack.
  */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -369,77 +368,10 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
                               max_spans);
 }
 
-void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale, float softcap) {
-    const int group = n_head / n_head_kv;
-    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
-    float kr[KILN_MAX_HEAD_DIM];
-    uint8_t raw[KILN_MAX_HEAD_DIM * sizeof(float)];
-    float *s = malloc(sizeof(float) * (size_t)kv->mass_stride); /* one head's scores over a history */
-    if (!s) return; /* the bookkeeping is skipped, never the attention */
-    for (int t = 0; t < n_tokens; t++) {
-        const int32_t *table = kiln_kv_table(kv, seq[t]);
-        const int first = kiln_kv_first_visible(kv, row[t]), n = row[t] - first + 1;
-        float *mass = kv->mass + (size_t)seq[t] * kv->mass_stride + first;
-        for (int h = 0; h < n_head; h++) {
-            const float *qh = q + ((size_t)t * n_head + h) * head_dim;
-            float max = -INFINITY, denom = 0.0f;
-            for (int j = 0; j < n; j++) {
-                kiln_kv_k_read(kv, table, h / group, first + j, k_row, raw);
-                kiln_dequantize_row_ref(kv->k_type, raw, kr, head_dim);
-                float dot = 0.0f; /* the scores' chain (attn_span.h) */
-                for (int d = 0; d < head_dim; d++) dot = fmaf(qh[d], kr[d], dot);
-                s[j] = dot * scale;
-                if (softcap != 0.0f) kiln_vsoftcap(&s[j], 1, softcap);
-                max = s[j] > max ? s[j] : max;
-            }
-            for (int j = 0; j < n; j++) denom += s[j] = kiln_expf(s[j] - max);
-            for (int j = 0; j < n; j++) mass[j] += s[j] / denom;
-        }
-    }
-    free(s);
-}
-
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
                     void *scratch, int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
     kiln_attention_softcap_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap,
                               scratch, max_spans);
-}
-
-/* The reference: one row at a time, online softmax in scalar float. */
-void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap) {
-    const int group = n_head / n_head_kv;
-    const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
-    float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
-    uint8_t raw[KILN_MAX_HEAD_DIM * sizeof(float)];
-    for (int item = 0; item < n_tokens * n_head; item++) {
-        const int t = item / n_head, h = item % n_head, p = row[t];
-        const int32_t *table = kiln_kv_table(kv, seq[t]);
-        const float *qh = q + ((size_t)t * n_head + h) * head_dim;
-        float *oh = out + ((size_t)t * n_head + h) * head_dim;
-        float max = -INFINITY, denom = 0.0f;
-        memset(acc, 0, (size_t)head_dim * sizeof(float));
-        for (int j = kiln_kv_first_visible(kv, p); j <= p; j++) { /* online softmax: rescale when a new maximum appears */
-            kiln_kv_k_read(kv, table, h / group, j, k_row, raw);
-            kiln_dequantize_row_ref(kv->k_type, raw, kr, head_dim);
-            float s = 0.0f;
-            for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
-            s *= scale;
-            if (softcap != 0.0f) s = tanhf(s * (1.0f / softcap)) * softcap;
-            if (s > max) {
-                const float c = expf(max - s);
-                denom *= c;
-                for (int d = 0; d < head_dim; d++) acc[d] *= c;
-                max = s;
-            }
-            const float w = expf(s - max);
-            denom += w;
-            kiln_dequantize_row_ref(kv->v_type, kiln_kv_row(kv, table, 1, h / group, j, v_row), vr, head_dim);
-            for (int d = 0; d < head_dim; d++) acc[d] += w * vr[d];
-        }
-        for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;
-    }
 }
