@@ -40,7 +40,8 @@ def test_layout_json_keys_and_determinism(capsys, smollm2):
         assert isinstance(b["first_op"], int) and 0 <= b["first_op"] <= b["last_op"] < d["n_ops"]
     assert {k for k in d["kv"][0]} >= {"layer", "kind", "group", "k_offset", "v_offset", "bytes_per_page"}
     pool = d["kv_pool"]
-    assert set(pool) >= {"page_size", "n_pages", "page_bytes", "pool_bytes", "max_seq"}
+    assert set(pool) >= {"page_size", "n_pages", "page_bytes", "pool_bytes", "max_seq", "k_transposed"}
+    assert pool["k_transposed"] is True  # the default f32 K is held transposed in its pages
     assert pool["pool_bytes"] == pool["n_pages"] * pool["page_bytes"] == 47_185_920  # 16 pages of 64 positions
 
 

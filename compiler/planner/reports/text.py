@@ -109,6 +109,7 @@ def layout_dict(lay: Layout) -> dict:
             "pool_bytes": kv.total_bytes,
             "max_seq": kc.n_seq,
             "bytes_without_paging": kv.full_context_bytes,
+            "k_transposed": kv.k_transposed,
             "groups": [{"group": g.index, "window": g.window, "layers": list(g.layers), "page_bytes": g.page_bytes,
                         "n_pages": g.n_pages, "pages_per_seq_max": g.seq_pages, "pool_offset": g.pool_offset,
                         "pool_bytes": g.pool_bytes} for g in kv.groups],
