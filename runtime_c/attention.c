@@ -70,22 +70,21 @@ static void cache_rows(const kiln_kv_view *kv, const int32_t *table, int part, i
 /* Ask for positions [lo, hi] of one head's K or V ahead of their use, a page run at a time: a
  * page holds a head's rows side by side, one sequential range of cache lines, or its transposed
  * K, one such range for each d. */
+static void prefetch_bytes(const uint8_t *p, size_t len) { /* every cache line of [p, p + len) */
+    for (uintptr_t at = (uintptr_t)p & ~(uintptr_t)63; at < (uintptr_t)p + len; at += 64) __builtin_prefetch((const void *)at);
+}
+
 static void prefetch_rows(const kiln_kv_view *kv, const int32_t *table, int part, int h, size_t row_bytes, int lo,
                           int hi) {
     const int columns = !part && kiln_k_transposed(kv->k_type);
-    const size_t es = kv->k_type == KILN_F16 ? 2 : 4, hd = row_bytes / es;
     for (int j = lo; j <= hi;) {
         const int page_end = (j / kv->page_size + 1) * kv->page_size, end = hi + 1 < page_end ? hi + 1 : page_end;
         if (columns) {
-            const size_t len = (size_t)(end - j) * es, ld = (size_t)kv->page_size * es;
-            const char *col = (const char *)kiln_kv_k_column(kv, table, h, j, row_bytes);
-            for (size_t d = 0; d < hd; d++) {
-                for (size_t at = 0; at < len; at += 64) __builtin_prefetch(col + d * ld + at);
-                __builtin_prefetch(col + d * ld + len - 1);
-            }
+            const size_t es = kiln_k_value_bytes(kv), hd = row_bytes / es;
+            const uint8_t *col = kiln_kv_k_column(kv, table, h, j, row_bytes);
+            for (size_t d = 0; d < hd; d++) prefetch_bytes(col + d * kv->page_size * es, (size_t)(end - j) * es);
         } else {
-            const char *src = (const char *)kiln_kv_row(kv, table, part, h, j, row_bytes);
-            for (size_t at = 0; at < (size_t)(end - j) * row_bytes; at += 64) __builtin_prefetch(src + at);
+            prefetch_bytes(kiln_kv_row(kv, table, part, h, j, row_bytes), (size_t)(end - j) * row_bytes);
         }
         j = end;
     }
@@ -138,7 +137,7 @@ static int needs_rows_buffer(const kiln_kv_view *kv, int hd) {
 static void gather_columns(span_rows *sp, const kiln_kv_view *kv, const int32_t *table, int h, size_t row_bytes,
                            int hd, int lo, int hi) {
     const int ps = kv->page_size;
-    const size_t es = row_bytes / hd;
+    const size_t es = kiln_k_value_bytes(kv);
     for (int a = sp->j0; a < sp->j0 + sp->n;) {
         const int b = (a / ps + 1) * ps < sp->j0 + sp->n ? (a / ps + 1) * ps : sp->j0 + sp->n;
         const uint8_t *src = a / ps >= lo / ps && a / ps <= hi / ps ? kiln_kv_k_column(kv, table, h, a, row_bytes) : NULL;
@@ -167,7 +166,7 @@ static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_vi
     }
     const void *rows[SPAN];
     cache_rows(kv, table, 0, h, row_bytes[0], sp->j0, sp->n, lo, hi, kbuf, hd, rows);
-    kiln_span_transpose(sp->staged, SPAN, rows, sp->n, hd, 0);
+    kiln_span_transpose(sp->staged, SPAN, (const float *const *)rows, sp->n, hd);
     sp->kt = sp->staged, sp->ld = SPAN, sp->k_half = 0;
 }
 

@@ -51,15 +51,14 @@ KILN_INLINE void kiln_transpose16(__m512 r[16]) {
 #endif
 
 #if defined(KILN_AVX2)
-/* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd */
-KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
-    const int es = half ? 2 : 4;
+/* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd: dequantized rows */
+KILN_INLINE void kiln_span_transpose(float *kt, int ld, const float *const rows[], int n, int hd) {
     int d0 = 0;
 #if defined(__AVX512F__)
     for (; d0 + 16 <= hd; d0 += 16)
         for (int j = 0; j < n; j += 16) {
             __m512 r[16];
-            for (int k = 0; k < 16; k++) r[k] = kiln_load16((const char *)rows[j + k] + d0 * es, half);
+            for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(rows[j + k] + d0);
             kiln_transpose16(r);
             for (int k = 0; k < 16; k++) _mm512_storeu_ps(kt + (size_t)(d0 + k) * ld + j, r[k]);
         }
@@ -67,7 +66,7 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[]
     for (; d0 + 8 <= hd; d0 += 8)
         for (int j = 0; j < n; j += 8) {
             __m256 r[8], t[8];
-            for (int k = 0; k < 8; k++) r[k] = kiln_load8((const char *)rows[j + k] + d0 * es, half);
+            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(rows[j + k] + d0);
             for (int k = 0; k < 8; k += 2) t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]), t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
             for (int k = 0; k < 8; k += 4) {
                 r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44), r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
@@ -80,8 +79,7 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[]
         }
 #endif
     for (int d = d0; d < hd; d++)
-        for (int j = 0; j < n; j++)
-            kt[(size_t)d * ld + j] = half ? _cvtsh_ss(((const uint16_t *)rows[j])[d]) : ((const float *)rows[j])[d];
+        for (int j = 0; j < n; j++) kt[(size_t)d * ld + j] = rows[j][d];
 }
 #endif
 
@@ -251,14 +249,13 @@ KILN_INLINE float32x4_t kiln_trn64(float32x4_t a, float32x4_t b, int second) {
     return vreinterpretq_f32_f64(second ? vtrn2q_f64(x, y) : vtrn1q_f64(x, y));
 }
 
-/* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd: 4x4 blocks */
-KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
-    const int es = half ? 2 : 4;
+/* kt[d * ld + j] = rows[j][d] for j < n (a multiple of KILN_SPAN_KEYS) and d < hd: 4x4 blocks of dequantized rows */
+KILN_INLINE void kiln_span_transpose(float *kt, int ld, const float *const rows[], int n, int hd) {
     int d0 = 0;
     for (; d0 + 4 <= hd; d0 += 4)
         for (int j = 0; j < n; j += 4) {
             float32x4_t r[4];
-            for (int k = 0; k < 4; k++) r[k] = kiln_load4((const char *)rows[j + k] + d0 * es, half);
+            for (int k = 0; k < 4; k++) r[k] = vld1q_f32(rows[j + k] + d0);
             const float32x4_t t0 = vtrn1q_f32(r[0], r[1]), t1 = vtrn2q_f32(r[0], r[1]);
             const float32x4_t t2 = vtrn1q_f32(r[2], r[3]), t3 = vtrn2q_f32(r[2], r[3]);
             vst1q_f32(kt + (size_t)d0 * ld + j, kiln_trn64(t0, t2, 0));
@@ -267,7 +264,7 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const void *const rows[]
             vst1q_f32(kt + (size_t)(d0 + 3) * ld + j, kiln_trn64(t1, t3, 1));
         }
     for (int d = d0; d < hd; d++)
-        for (int j = 0; j < n; j++) kt[(size_t)d * ld + j] = kiln_row_value(rows[j], d, half);
+        for (int j = 0; j < n; j++) kt[(size_t)d * ld + j] = rows[j][d];
 }
 
 /* one query's scores against n = 4 nv <= 64 transposed keys, 4 a register */
@@ -327,11 +324,10 @@ static inline void kiln_span_values(float *const acc[], const float *const w[], 
 }
 
 #else
-/* kt[d * ld + j] = rows[j][d] for j < n and d < hd, f32 or f16 rows */
-static inline void kiln_span_transpose(float *kt, int ld, const void *const rows[], int n, int hd, int half) {
+/* kt[d * ld + j] = rows[j][d] for j < n and d < hd: dequantized rows */
+static inline void kiln_span_transpose(float *kt, int ld, const float *const rows[], int n, int hd) {
     for (int d = 0; d < hd; d++)
-        for (int j = 0; j < n; j++)
-            kt[(size_t)d * ld + j] = half ? kiln_fp16_to_fp32(((const kiln_half *)rows[j])[d]) : ((const float *)rows[j])[d];
+        for (int j = 0; j < n; j++) kt[(size_t)d * ld + j] = rows[j][d];
 }
 
 /* each score's chain on its own */

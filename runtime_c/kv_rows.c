@@ -17,7 +17,7 @@ void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const
         const int32_t *table = kiln_kv_table(kv, seq[t]);
         for (int h = 0; h < n_head_kv; h++) {
             const size_t src = ((size_t)t * n_head_kv + h) * head_dim;
-            kiln_quantize_row(kv->k_type, k + src, k_buf, head_dim); /* the row, then into its tile */
+            kiln_quantize_row(kv->k_type, k + src, k_buf, head_dim); /* the row, then into place (a transposed K's column) */
             kiln_kv_k_write(kv, table, h, row[t], k_row, k_buf);
             kiln_quantize_row(kv->v_type, v + src, kiln_kv_row(kv, table, 1, h, row[t], v_row), head_dim);
         }

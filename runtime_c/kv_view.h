@@ -30,26 +30,21 @@ static inline uint8_t *kiln_kv_row(const kiln_kv_view *kv, const int32_t *table,
 
 static inline int kiln_k_transposed(int k_type) { return k_type >= 0 && k_type < 32 && (KILN_K_TRANSPOSED_TYPES >> k_type & 1); }
 
-/* value 0 of K position pos of head h in a transposed K; value d is d * page_size elements on */
+/* bytes of one value of a transposed K: f16 or f32 */
+static inline size_t kiln_k_value_bytes(const kiln_kv_view *kv) { return kv->k_type == KILN_F16 ? 2 : 4; }
+
+/* value 0 of K position pos of head h in a transposed K; value d is d * page_size values on */
 static inline uint8_t *kiln_kv_k_column(const kiln_kv_view *kv, const int32_t *table, int h, int pos, size_t row_bytes) {
-    const size_t es = kv->k_type == KILN_F16 ? 2 : 4;
-    return kiln_kv_row(kv, table, 0, h, pos - pos % kv->page_size, row_bytes) + (size_t)(pos % kv->page_size) * es;
+    return kiln_kv_row(kv, table, 0, h, pos - pos % kv->page_size, row_bytes) +
+           (size_t)(pos % kv->page_size) * kiln_k_value_bytes(kv);
 }
 
-/* n values from every `from`-th element of src to every `to`-th of dst (a row into its column or back) */
-static inline void kiln_k_strided_copy16(void *dst, size_t to, const void *src, size_t from, size_t n) {
+/* n values of es bytes from every `from`-th of src to every `to`-th of dst (a row into its column
+ * or back); each copy is of a size the compiler knows, so it is one move */
+static inline void kiln_k_strided_copy(uint8_t *dst, size_t to, const uint8_t *src, size_t from, size_t n, size_t es) {
     for (size_t d = 0; d < n; d++) {
-        uint16_t v;
-        memcpy(&v, (const uint16_t *)src + d * from, sizeof v);
-        memcpy((uint16_t *)dst + d * to, &v, sizeof v);
-    }
-}
-
-static inline void kiln_k_strided_copy32(void *dst, size_t to, const void *src, size_t from, size_t n) {
-    for (size_t d = 0; d < n; d++) {
-        uint32_t v;
-        memcpy(&v, (const uint32_t *)src + d * from, sizeof v);
-        memcpy((uint32_t *)dst + d * to, &v, sizeof v);
+        if (es == 2) memcpy(dst + d * to * 2, src + d * from * 2, 2);
+        else memcpy(dst + d * to * 4, src + d * from * 4, 4);
     }
 }
 
@@ -60,9 +55,8 @@ static inline void kiln_kv_k_read(const kiln_kv_view *kv, const int32_t *table, 
         memcpy(row, kiln_kv_row(kv, table, 0, h, pos, row_bytes), row_bytes);
         return;
     }
-    const uint8_t *col = kiln_kv_k_column(kv, table, h, pos, row_bytes);
-    if (kv->k_type == KILN_F16) kiln_k_strided_copy16(row, 1, col, kv->page_size, row_bytes / 2);
-    else kiln_k_strided_copy32(row, 1, col, kv->page_size, row_bytes / 4);
+    const size_t es = kiln_k_value_bytes(kv);
+    kiln_k_strided_copy(row, 1, kiln_kv_k_column(kv, table, h, pos, row_bytes), kv->page_size, row_bytes / es, es);
 }
 
 /* the inverse: K row `pos` of head h from its row format into the cache */
@@ -72,9 +66,8 @@ static inline void kiln_kv_k_write(const kiln_kv_view *kv, const int32_t *table,
         memcpy(kiln_kv_row(kv, table, 0, h, pos, row_bytes), row, row_bytes);
         return;
     }
-    uint8_t *col = kiln_kv_k_column(kv, table, h, pos, row_bytes);
-    if (kv->k_type == KILN_F16) kiln_k_strided_copy16(col, kv->page_size, row, 1, row_bytes / 2);
-    else kiln_k_strided_copy32(col, kv->page_size, row, 1, row_bytes / 4);
+    const size_t es = kiln_k_value_bytes(kv);
+    kiln_k_strided_copy(kiln_kv_k_column(kv, table, h, pos, row_bytes), kv->page_size, row, 1, row_bytes / es, es);
 }
 
 static inline int kiln_kv_first_visible(const kiln_kv_view *kv, int pos) { return kiln_window_first(kv->window, pos); }

@@ -244,11 +244,9 @@ static void check_spans(void) {
             for (int n = KILN_SPAN_KEYS; n <= KILN_ATTN_SPAN; n += KILN_SPAN_KEYS) {
                 const int hd = hds[h], nq = 1 + n % KILN_SPAN_MAX_Q;
                 if (half && hd % 8) continue; /* f16 rows are read in place only for whole vectors */
-                const void *krows[KILN_ATTN_SPAN], *vrows[KILN_ATTN_SPAN];
-                for (int j = 0; j < n; j++) {
-                    krows[j] = half ? (const void *)k16[j] : (const void *)k32[j];
-                    vrows[j] = half ? (const void *)v16[j] : (const void *)v32[j];
-                }
+                const float *krows[KILN_ATTN_SPAN];
+                const void *vrows[KILN_ATTN_SPAN];
+                for (int j = 0; j < n; j++) krows[j] = k32[j], vrows[j] = half ? (const void *)v16[j] : (const void *)v32[j];
                 float *so[KILN_SPAN_MAX_Q], *ao[KILN_SPAN_MAX_Q];
                 const float *qo[KILN_SPAN_MAX_Q], *wo[KILN_SPAN_MAX_Q];
                 for (int i = 0; i < nq; i++) {
@@ -259,23 +257,22 @@ static void check_spans(void) {
 #ifndef KILN_SPAN_F16_ROWS
                 if (half) continue; /* the scalar path's values take f32 rows */
 #endif
-                /* keys transposed from rows (other K types, dequantized), then f16 keys as the cache
-                   holds them: transposed, read in place */
-                kiln_span_transpose(kt, KILN_ATTN_SPAN, krows, n, hd, half);
-                for (int d = 0; d < hd; d++)
-                    for (int j = 0; j < n; j++) kt16[d * KILN_ATTN_SPAN + j] = k16[j][d];
-                for (int in_place = 0; in_place <= half; in_place++) {
-                    kiln_span_scores(so, qo, nq, in_place ? (const void *)kt16 : (const void *)kt, KILN_ATTN_SPAN,
-                                     in_place, n, hd, 0.125f);
-                    for (int i = 0; i < nq; i++)
-                        for (int j = 0; j < n; j++) {
-                            float a = 0.0f;
-                            for (int d = 0; d < hd; d++)
-                                a = fmaf(q[i][d], half ? kiln_fp16_to_fp32(k16[j][d]) : k32[j][d], a);
-                            a *= 0.125f;
-                            same("span scores", j, &s[i][j], &a, sizeof a);
-                        }
-                }
+                /* f32 keys transposed from their rows (as dequantized K types are), f16 keys as the
+                   cache holds them: transposed by hand, read in place */
+                if (half)
+                    for (int d = 0; d < hd; d++)
+                        for (int j = 0; j < n; j++) kt16[d * KILN_ATTN_SPAN + j] = k16[j][d];
+                else
+                    kiln_span_transpose(kt, KILN_ATTN_SPAN, krows, n, hd);
+                kiln_span_scores(so, qo, nq, half ? (const void *)kt16 : (const void *)kt, KILN_ATTN_SPAN, half, n, hd,
+                                 0.125f);
+                for (int i = 0; i < nq; i++)
+                    for (int j = 0; j < n; j++) {
+                        float a = 0.0f;
+                        for (int d = 0; d < hd; d++) a = fmaf(q[i][d], half ? kiln_fp16_to_fp32(k16[j][d]) : k32[j][d], a);
+                        a *= 0.125f;
+                        same("span scores", j, &s[i][j], &a, sizeof a);
+                    }
                 for (int i = 0; i < nq; i++) {
                     memcpy(want, acc[i], sizeof want);
                     for (int j = 0; j < n; j++)
