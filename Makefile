@@ -80,22 +80,22 @@ $(VOCAB_DIR)/.stamp: $(VENV)/.dev-stamp
 	rm -rf $(VOCAB_DIR)/sdist
 	touch $@
 
-# Debian's Chromium, for the test that renders `kiln layout --html` in a real browser. Where it
-# cannot be installed (no apt-get, not root) the make goes on and that test skips, saying why.
+# Debian's Chromium, for the test that renders `kiln layout --html` in a real browser, and Debian's
+# aarch64 cross compiler and qemu-user, for the ARM targets (tests/test_target_aarch64.py builds them
+# here and runs them under emulation). A machine that can install them (apt-get, as root) must: a
+# failed install fails the make. One that cannot says so in one line, and those tests skip (under
+# CI=true the run then names them in one line; tests/means.py).
+CAN_APT = command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]
+APT_INSTALL = apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ; } || \
-	  echo "make: no chromium (needs apt-get as root); the browser test of kiln layout --html will skip"
+	  if $(CAN_APT); then $(APT_INSTALL) chromium >/dev/null; \
+	  else echo "make: no chromium and no apt-get as root to install it: the browser test of kiln layout --html will skip"; fi
 
-# Debian's aarch64 cross compiler and qemu-user, for the ARM targets (tests/test_target_aarch64.py
-# builds them here and runs them under emulation). Where they cannot be installed that test skips.
 cross:
 	@{ command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64; } >/dev/null 2>&1 || \
-	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	        gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null; } ; } || \
-	  echo "make: no aarch64 cross compiler or qemu-user (needs apt-get as root); the ARM target tests will skip"
+	  if $(CAN_APT); then $(APT_INSTALL) gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null; \
+	  else echo "make: no aarch64 cross compiler or qemu-user, and no apt-get as root to install them: the ARM target tests will skip"; fi
 
 test: dev models vocab browser cross lint wheel-check
 	KILN_VOCAB_SUITES=$(abspath $(VOCAB_DIR)) $(BIN)/pytest

@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from browser import chromium as find_chromium  # noqa: E402
+from means import IN_CI, LACKED, skip_for_want_of  # noqa: E402
 from compiler.frontend.registry import BUNDLED, fetch  # noqa: E402
 from synthetic import TinySpec, write_tiny_model  # noqa: E402
 
@@ -54,11 +55,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.network)
 
 
+def pytest_terminal_summary(terminalreporter):
+    if IN_CI and LACKED:
+        terminalreporter.write_line(f"CI: skipped for want of the means to install them: {'; '.join(sorted(set(LACKED)))}")
+
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
     found = find_chromium()
     if found is None:
-        pytest.skip("no chromium: `make browser` installs Debian's (apt-get install chromium)")
+        skip_for_want_of("chromium", "`make browser` installs Debian's: apt-get install chromium")
     return found
 
 

@@ -25,6 +25,7 @@ from compiler.core.options import CompileOptions
 from compiler.core.paths import RUNTIME_DIR
 from compiler.driver import compile_c_library, compile_model
 from compiler.runtime import load_options
+from means import skip_for_want_of
 from synthetic import TinySpec, write_tiny_model
 
 ARM = [name for name, t in TARGETS.items() if t.family == "aarch64"]
@@ -40,8 +41,8 @@ missing = [what for what, ok in (("qemu-aarch64 (apt-get install qemu-user)", QE
                                   shutil.which("aarch64-linux-gnu-gcc")),
                                  (f"the aarch64 C library in {SYSROOT}", SYSROOT.is_dir())) if not ok]
 if missing:
-    pytest.skip(f"no aarch64 cross build here: missing {', '.join(missing)} (make cross installs them)",
-                allow_module_level=True)
+    skip_for_want_of(f"the aarch64 cross build ({', '.join(missing)})", "`make cross` installs them",
+                     allow_module_level=True)
 
 
 def arm_logits(path: Path, target: str, opts: CompileOptions, ids: list[int], workdir: Path,

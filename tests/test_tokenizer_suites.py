@@ -18,6 +18,7 @@ from compiler.core.errors import ModelFileError
 from compiler.frontend.gguf_reader import read_vocab
 from compiler.frontend.vocab import tokenizer_defaults
 from compiler.text.tokenizer import make_tokenizer
+from means import skip_for_want_of
 from tokenizer_corpus import corpus
 
 NAMED = os.environ.get("KILN_VOCAB_SUITES")
@@ -29,8 +30,9 @@ FLAGS = [(True, True), (False, False)]
 UNSUPPORTED = {"nomic-bert-moe": "'t5'"}  # SentencePiece unigram (UGM): no kiln tokenizer for it
 
 if not NAMED and not SUITES.is_dir():
-    pytest.skip(f"no llama.cpp tokenizer suites at {SUITES} (set KILN_VOCAB_SUITES to the models/ directory "
-                "of a llama.cpp checkout)", allow_module_level=True)
+    skip_for_want_of(f"llama.cpp's tokenizer suites at {SUITES}", "`make vocab` unpacks them (or set "
+                     "KILN_VOCAB_SUITES to the models/ directory of a llama.cpp checkout)", apt=False,
+                     allow_module_level=True)
 
 
 def _name(path: Path) -> str:
@@ -91,7 +93,10 @@ def test_suite_every_string(name):
 
 @pytest.mark.parametrize("name", VOCAB_NAMES)
 def test_corpus_matches_llamacpp(name):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    try:
+        import llama_cpp
+    except ImportError:
+        skip_for_want_of("llama-cpp-python", "`make dev` builds it", apt=False)
     tok = _tokenizer(name)
     if tok is None:
         return
