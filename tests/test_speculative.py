@@ -1,7 +1,8 @@
 """Speculative decoding (runtime/speculation.py, spec_decode.py, draft_model.py): the output is
 plain decoding's, bit for bit when greedy (both bundled models, every KV dtype, alone and in a
 batch, with stop strings, EOG and max_tokens where plain decoding puts them), and the target's
-distribution when sampling (a chi-square test at a fixed significance).
+distribution when sampling (a chi-square test at a fixed significance). That the verification
+rows' logits themselves are plain decoding's, bit for bit, is test_speculative_rows.py's.
 
 No smaller real model shares a bundled model's vocabulary, so the draft-model tests pair SmolLM2
 (or a tiny synthetic target) with tiny synthetic drafts that carry SmolLM2's tokenizer: they test
@@ -28,6 +29,9 @@ PASSAGE = ("The lighthouse keeper climbed the spiral stairs at dusk, lit the gre
 PROMPTS = [f"Copy this sentence exactly.\nSentence: {PASSAGE}\nCopy: {PASSAGE[:40]}",  # input-grounded: drafts hit
            "Once upon a time, in a small village by the sea,"]  # free: drafts mostly miss
 SIGNIFICANCE = 1e-3  # the sampling tests fail a correct sampler once in a thousand runs
+# One thread a model: two meet at a spinning barrier every step, which on a machine busy with other
+# work waits whenever either is descheduled (the logits do not depend on the thread count).
+THREADS = 1
 
 
 @pytest.fixture
@@ -59,18 +63,18 @@ def _check_exact(m, n: int = 40, **spec) -> None:
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_smollm2_greedy_ngram_is_plain_greedy(smollm2, kv_dtype, eager):
-    m = compiler.load(smollm2, ctx=512, n_seq=4, kv_dtype=kv_dtype, prefill_chunk=64)
+    m = compiler.load(smollm2, ctx=512, n_seq=4, kv_dtype=kv_dtype, prefill_chunk=64, threads=THREADS)
     _check_exact(m, speculative="ngram", max_draft=6)
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_gemma3_greedy_ngram_is_plain_greedy(gemma3, kv_dtype, eager):
-    m = compiler.load(gemma3, ctx=512, n_seq=4, kv_dtype=kv_dtype, prefill_chunk=64)
+    m = compiler.load(gemma3, ctx=512, n_seq=4, kv_dtype=kv_dtype, prefill_chunk=64, threads=THREADS)
     _check_exact(m, n=32, speculative="ngram", max_draft=6)
 
 
 def test_adaptive_length_is_plain_greedy_too(smollm2):
-    m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64)
+    m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64, threads=THREADS)
     _check_exact(m, n=64, speculative="ngram")
 
 
@@ -93,7 +97,7 @@ def test_sliding_window_drafts_stop_where_a_rollback_could_not_reach(gemma_tiny,
 
 
 def test_stops_eog_and_max_tokens_land_where_plain_decoding_puts_them(smollm2, eager):
-    m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64)
+    m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64, threads=THREADS)
     plain = m.generate(PROMPTS[0], max_tokens=40, temperature=0)
     stop = plain[len(plain) // 2:len(plain) // 2 + 4]  # inside a run of accepted drafts
     for kw in ({"stop": stop}, {"stop": [stop, "zzz"]}, {"max_tokens": 7}, {"max_tokens": 13}):
@@ -112,7 +116,7 @@ def test_stops_eog_and_max_tokens_land_where_plain_decoding_puts_them(smollm2, e
 
 
 def test_a_stream_closed_early_leaves_the_cache_of_plain_decoding(smollm2, eager):
-    m = compiler.load(smollm2, ctx=512, prefill_chunk=64)
+    m = compiler.load(smollm2, ctx=512, prefill_chunk=64, threads=THREADS)
     pieces = m.generate(PROMPTS[0], max_tokens=40, temperature=0, speculative="ngram", stream=True)
     got = [next(pieces) for _ in range(5)]
     pieces.close()
@@ -134,14 +138,15 @@ def tiny_pair(tiny, smollm2):
 
 
 def test_draft_model_greedy_is_plain_greedy(smollm2, tiny_pair, eager):
-    m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64)
-    draft = compiler.load(tiny_pair[1], ctx=512, n_seq=4)
+    m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64, threads=THREADS)
+    draft = compiler.load(tiny_pair[1], ctx=512, n_seq=4, threads=THREADS)
     for prompt in PROMPTS:
         _plain_and_spec(m, prompt, 24, speculative="draft", draft_model=draft, max_draft=3)
     plain = m.generate_batch(PROMPTS * 2, max_tokens=24, temperature=0)
     assert m.generate_batch(PROMPTS * 2, max_tokens=24, temperature=0, draft_model=draft, max_draft=3) == plain
     assert m.spec_stats.drafted > 0 and draft.kv_stats()["sequences"] == 0  # the draft's sequences were closed
-    self_draft = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64)  # the same weights: every draft holds
+    # the same weights: every draft holds
+    self_draft = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64, threads=THREADS)
     drafted, accepted = _plain_and_spec(m, PROMPTS[1], 24, draft_model=self_draft, max_draft=4)
     assert drafted - 4 <= accepted > 0  # all but those past the last token
 

@@ -192,6 +192,12 @@ class SpecStats:
 
 
 # -- verification -----------------------------------------------------------------------------------
+# Called as observer(run, drafts, rows, n_before) at each verification, before any row is sampled:
+# the claim that rows[i] are plain decoding's logits is checked bit for bit by reading them here
+# (tests/test_speculative_rows.py), on the very arrays every caller's tokens are drawn from.
+VERIFY_OBSERVERS: list = []
+
+
 def verify(run: Decoding, drafts: list[int], rows: np.ndarray, n_before: int,
            draft_probs: list[np.ndarray] | None = None) -> tuple[list[Sampled], int]:
     """The tokens one verification step yields, and how many drafts were accepted.
@@ -205,6 +211,8 @@ def verify(run: Decoding, drafts: list[int], rows: np.ndarray, n_before: int,
     exactly when the target's own draw is d keeps the target's distribution whatever q was
     (only less often than the min(1, p/q) rule would).
     The sequence must afterwards keep n_before + len(result) positions."""
+    for observe in VERIFY_OBSERVERS:
+        observe(run, drafts, rows, n_before)
     out: list[Sampled] = []
     accepted = 0
     for i, row in enumerate(rows):

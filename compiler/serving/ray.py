@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -26,6 +27,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
+from ..core.errors import KilnError
 from ..core.paths import cache_dir
 from ..frontend.gguf_reader import read_model
 from ..frontend.registry import resolve
@@ -46,6 +48,7 @@ log = logging.getLogger("kiln.serve")
 APP_NAME = "kiln"
 ROUTER_CLASS = f"{PrefixAffinityRouter.__module__}:{PrefixAffinityRouter.__name__}"  # imported by name where it runs
 METRICS_PERIOD = 5.0  # seconds between copies of a replica's metrics into Ray's (Ray exports every 10 s)
+DELETE_BOUND = 300.0  # seconds Ray may take to delete the app on the way out: a bound on a hang, not a speed
 INGRESS_MAX_ONGOING = 1024  # requests the ingress holds at once (each mostly waits on a replica)
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -244,6 +247,19 @@ def serve_forever(s: Settings, host: str, port: int, address: str | None, say=pr
     finally:
         signal.signal(signal.SIGTERM, previous)
         try:
-            serve.delete(APP_NAME) if address else serve.shutdown()
+            delete_app() if address else serve.shutdown()
         finally:
             ray.shutdown()
+
+
+def delete_app(bound: float = DELETE_BOUND) -> None:
+    """Delete kiln's app from the cluster and wait until Ray has. serve.delete's own wait gives up
+    after 60 s, leaving the app half deleted, and on a busy machine its replicas' graceful shutdown
+    (each winding its engine down) can take longer: here only a hang fails."""
+    serve.delete(APP_NAME, _blocking=False)
+    start = time.monotonic()
+    while APP_NAME in serve.status().applications:
+        if time.monotonic() - start > bound:
+            raise KilnError(f"Ray has not deleted the app '{APP_NAME}' {bound:g} s after it was asked to "
+                            "(`serve status` shows where it is stuck)")
+        time.sleep(0.5)
