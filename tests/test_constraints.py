@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -82,12 +83,14 @@ def test_constrained_tokens_read_back(model, request):
 
 
 def test_generate_holds_each_kind_of_constraint(smol):
-    person = json.loads(smol.generate(ASK, max_tokens=96, temperature=0, json_schema=PERSON))
-    assert set(person) == {"name", "age", "tags", "home"} and 0 <= person["age"] <= 120
-    assert set(person["tags"]) <= {"red", "green", "blue"} and len(person["name"]) <= 24
+    def person(**kw) -> str:
+        text = smol.generate(ASK, max_tokens=96, json_schema=PERSON, **kw)
+        jsonschema.validate(json.loads(text), PERSON, cls=jsonschema.Draft202012Validator)
+        return text
+
+    person(temperature=0)
     for seed in range(3):  # sampled, the format still holds
-        person = json.loads(smol.generate(ASK, max_tokens=96, temperature=1.0, seed=seed, json_schema=PERSON))
-        assert isinstance(person["age"], int) and person["home"] is None or "city" in person["home"]
+        person(temperature=1.0, seed=seed)
     phone = smol.generate("Call me on", max_tokens=20, temperature=0.7, seed=1, regex=r"\+1 [0-9]{3}-[0-9]{4}")
     assert re.fullmatch(r"\+1 [0-9]{3}-[0-9]{4}", phone)
     gbnf = 'root ::= answer " because " [a-z ]+ "."\nanswer ::= "yes" | "no"'
@@ -96,7 +99,7 @@ def test_generate_holds_each_kind_of_constraint(smol):
     colour = smol.generate("My favourite colour is", max_tokens=8, temperature=0, lark='start: "red" | "teal"')
     assert colour in ("red", "teal")
     streamed = "".join(smol.generate(ASK, max_tokens=96, temperature=0, json_schema=PERSON, stream=True))
-    assert streamed == smol.generate(ASK, max_tokens=96, temperature=0, json_schema=PERSON)
+    assert streamed == person(temperature=0)
 
 
 def test_constrained_rows_are_batch_invariant_and_deterministic(smol, monkeypatch):
