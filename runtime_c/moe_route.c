@@ -10,13 +10,16 @@
  * a heap sort past 2 log2 n levels, then one insertion sort), so it leaves ties as llama.cpp's
  * build (gcc, libstdc++) does; a test compares it with std::sort itself.
  *
- * Every value is a per-row function computed in one order (kiln_expf on every path, the sum in
- * double in index order), so a row's experts and weights do not depend on the batch or the CPU.
+ * The probabilities are ggml_soft_max's bits as llama.cpp's AVX-512 build computes them
+ * (ggml_vec_soft_max_f32): each block of 16 through ggml_v_expf, summed across its lanes in the
+ * order _mm512_reduce_add_ps takes, then into a double; the last n % 16 through libm's expf, each
+ * into the double. ggml_v_expf is spelled here one lane at a time, fma for fma (kiln builds with
+ * -ffp-contract=off, and fmaf is exact on every target), so every target computes the same bits
+ * and a row's experts and weights depend on neither the batch nor the CPU.
  */
 #include <math.h>
 
 #include "kernels_mt.h"
-#include "vec_f32.h"
 
 /* -- libstdc++'s std::sort on indices, compared by `v[a] > v[b]` ------------------------------ */
 #define SORT_THRESHOLD 16 /* libstdc++'s _S_threshold */
@@ -151,17 +154,38 @@ void kiln_argsort_desc(const float *v, int32_t *idx, int n) {
 /* ggml's least weight sum (the smallest normal f16), below which the sum is clamped */
 #define WEIGHT_SUM_MIN 6.103515625e-5f
 
+/* ggml_v_expf (ggml-cpu/vec.h, the AVX-512 spelling: its 2^n by vscalefps, ldexpf's exact
+ * scaling), for the x <= 0 a softmax takes */
+static float ggml_v_expf_lane(float x) {
+    const float r = 0x1.8p23f, z = fmaf(x, 0x1.715476p+0f, r), n = z - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x)), u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (fabsf(n) > 192) return n <= 0 ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
+}
+
+/* ggml_vec_soft_max_f32: y = e^(x - max) and their sum in double, as described above */
+static double soft_max_exp(float *y, const float *x, float max, int n) {
+    double sum = 0.0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float v[8], w[4];
+        for (int k = 0; k < 16; k++) y[i + k] = ggml_v_expf_lane(x[i + k] - max);
+        for (int k = 0; k < 8; k++) v[k] = y[i + 8 + k] + y[i + k]; /* the high 256 bits onto the low */
+        for (int k = 0; k < 4; k++) w[k] = v[4 + k] + v[k];         /* then 128 */
+        sum += (double)((w[0] + w[2]) + (w[1] + w[3]));
+    }
+    for (; i < n; i++) sum += (double)(y[i] = expf(x[i] - max));
+    return sum;
+}
+
 static void route_row(int32_t *ids, float *weights, const float *logits, int n_expert, int n_used, int normalize) {
     float p[KILN_MOE_MAX_EXPERTS];
     int32_t order[KILN_MOE_MAX_EXPERTS];
     float max = -INFINITY;
     for (int e = 0; e < n_expert; e++) max = logits[e] > max ? logits[e] : max;
-    double sum = 0.0;
-    for (int e = 0; e < n_expert; e++) {
-        p[e] = kiln_expf(logits[e] - max);
-        sum += p[e];
-    }
-    const float inv = (float)(1.0 / sum);
+    const float inv = (float)(1.0 / soft_max_exp(p, logits, max, n_expert));
     for (int e = 0; e < n_expert; e++) p[e] *= inv;
     kiln_argsort_desc(p, order, n_expert);
     double total = 0.0; /* ggml_sum_rows: in double, in order */

@@ -35,10 +35,27 @@ static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) 
     return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
 }
 
+/* The arithmetic is ggml's as gcc builds it with FMA on x86 (the llama.cpp kiln is measured
+ * against: the Makefile's AVX-512 build; other builds may fuse otherwise). -ffp-contract=fast fuses a
+ * multiply into the add that takes it, so YaRN's mix is one fma, and a rotated pair (x0, x1)
+ * becomes (fma(x0, c, -(x1 s)), fma(x0, s, x1 c)): each output's first product exact, its second
+ * rounded. Where gcc vectorizes the pairwise layout, four pairs at a time, the last n_pairs % 4
+ * are left to SSE's addsub, which fuses nothing. kiln builds with -ffp-contract=off and spells
+ * each fma out (fmaf is exact on every target), so every target computes these bits. */
+static inline void rotate_fused(float *y0, float *y1, float x0, float x1, float c, float s) {
+    *y0 = fmaf(x0, c, -(x1 * s));
+    *y1 = fmaf(x0, s, x1 * c);
+}
+
+static inline void rotate_plain(float *y0, float *y1, float x0, float x1, float c, float s) {
+    *y0 = x0 * c - x1 * s;
+    *y1 = x1 * c + x0 * s;
+}
+
 void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, float base,
                    int neox, const kiln_rope_scaling *sc, const float *factors) {
     const float theta_scale = powf(base, -2.0f / (float)head_dim);
-    const int half = head_dim / 2;
+    const int half = head_dim / 2, fused = neox ? half : half - half % 4;
     float lo = 0.0f, hi = 0.0f;
     if (sc->ext_factor != 0.0f) {
         const float start = floorf(yarn_corr_dim(head_dim, sc->n_ctx_orig, sc->beta_fast, base));
@@ -53,7 +70,7 @@ void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n
             float angle = interp;
             if (sc->ext_factor != 0.0f) {
                 const float mix = yarn_ramp(lo, hi, 2 * i) * sc->ext_factor;
-                angle = interp * (1 - mix) + extrap * mix;
+                angle = fmaf(interp, 1 - mix, extrap * mix);
             }
             cs[i] = cosf(angle) * sc->mscale, sn[i] = sinf(angle) * sc->mscale;
         }
@@ -62,9 +79,8 @@ void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n
             float *yh = y + ((size_t)r * n_head + h) * head_dim;
             for (int i = 0; i < half; i++) {
                 const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-                const float x0 = xh[i0], x1 = xh[i1];
-                yh[i0] = x0 * cs[i] - x1 * sn[i];
-                yh[i1] = x0 * sn[i] + x1 * cs[i];
+                if (i < fused) rotate_fused(yh + i0, yh + i1, xh[i0], xh[i1], cs[i], sn[i]);
+                else rotate_plain(yh + i0, yh + i1, xh[i0], xh[i1], cs[i], sn[i]);
             }
         }
     }

@@ -1,11 +1,14 @@
 """A mixture of experts' two ops, moe_route and moe_ffn (runtime_c/moe_route.c, moe.c), against
-references no one here wrote or that share no code with them: libstdc++'s std::sort for the order
-of the experts, numpy for the router, and the scalar reference dots for the experts' FFNs. The
-models themselves are compared with llama.cpp in test_archs.py (qwen3moe and olmoe are
-FEATURE_MODELS), their batch invariance in test_batch.py, their bits on every target in
-test_targets.py."""
+references no one here wrote or that share no code with them: ggml's own ops (tests/ggml_ops.py),
+which kiln's routing and weighted sum must match bit for bit, as llama.cpp's build_moe_ffn runs
+them (softmax, top-k, renormalization; each expert's output times its weight, added in rank
+order); libstdc++'s std::sort for the order of tied experts; the scalar reference dots for the
+experts' FFNs. The models are compared with llama.cpp in test_archs.py at the control's floor
+(qwen3moe and olmoe are FEATURE_MODELS), and here without their routing's feature; their batch
+invariance in test_batch.py, their bits on every target in test_targets.py."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -13,9 +16,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+import compiler
+import compiler.frontend.architecture_file as architecture_file
 from compiler.build.runtime import runtime_kernels
 from compiler.core.dtypes import DType
 from compiler.passes.scratch import moe_scratch_bytes
+from ggml_ops import moe_route, moe_sum
+from reference import Reference, compare
+from test_archs import FLOOR, MISSES, _ids, feature_model
 from test_kernels import ptr, quantized, quantized_rows
 
 K = runtime_kernels()
@@ -91,6 +99,25 @@ def test_route_is_softmax_then_top_k(normalize):
     np.testing.assert_allclose(weights, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("normalize", [0, 1])
+@pytest.mark.parametrize("n_expert,k", [(8, 2), (8, 3), (16, 4), (60, 4), (64, 8), (128, 8)])
+def test_routing_is_ggmls_bit_for_bit(n_expert, k, normalize):
+    """ggml_soft_max, ggml_argsort_top_k, ggml_get_rows and, renormalizing, ggml_sum_rows, ggml_clamp
+    and ggml_div, as build_moe_ffn chains them: the same experts and the same weights, to the bit.
+    Blocks of 16 experts take ggml_v_expf and a tree sum, the rest libm's expf (so both are
+    here); logits near 0 to far apart (an exp that underflows), and rows of two tied experts."""
+    rng = np.random.default_rng(n_expert * 10 + k + normalize)
+    rows = 96
+    logits = (rng.standard_normal((rows, n_expert)) * rng.choice([0.01, 1.0, 4.0, 40.0], (rows, 1))).astype(np.float32)
+    logits[::5, 3] = logits[::5, 1]
+    ids, weights = np.zeros((rows, k), np.int32), np.zeros((rows, k), np.float32)
+    lib.kiln_moe_route(ptr(ids, "int32_t *"), ptr(weights, "float *"), ptr(logits, "float *"), rows, n_expert, k,
+                       normalize)
+    want_ids, want_weights = moe_route(logits, k, bool(normalize))
+    np.testing.assert_array_equal(ids, want_ids, err_msg="the experts chosen")
+    np.testing.assert_array_equal(weights, want_weights, err_msg="their weights")
+
+
 class Experts:
     """n_expert experts' gate, up and down as the GGUF's 3-D tensors, with x8 copies where this
     build has the x8 kernels, and the scalar reference of their FFN (kiln_vec_dot_ref on each
@@ -128,8 +155,9 @@ class Experts:
         return y, reads
 
     def reference(self, x: np.ndarray, ids: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Each chosen expert's output from the reference dots, weighted and summed by ggml's ops."""
         g, u, d = self.types
-        out = np.zeros_like(x)
+        ys = np.zeros((len(x), ids.shape[1], self.n_embd), np.float32)
         for r in range(len(x)):
             xg, xu = quantized_rows(g, x[r:r + 1])[0], quantized_rows(u, x[r:r + 1])[0]
             for j, e in enumerate(ids[r]):
@@ -140,10 +168,8 @@ class Experts:
                 h = np.zeros(self.n_ff, np.float32)
                 lib.kiln_swiglu_ref(ptr(h, "float *"), ptr(gate, "float *"), ptr(up, "float *"), self.n_ff)
                 xh = quantized_rows(d, h[None, :])[0]
-                ye = np.array([lib.kiln_vec_dot_ref(int(d), self.n_ff, ptr(row), ptr(xh)) for row in self.raw[2][e]],
-                              np.float32)
-                out[r] = ye * w[r, j] if j == 0 else out[r] + ye * w[r, j]  # float32, in rank order
-        return out
+                ys[r, j] = [lib.kiln_vec_dot_ref(int(d), self.n_ff, ptr(row), ptr(xh)) for row in self.raw[2][e]]
+        return moe_sum(ys, w)
 
 
 def _routing(rng, rows: int, n_expert: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,3 +210,31 @@ def test_the_planner_gives_moe_the_scratch_the_kernel_carves(types, rows, n_expe
     n_ff, n_embd = 768, 2048
     want = lib.kiln_moe_scratch_bytes(*(t.value.value for t in types), rows, n_expert, k, n_ff, n_embd)
     assert moe_scratch_bytes(*types, rows, n_expert, k, n_ff, n_embd) == want
+
+
+@pytest.fixture
+def routing_switched(tmp_path, monkeypatch):
+    """switch(arch): kiln reads arch's template with its renormalization of the top k weights the
+    other way round (the templates' directory copied, that one flag flipped)."""
+    def switch(arch: str) -> None:
+        shutil.copytree(architecture_file.ARCH_DIR, tmp_path / "templates")
+        path = tmp_path / "templates" / f"{arch}.json"
+        template = json.loads(path.read_text())
+        template["moe"]["normalize_top_k"] = not template["moe"]["normalize_top_k"]
+        path.write_text(json.dumps(template))
+        monkeypatch.setattr(architecture_file, "ARCH_DIR", tmp_path / "templates")
+    return switch
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "olmoe"])
+def test_without_its_routing_a_mixture_misses_llamacpp(tiny, smollm2, routing_switched, name):
+    """The negative control of test_archs.py's floor: the same model, its weights renormalized where
+    llama.cpp takes them as they are (olmoe) or left as they are where it renormalizes (qwen3moe),
+    lands far from llama.cpp (measured 3.2e-2 and 1.2e-2)."""
+    path = feature_model(tiny, smollm2, name, Q.F32, raised=True)
+    ids = _ids(70)
+    ref = Reference(path, n_ctx=128).logits(ids)
+    routing_switched(name)
+    a = compare(ref, compiler.load(path, ctx=128, prefill_chunk=16).prefill(ids, logits="all"))
+    print(f"\n{name}, its routing switched: mean KL {a.mean_kl:.2e}, top-1 {a.top1:.1%}")
+    assert a.mean_kl >= MISSES > FLOOR, f"{name}: its routing switched, the model still lands {a.mean_kl:.2e} away"

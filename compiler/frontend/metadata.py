@@ -102,8 +102,8 @@ def read_rope_scaling(meta, t: Architecture) -> dict:
         rope_attn_factor=meta.number(f"{a}.rope.scaling.attn_factor", default=1.0),
         rope_n_ctx_orig=meta.integer(f"{a}.rope.scaling.original_context_length", default=None)
         or meta.integer(f"{a}.context_length"),
-        yarn_beta_fast=meta.number(f"{a}.rope.scaling.yarn_beta_fast", default=32.0),
-        yarn_beta_slow=meta.number(f"{a}.rope.scaling.yarn_beta_slow", default=1.0),
+        # rope.scaling.yarn_beta_fast and _slow are accepted and, as llama.cpp does for every
+        # architecture kiln has (it reads them for grok and mistral3 alone), left at 32 and 1
     )
 
 

@@ -7,8 +7,17 @@ factor, and YaRN's own 1 + 0.1 ln(factor)), and optionally per-dimension frequen
 3's rope_freqs; Phi-3's LongRoPE factors, long or short by the context). The magnitudes are
 computed here in float32, in llama.cpp's order (llama_context's yarn_attn_factor, then ggml's
 rope_yarn); the kernel (runtime_c/ops.c, kiln_rope_ext) follows ggml_rope_cache_init.
+
+The logarithms are libm's logf, the function llama.cpp calls: numpy's float32 log is another
+implementation, an ulp away on some inputs. rope_yarn's magnitude, 1 + 0.1 ln(1 / freq_scale), is
+one fused multiply-add where ggml-cpu is built with FMA (llama_context's terms are not: libllama
+is built for the baseline CPU).
 """
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from fractions import Fraction
 
 import numpy as np
 
@@ -18,10 +27,20 @@ from ..frontend.spec import HParams, ModelSpec
 from .graph import RopeAttrs
 
 _F = np.float32
+_libm = ctypes.CDLL(ctypes.util.find_library("m"))
+_libm.logf.restype, _libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
 
 
 def _ln(x) -> np.float32:
-    return _F(np.log(_F(x)))
+    return _F(_libm.logf(float(_F(x))))
+
+
+def _fma(a, b, c) -> np.float32:
+    """a * b + c rounded once to float32 (to nearest, ties to even), as fmaf does."""
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    near = _F(float(exact))  # within an ulp of the answer: float64, then float32, rounds twice
+    candidates = (np.nextafter(near, _F(-np.inf)), near, np.nextafter(near, _F(np.inf)))
+    return min(candidates, key=lambda v: (abs(Fraction(float(v)) - exact), int(v.view(np.uint32)) & 1))
 
 
 def rope_attrs(hp: HParams, layout: RopeLayout) -> RopeAttrs:
@@ -33,7 +52,7 @@ def rope_attrs(hp: HParams, layout: RopeLayout) -> RopeAttrs:
         attn = _F(1) if factor <= 1 else _F(0.1) * _ln(factor) + _F(1)
         attn = attn * (_F(1) / (_F(1) + _F(0.1) * _ln(factor)))
     attn = attn * _F(hp.rope_attn_factor)
-    mscale = attn * (_F(1) + _F(0.1) * _ln(_F(1) / freq_scale)) if yarn else attn  # ggml's rope_yarn
+    mscale = attn * _fma(_F(0.1), _ln(_F(1) / freq_scale), _F(1)) if yarn else attn  # ggml's rope_yarn
     return RopeAttrs(layout=layout, n_rot=hp.n_rot, freq_scale=float(freq_scale), ext_factor=1.0 if yarn else 0.0,
                      mscale=float(mscale), beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow,
                      n_ctx_orig=hp.rope_n_ctx_orig)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.dtypes import parse_kv_dtype
+from ..core.dtypes import DType, parse_kv_dtype
 from ..core.errors import KilnError
+from ..core.options import CompileOptions
 
 try:
     import llama_cpp as L
@@ -34,17 +35,21 @@ L.llama_backend_init()
 
 
 class LlamaCpp:
-    """A llama.cpp context holding its KV cache in `kv_dtype` (or K in kv_dtype_k, V in kv_dtype_v).
+    """A llama.cpp context holding its KV cache in `kv_dtype` (or K in kv_dtype_k, V in kv_dtype_v),
+    by default kiln's own default, so that a comparison measures the engines and not the caches.
 
     flash_attn None: off, unless the V cache is quantized, which llama.cpp holds only on its
     flash-attention path. swa_full keeps every position of the sliding-window layers, which
     llama.cpp needs to shift them. n_seq > 1 makes one unified cache for that many sequences.
-    The one-sequence methods (logits, feed, extend, shift, greedy) use sequence 0."""
+    eval_callback(tensor, ask) -> bool sees the graph's nodes (llama.cpp's cb_eval, for tests that
+    read its intermediate tensors). The one-sequence methods (logits, feed, extend, shift, greedy)
+    use sequence 0."""
 
-    def __init__(self, path: str | Path, n_ctx: int = 1024, kv_dtype: str = "f16", kv_dtype_k: str | None = None,
-                 kv_dtype_v: str | None = None, swa_full: bool = False, n_batch: int = 256, threads: int = 2,
-                 flash_attn: bool | None = None, n_seq: int = 1):
-        k, v = kv_dtype_k or kv_dtype, kv_dtype_v or kv_dtype
+    def __init__(self, path: str | Path, n_ctx: int = 1024, kv_dtype: str | DType = CompileOptions.kv_dtype,
+                 kv_dtype_k: str | None = None, kv_dtype_v: str | None = None, swa_full: bool = False,
+                 n_batch: int = 256, threads: int = 2, flash_attn: bool | None = None, n_seq: int = 1,
+                 eval_callback=None):
+        k, v = (parse_kv_dtype(t) for t in (kv_dtype_k or kv_dtype, kv_dtype_v or kv_dtype))
         self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
         if not self.model:
             raise KilnError(f"{path}: llama.cpp could not load it")
@@ -52,9 +57,12 @@ class LlamaCpp:
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_batch, n_seq
         cp.kv_unified = n_seq > 1
         cp.n_threads = cp.n_threads_batch = threads
-        cp.type_k, cp.type_v = parse_kv_dtype(k).value.value, parse_kv_dtype(v).value.value
-        cp.flash_attn_type = int(flash_attn if flash_attn is not None else "fa off" not in flash_attn_settings(v))
+        cp.type_k, cp.type_v = k.value.value, v.value.value
+        cp.flash_attn_type = int(flash_attn if flash_attn is not None else "fa off" not in flash_attn_settings(v.label))
         cp.swa_full = swa_full
+        if eval_callback is not None:  # kept alive as long as the context, which calls it
+            self._cb_eval = L.ggml_backend_sched_eval_callback(lambda t, ask, user: eval_callback(t, ask))
+            cp.cb_eval = self._cb_eval
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             L.llama_model_free(self.model)

@@ -240,3 +240,18 @@ FEATURE_MODELS: dict[str, dict] = {
     "qwen3moe": dict(arch="qwen3moe", n_expert=8, n_expert_used=2),
     "olmoe": dict(arch="olmoe", n_head_kv=4, n_expert=8, n_expert_used=3),
 }
+
+
+# The same models with the feature switched off, for the tests' negative controls: RoPE's scaling
+# and factors left out, Gemma 2's caps at the template's defaults, granite's scalars at 1 (it needs
+# its logit scale; its attention scale falls to the default 1/sqrt(head_dim)). A mixture of
+# experts' feature is its template's routing, which tests/test_moe.py switches there.
+def _switched_off(name: str, spec: dict) -> dict:
+    off = {k: v for k, v in spec.items() if k not in ("extra_meta", "extra_tensors")}
+    if name == "granite":
+        off["extra_meta"] = {"embedding_scale": 1.0, "residual_scale": 1.0, "logit_scale": 1.0}
+    return off
+
+
+FEATURE_OFF: dict[str, dict] = {name: _switched_off(name, spec) for name, spec in FEATURE_MODELS.items()
+                                if "n_expert" not in spec}
