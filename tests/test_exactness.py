@@ -28,7 +28,7 @@ MODELS = ["smollm2", "gemma3"]
 NAMES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
 # kiln's mean coarse KL(exact || kiln), measured at the commit that wrote them; kiln's bits are the
 # same on every CPU path, so these are its figures on any machine
-RECORDED = {("smollm2", "f32"): 2.973e-3, ("smollm2", "f16"): 2.852e-3, ("gemma3", "f32"): 4.323e-3,
+RECORDED = {("smollm2", "f32"): 2.943e-3, ("smollm2", "f16"): 2.852e-3, ("gemma3", "f32"): 4.323e-3,
             ("gemma3", "f16"): 4.416e-3}
 DRIFT = 1.05
 
