@@ -1,7 +1,8 @@
 /* isa.h: which kernel paths a build has, from the instruction set its flags select. The one place
  * these conditions are written: the kernels test the KILN_HAVE_* macros, and kiln reads them
  * (build/targets.py kernel_set, by preprocessing this header with a target's flags) to say what a
- * build runs, even for a target it cannot load. */
+ * build runs, even for a target it cannot load. A built library says it too (kiln_kernel_paths,
+ * isa.c), so that a test can hold the library built for a target to that target. */
 #ifndef KILN_ISA_H
 #define KILN_ISA_H
 
@@ -13,6 +14,11 @@
 /* AVX-512 VNNI (x8_vnni.c): matmuls on weights interleaved by eight rows (x8_pack.c) */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define KILN_HAVE_VNNI 1
+#endif
+
+/* AVX-512 in attention (attn_span.h, which tests __AVX512F__ itself): 16 keys a vector of scores */
+#if defined(__AVX512F__)
+#define KILN_HAVE_AVX512 1
 #endif
 
 /* AVX2 on the x8 layout (x8_avx2.c), where there is no AVX-512 VNNI: the same packed weights,
@@ -45,5 +51,9 @@
 #if defined(KILN_HAVE_NEON) && defined(__ARM_FEATURE_MATMUL_INT8)
 #define KILN_HAVE_I8MM 1
 #endif
+
+/* The KILN_HAVE_* names of the paths above that this library was compiled with, space-separated
+   ("" for the scalar references alone); KILN_HAVE_X8, which only sums two, is left out. */
+const char *kiln_kernel_paths(void);
 
 #endif

@@ -1,10 +1,16 @@
 """The same bits on every CPU target: the runtime built for plain x86-64 (scalar C), x86-64-v2,
-x86-64-v3 (AVX2), x86-64-v4 (AVX-512) and this CPU (native: VNNI, AMX where it has them) must
-each build, load and run, and give the scalar build's logits bit for bit.
+x86-64-v3 (AVX2), x86-64-v4 (AVX-512), avx512-vnni, amx and this CPU (native) must each build,
+load and run, and give the scalar build's logits bit for bit: a tiny model's, the architectures'
+own code's, and both bundled models' (their Q8_0, Q4_1 and K-quant weights) with every KV cache
+dtype, the transposed f16 K among them. A run is a prompt of two AMX tiles and a remainder in one
+chunk, greedy steps after it, and the prompt token by token (the tiny models' whole prompt, the
+bundled models' first page and a bit).
 
 Each path computes every value in the scalar reference's order of operations (runtime_c/vec_f32.h,
 ref_quant.c), so a token's logits do not depend on the instruction set, as they do not depend on
-the batch. A target this CPU cannot run is skipped, naming the features it lacks.
+the batch. A target this CPU cannot run is skipped, naming the features it lacks. Each library
+says which kernel paths it was compiled with (runtime_c/isa.c), and that set is held to what its
+target's CPU features imply.
 """
 from __future__ import annotations
 
@@ -14,19 +20,64 @@ from gguf import GGMLQuantizationType as Q
 
 import compiler
 from compiler.build import targets as build
+from compiler.build.runtime import runtime_kernels
 from compiler.core.errors import BuildError
 from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
 from synthetic import TinySpec, write_tiny_model
 
 SCALAR = "x86-64"
-TARGETS = [t for t in build.TARGETS if t != SCALAR]
+X86 = [t for t in build.TARGETS if t != SCALAR and build.family(t) == "x86_64"]
+TILE_ROWS = 16  # activation rows of one AMX tile multiply (x8_amx.c AMX_M); fewer rows never reach AMX
+PROMPT_ROWS = 2 * TILE_ROWS + 3  # two tiles, and a remainder the VNNI path takes
+PAGE = 16  # positions a KV page holds: the prompt spans three pages, so a transposed K is read across them
 STEPS = 32
+TINY_IDS = [(37 * i * i + 11 * i + 1) % 250 for i in range(PROMPT_ROWS)]
 
 
-def runnable(target: str) -> None:
+def amx_granted() -> bool:
+    return bool(runtime_kernels(target="amx").lib.kiln_amx(-1))
+
+
+def loadable(target: str) -> None:
     missing = build.missing_features(target)
     if missing:
         pytest.skip(f"this CPU cannot run {target}: it lacks {', '.join(missing)}")
+
+
+def runnable(target: str) -> None:
+    """Loadable, and running the paths it was built for (AMX where Linux grants the tiles)."""
+    loadable(target)
+    if target == "amx" and not amx_granted():
+        pytest.skip("Linux does not grant this process the AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM): "
+                    "the amx build would run its VNNI path, which avx512-vnni tests")
+
+
+def run(m, ids: list[int], steps: int, one_by_one: int) -> dict[str, np.ndarray]:
+    """Logits of the prompt in one chunk, of `steps` greedy steps after it, and of the prompt's first
+    `one_by_one` tokens decoded one at a time into an empty cache."""
+    assert len(ids) >= 2 * TILE_ROWS, "a chunk shorter than two AMX tiles leaves the tiles untested"
+    chunk = m.prefill(ids, logits="all")
+    out, token = [], int(chunk[-1].argmax())
+    for _ in range(steps):
+        out.append(m.decode(token))
+        token = int(out[-1].argmax())
+    got = {"chunk": chunk, "steps": np.stack(out)}
+    if one_by_one:
+        m.reset()
+        got["one_by_one"] = np.stack([m.decode(t) for t in ids[:one_by_one]])
+    return got
+
+
+def same_bits(got: dict[str, np.ndarray], want: dict[str, np.ndarray], where: str) -> None:
+    """Each part of `got` is `want`'s bit for bit; a one-by-one run is held to the chunk's rows where
+    `want` has none (the scalar build is batch invariant: test_the_scalar_build_is_batch_invariant)."""
+    for part, a in got.items():
+        of, b = (part, want[part]) if part in want else ("chunk", want["chunk"][:len(a)])
+        bad = np.flatnonzero((a.view(np.uint32) != b.view(np.uint32)).any(axis=1))
+        if bad.size:
+            rows = bad.tolist()[:8]
+            pytest.fail(f"{where}: {part} differs from the scalar build's {of} at rows {rows}, by up to "
+                        f"{np.abs(a[rows] - b[rows]).max():.3g}")
 
 
 @pytest.fixture(scope="module")
@@ -36,28 +87,9 @@ def golden_model(tmp_path_factory):
                             TinySpec(arch="llama", wtype=Q.Q8_0))
 
 
-def tiny_run(path, target: str) -> dict[str, np.ndarray]:
-    """A prompt's logits in one chunk and token by token, then 32 greedy steps' logits."""
-    m = compiler.load(path, ctx=64, prefill_chunk=16, target=target)
-    ids = [1, 5, 9, 44, 100, 200, 31, 7, 250, 3, 66]
-    chunk = m.prefill(ids, logits="all")
-    m.reset()
-    one_by_one = np.stack([m.decode(t) for t in ids])
-    steps, token = [], int(chunk[-1].argmax())
-    for _ in range(STEPS):
-        steps.append(m.decode(token))
-        token = int(steps[-1].argmax())
-    return {"chunk": chunk, "one_by_one": one_by_one, "steps": np.stack(steps)}
-
-
-def smollm2_tokens(path, target: str) -> list[int]:
-    m = compiler.load(path, ctx=256, target=target)
-    ids = m.tokenize("Once upon a time, in a small village,")
-    logits, out = m.prefill(ids), []
-    for _ in range(STEPS):
-        out.append(int(logits.argmax()))
-        logits = m.decode(out[-1])
-    return out
+def tiny_run(path, target: str, isa: str | None = None) -> dict[str, np.ndarray]:
+    m = compiler.load(path, ctx=PROMPT_ROWS + STEPS, prefill_chunk=64, page_size=PAGE, target=target, isa=isa)
+    return run(m, TINY_IDS, STEPS, len(TINY_IDS))
 
 
 @pytest.fixture(scope="module")
@@ -65,26 +97,20 @@ def scalar_tiny(golden_model):
     return tiny_run(golden_model, SCALAR)
 
 
-@pytest.fixture(scope="module")
-def scalar_smollm2(smollm2):
-    return smollm2_tokens(smollm2, SCALAR)
-
-
 def test_the_scalar_build_is_batch_invariant(scalar_tiny):
     np.testing.assert_array_equal(scalar_tiny["chunk"], scalar_tiny["one_by_one"])
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", X86)
 def test_golden_model_logits_are_the_scalar_builds_bit_for_bit(golden_model, scalar_tiny, target):
     runnable(target)
-    got = tiny_run(golden_model, target)
-    for part in ("chunk", "one_by_one", "steps"):
-        np.testing.assert_array_equal(got[part], scalar_tiny[part], err_msg=f"{target}: {part}")
+    same_bits(tiny_run(golden_model, target), scalar_tiny, f"tiny llama on {target}")
 
 
 # the new architectures' own code that has SIMD spellings: the soft-capped scores and logits
-# (tanh), and the scaled ropes and fused weights they run beside; the experts (moe.c: x8 tiles or GGUF rows by target)
-FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe"]
+# (tanh), and the scaled ropes and fused weights they run beside; the experts (moe.c: x8 tiles or
+# GGUF rows by target), routed by softmax and renormalized (qwen3moe) or as they are (olmoe)
+FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe", "olmoe"]
 
 
 @pytest.fixture(scope="module")
@@ -98,19 +124,50 @@ def feature_runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", X86)
 def test_new_architectures_logits_are_the_scalar_builds_bit_for_bit(feature_runs, target):
     runnable(target)
     for name, (path, scalar) in feature_runs.items():
-        got = tiny_run(path, target)
-        for part in ("chunk", "one_by_one", "steps"):
-            np.testing.assert_array_equal(got[part], scalar[part], err_msg=f"{name} on {target}: {part}")
+        same_bits(tiny_run(path, target), scalar, f"{name} on {target}")
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_smollm2_greedy_tokens_are_the_scalar_builds(smollm2, scalar_smollm2, target):
+# The bundled models: SmolLM2 (Q8_0, Q4_1) and Gemma 3 (Q4_K, Q5_0, Q6_K, Q8_0; 262k-token logits),
+# with each cache dtype. Their scalar builds take a third of a second a token, so each (model,
+# cache) runs there once, as a chunk and a few steps, for every target; and token by token only
+# as far as a second KV page, which the chunk's rows stand for in the scalar build.
+MODELS = ("smollm2", "gemma3")
+CACHES = ("f32", "f16", "q8_0", "q4_0")
+TEXT = ("Once upon a time, in a small village at the foot of the mountains, there lived an old "
+        "clockmaker who had never once left the valley, and every morning he")
+REAL_PROMPT, REAL_ONE_BY_ONE, REAL_STEPS = 2 * TILE_ROWS + 1, PAGE + 2, 3
+
+
+def real_run(path, target: str, cache: str, isa: str | None = None, one_by_one: int = REAL_ONE_BY_ONE):
+    m = compiler.load(path, ctx=64, kv_dtype=cache, prefill_chunk=64, page_size=PAGE, target=target, isa=isa)
+    ids = m.tokenize(TEXT)[:REAL_PROMPT]
+    return run(m, ids, REAL_STEPS, one_by_one)
+
+
+@pytest.fixture(scope="module")
+def scalar_real(request):
+    """(model fixture name, cache) -> the scalar build's chunk and steps, run once for the module."""
+    runs = {}
+
+    def get(model: str, cache: str) -> dict[str, np.ndarray]:
+        if (model, cache) not in runs:
+            runs[model, cache] = real_run(request.getfixturevalue(model), SCALAR, cache, one_by_one=0)
+        return runs[model, cache]
+    return get
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("target", X86)
+def test_bundled_models_logits_are_the_scalar_builds_bit_for_bit(request, scalar_real, target, model, cache):
+    """Full logits, not greedy tokens: a value one ulp off moves no argmax but shows here."""
     runnable(target)
-    assert smollm2_tokens(smollm2, target) == scalar_smollm2
+    got = real_run(request.getfixturevalue(model), target, cache)
+    same_bits(got, scalar_real(model, cache), f"{model} on {target}, {cache} KV cache")
 
 
 def test_a_target_this_cpu_lacks_is_refused_by_name(monkeypatch, golden_model):
@@ -124,17 +181,58 @@ def test_an_unknown_target_is_refused_by_name(golden_model):
         compiler.load(golden_model, ctx=64, target="pentium4")
 
 
-@pytest.mark.parametrize("isa", ["no-amx", "no-vnni", "no-avx512"])
-def test_an_isa_switch_leaves_a_path_out_and_keeps_the_bits(golden_model, scalar_tiny, isa):
-    """--isa builds native without some extensions, so every path runs on one CPU: the kernel set it
-    reports loses them, and the logits stay the scalar build's."""
-    full, less = build.kernel_set(False, "native"), build.kernel_set(False, "native", build.isa_switch(isa))
-    lost = {"no-amx": "AMX", "no-vnni": "VNNI", "no-avx512": "VNNI"}[isa]
-    assert lost not in less and (lost in full or full == less)
-    m = compiler.load(golden_model, ctx=64, prefill_chunk=16, isa=isa)
-    assert isa in m.compiled.extension.isa
-    np.testing.assert_array_equal(m.prefill([1, 5, 9, 44, 100, 200, 31, 7, 250, 3, 66], logits="all"),
-                                  scalar_tiny["chunk"])
+def implied_paths(features: frozenset[str]) -> set[str]:
+    """The kernel paths (isa.h's KILN_HAVE_*) a CPU with these features (archspec's words) should
+    get: worked out from what the CPU is, not from the compiler flags a build was given."""
+    avx2 = {"avx2", "fma", "f16c"} <= features
+    vnni = {"avx512_vnni", "avx512vl", "avx512bw"} <= features
+    paths = {"KILN_HAVE_AVX2": avx2, "KILN_HAVE_AVX512": "avx512f" in features, "KILN_HAVE_X8_AVX2": avx2 and not vnni,
+             "KILN_HAVE_VNNI": vnni, "KILN_HAVE_AMX": vnni and {"amx_tile", "amx_int8"} <= features}
+    return {p for p, on in paths.items() if on}
+
+
+def reported(target: str, isa: tuple[str, ...] = ()) -> set[str]:
+    return set(build.kernels_reported(runtime_kernels(target=target, isa=isa)))
+
+
+@pytest.mark.parametrize("target", [SCALAR, *X86])
+def test_each_targets_library_holds_the_kernels_its_target_implies(target):
+    """x86-64 and -v2: the scalar references alone; -v3: AVX2; -v4: AVX2 and AVX-512 attention;
+    avx512-vnni: VNNI on the x8 layout; amx: AMX tiles too; native: what this CPU has. The library
+    says it (isa.c), and kiln compile and kiln bench print the same (kernel_set)."""
+    loadable(target)
+    got, want = reported(target), implied_paths(build.target_features(target))
+    assert got == want, (f"{target}: its library holds {build.describe_kernels(got)}; the target implies "
+                         f"{build.describe_kernels(want)}")
+    printed = build.kernel_set(False, target)
+    assert printed == build.describe_kernels(got), f"{target}: kiln compile and bench print {printed}"
+
+
+# what each switch takes out: the kernel path, its name, and the CPU features it stands for (None:
+# every AVX-512 one)
+ISA_PATHS = {"no-amx": ("KILN_HAVE_AMX", "AMX", {"amx_tile", "amx_int8", "amx_bf16"}),
+             "no-vnni": ("KILN_HAVE_VNNI", "AVX-512 VNNI", {"avx512_vnni", "avx_vnni"}),
+             "no-avx512": ("KILN_HAVE_AVX512", "AVX-512", None)}
+
+
+@pytest.mark.parametrize("isa", ISA_PATHS)
+def test_an_isa_switch_leaves_a_path_out_and_keeps_the_bits(golden_model, scalar_tiny, smollm2, scalar_real, isa):
+    """--isa builds native without some extensions, so every path runs on one CPU: the library it
+    builds holds what this CPU's features imply without them, and the whole run (chunk, token by
+    token, steps) keeps the scalar build's bits. On a CPU whose native build has no such path the
+    switch changes nothing, and says so as a skip."""
+    macro, name, features = ISA_PATHS[isa]
+    if macro not in reported("native"):
+        pytest.skip(f"--isa {isa} changes nothing here: this CPU's native build has no {name} kernels to leave out")
+    host = build.host_features()
+    dropped = {f for f in host if f.startswith("avx512")} if features is None else features
+    got, want = reported("native", (isa,)), implied_paths(host - dropped)
+    assert got == want, (f"--isa {isa}: native's library holds {build.describe_kernels(got)}; without {name} "
+                         f"this CPU implies {build.describe_kernels(want)}")
+    same_bits(tiny_run(golden_model, "native", isa), scalar_tiny, f"tiny llama, native --isa {isa}")
+    for cache in ("f16", "q4_0"):
+        same_bits(real_run(smollm2, "native", cache, isa), scalar_real("smollm2", cache),
+                  f"smollm2, native --isa {isa}, {cache} KV cache")
 
 
 def test_an_unknown_isa_switch_is_refused_by_name(golden_model, monkeypatch):
@@ -168,7 +266,6 @@ def test_x8_kernels_of_each_target_give_the_reference_dots(target):
     reference dot's bits for every (row, output) pair, the weights at their extremes included (a
     weight 15 or 31 or 63 against activations of +-127 is where 16-bit pair sums would overflow)."""
     runnable(target)
-    from compiler.build.runtime import runtime_kernels
     from test_kernels import quantized
 
     K = runtime_kernels(target=target)

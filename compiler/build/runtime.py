@@ -48,14 +48,15 @@ def runtime_library(sanitize: bool = False, target: str = "native", log=lambda s
 
 
 def kernels_cdef() -> str:
-    return header_cdef(RUNTIME_DIR / "constants.h") + "\n" + header_cdef(RUNTIME_DIR / "kernels.h")
+    return "\n".join(header_cdef(RUNTIME_DIR / h) for h in ("constants.h", "kernels.h", "isa.h"))
 
 
 def runtime_kernels(sanitize: bool = False, log=lambda s: None, target: str = "native",
                     isa: tuple[str, ...] = ()) -> ModuleType:
-    """The runtime's kernels alone, for kernel tests and the packer."""
+    """The runtime's kernels alone, for kernel tests and the packer; and what paths the library
+    holds (build/targets.py kernels_reported)."""
     lib, _ = runtime_library(sanitize, target, log, isa)
-    module = load_extension(Extension("runtime", kernels_cdef(), '#include "kernels.h"', libraries=(lib,),
-                                      sanitize=sanitize, target=target, isa=isa), log)
+    module = load_extension(Extension("runtime", kernels_cdef(), '#include "kernels.h"\n#include "isa.h"',
+                                      libraries=(lib,), sanitize=sanitize, target=target, isa=isa), log)
     check_against_runtime(module.lib)
     return module

@@ -156,14 +156,25 @@ def kernel_set(sanitize: bool, target: str = "native", isa: tuple[str, ...] = ()
 
     done = subprocess.run(cc(target) + compile_args(sanitize, target, isa) + ["-E", "-dM", str(RUNTIME_DIR / "isa.h")],
                           capture_output=True, text=True)
-    have = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define KILN_HAVE_")}
-    paths = [what for macro, what in KERNEL_PATHS if macro in have]
-    return ", ".join(paths) or "the scalar references"
+    lines = done.stdout.splitlines()
+    return describe_kernels(line.split()[1] for line in lines if line.startswith("#define KILN_HAVE_"))
+
+
+def kernels_reported(runtime) -> tuple[str, ...]:
+    """The KILN_HAVE_* paths a loaded runtime (build/runtime.py runtime_kernels) says its objects
+    were compiled with (isa.c): kernel_set's answer, unless the library was built with other flags."""
+    return tuple(runtime.ffi.string(runtime.lib.kiln_kernel_paths()).decode().split())
+
+
+def describe_kernels(macros) -> str:
+    have = set(macros)
+    return ", ".join(what for macro, what in KERNEL_PATHS if macro in have) or "the scalar references"
 
 
 # isa.h's macros, and what each adds to a build
 KERNEL_PATHS = (
     ("KILN_HAVE_AVX2", "AVX2 on the GGUF layout"),
+    ("KILN_HAVE_AVX512", "AVX-512 in attention"),
     ("KILN_HAVE_X8_AVX2", "AVX2 on the x8 layout"),
     ("KILN_HAVE_VNNI", "AVX-512 VNNI on the x8 layout"),
     ("KILN_HAVE_AMX", "AMX tiles in prefill"),
@@ -182,11 +193,25 @@ def missing_features(target: str) -> list[str]:
         return []
     if cross(target):
         return [f"the {t.family} architecture (this CPU is {host_family()})"]
+    return sorted(target_features(target) - host_features())
+
+
+def target_features(target: str) -> frozenset[str]:
+    """The CPU features a target stands for, in archspec's words: its base's and its extras, or
+    this CPU's for native."""
+    check_target(target)
+    t = TARGETS[target]
+    if t.base is None:
+        return host_features()
     import archspec.cpu
 
-    have = archspec.cpu.detect.detected_info().features
-    want = archspec.cpu.TARGETS[t.base].features | t.extra
-    return sorted(want - have)
+    return frozenset(archspec.cpu.TARGETS[t.base].features | t.extra)
+
+
+def host_features() -> frozenset[str]:
+    import archspec.cpu
+
+    return frozenset(archspec.cpu.detect.detected_info().features)
 
 
 def check_runs_here(target: str) -> None:
