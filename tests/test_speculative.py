@@ -27,7 +27,8 @@ KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]
 PASSAGE = ("The lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp, and wrote in his log "
            "that the sea was calm, the wind was from the west, and no ships had passed since noon.")
 PROMPTS = [f"Copy this sentence exactly.\nSentence: {PASSAGE}\nCopy: {PASSAGE[:40]}",  # input-grounded: drafts hit
-           "Once upon a time, in a small village by the sea,"]  # free: drafts mostly miss
+           "Once upon a time, in a small village by the sea,",  # free: drafts mostly miss
+           "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"]  # the lookup drafts the old digits: they fail
 SIGNIFICANCE = 1e-3  # the sampling tests fail a correct sampler once in a thousand runs
 # One thread a model: two meet at a spinning barrier every step, which on a machine busy with other
 # work waits whenever either is descheduled (the logits do not depend on the thread count).
