@@ -48,7 +48,7 @@ def run(a: argparse.Namespace) -> None:
     import uvicorn
 
     from ..serving.engine import Engine
-    from ..serving.http import ServerConfig
+    from ..serving.http import ServerConfig, h11_header_bound
     from ..serving.server import create_app
     from ..runtime.speculation import Speculation
 
@@ -88,7 +88,7 @@ def run(a: argparse.Namespace) -> None:
     try:
         # h11 bounds a request's header block (count and size together); httptools would not
         uvicorn.run(create_app(engine, config), host=a.host, port=a.port, log_level=a.log_level, http="h11",
-                    h11_max_incomplete_event_size=a.max_header_bytes, limit_concurrency=a.max_connections,
+                    h11_max_incomplete_event_size=h11_header_bound(a.max_header_bytes), limit_concurrency=a.max_connections,
                     timeout_keep_alive=a.keep_alive_timeout, timeout_graceful_shutdown=2)
     finally:
         engine.stop()

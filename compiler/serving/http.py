@@ -44,6 +44,14 @@ class ServerConfig:
         object.__setattr__(self, "hide_cached_tokens", len(self.api_keys) > 1)
 
 
+def h11_header_bound(max_header_bytes: int) -> int:
+    """The bound h11 holds a request's unparsed header block to. h11 past its bound drops the
+    connection while the client is still sending, which the client sees as a reset, not an answer;
+    4x our own bound lets HeaderLimits answer 431 however the block arrives in pieces, and still
+    bounds what one connection can make the server buffer."""
+    return 4 * max_header_bytes
+
+
 class HeaderLimits:
     """ASGI middleware: a request with more than max_headers headers, or more than max_header_bytes
     of them, gets 431 before any route sees it (vLLM's CVE-2025-48956 was the unbounded kind)."""
