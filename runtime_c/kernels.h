@@ -2,7 +2,8 @@
  *
  * Types are GGML type ids (kiln_type). A matmul quantizes its activations once per row
  * into the weight type's activation format, then dots every weight row against them,
- * as llama.cpp does: q4_0/q5_0/q8_0 against q8_0, q4_1/q5_1 against q8_1, floats in f32.
+ * as llama.cpp does: q4_0/q5_0/q8_0, iq4_nl and mxfp4 against q8_0, q4_1/q5_1 against q8_1,
+ * the 256-weight super-block types (K-quants, i-quants, ternary) against q8_K, floats in f32.
  */
 #ifndef KILN_KERNELS_H
 #define KILN_KERNELS_H
@@ -14,8 +15,10 @@
 
 enum kiln_type {
     KILN_F32 = 0, KILN_F16 = 1, KILN_Q4_0 = 2, KILN_Q4_1 = 3, KILN_Q5_0 = 6, KILN_Q5_1 = 7,
-    KILN_Q8_0 = 8, KILN_Q8_1 = 9, KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14, KILN_Q8_K = 15,
-    KILN_BF16 = 30, KILN_TYPE_COUNT = 31
+    KILN_Q8_0 = 8, KILN_Q8_1 = 9, KILN_Q2_K = 10, KILN_Q3_K = 11, KILN_Q4_K = 12, KILN_Q5_K = 13, KILN_Q6_K = 14,
+    KILN_Q8_K = 15, KILN_IQ2_XXS = 16, KILN_IQ2_XS = 17, KILN_IQ3_XXS = 18, KILN_IQ1_S = 19, KILN_IQ4_NL = 20,
+    KILN_IQ3_S = 21, KILN_IQ2_S = 22, KILN_IQ4_XS = 23, KILN_IQ1_M = 29, KILN_BF16 = 30, KILN_TQ1_0 = 34,
+    KILN_TQ2_0 = 35, KILN_MXFP4 = 39, KILN_TYPE_COUNT = 40
 };
 
 /* A weight matrix (or vector): its type, its rows in the GGUF mapping, and its copy interleaved by
@@ -28,6 +31,7 @@ typedef struct {
 
 /* -- quantized weights and activations ----------------------------------------------------- */
 int kiln_type_supported(int type);
+const char *kiln_type_name(int type); /* GGML's name ("Q4_K"), or NULL for a type kiln does not run */
 int kiln_kv_type_supported(int type); /* a KV cache may hold rows of this type */
 /* which of a type's kernels this build has SIMD versions of (the others run the scalar reference,
  * which every SIMD version equals bit for bit) */

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "iq_tables.h"
 #include "isa.h"
 #include "kernels.h"
 #include "quants.h"
@@ -55,6 +56,54 @@ static inline __attribute__((always_inline)) int kiln_b32_of(int type, kiln_b32 
 
 static inline int kiln_is_kquant(int type) { return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K; }
 
+/* IQ4_NL and MXFP4: 32 weights of 4-bit indexes into a table of 16 signed values (iq_tables.h),
+   with an f16 scale (IQ4_NL) or an E8M0 one (MXFP4, at byte 0); their dots are Q8_0's */
+static inline const int8_t *kiln_lut_b32(int type) {
+    return type == KILN_IQ4_NL ? kiln_kvalues_iq4nl : type == KILN_MXFP4 ? kiln_kvalues_mxfp4 : 0;
+}
+static inline int kiln_is_lut_b32(int type) { return type == KILN_IQ4_NL || type == KILN_MXFP4; }
+/* their geometry in kiln_b32's terms (no offset, no minimum, 4 bits), for the rows kernels; the x8
+   layout does not hold them (kiln_b32_of says 0) */
+static inline void kiln_lut_b32_of(int type, kiln_b32 *f) {
+    *f = type == KILN_MXFP4 ? (kiln_b32){sizeof(block_mxfp4), 0, 0, 4, 0, offsetof(block_mxfp4, qs)}
+                            : (kiln_b32){sizeof(block_iq4_nl), 0, 0, 4, 0, offsetof(block_iq4_nl, qs)};
+}
+/* MXFP4's scale: 2^(e - 128), the half that matches its doubled values (gguf-py's e8m0_to_fp32_half) */
+static inline float kiln_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* -- the super-block types read through their unpacked form ---------------------------------- */
+/* A 256-weight super-block of Q2_K, Q3_K, IQ4_XS, IQ2_*, IQ3_*, IQ1_*, TQ1_0 or TQ2_0, as every path
+ * reads it: w_i = d * sc[i / 16] * q_i - dmin * m[i / 16] (m and dmin are 0 but for Q2_K). All but d
+ * and dmin are integers, so a dot's isum = sum_j sc[j] * sum_i q_i y_i is exact on any path, and
+ * its float steps are the K-quants': per super-block, acc = fma(isum, d * y.d, acc), mins =
+ * fma(msum, dmin * y.d, mins), msum = sum_j m[j] * y.bsums[j]; the dot is acc - mins. A type's
+ * factors are written so that d * sc is ggml's own scale product, bit for bit (IQ2's d / 8 times
+ * 2 ls + 1 is ggml's d (0.5 + ls) / 4; IQ1's delta of 1/8 is q = 8 grid +- 1 with d / 8). */
+typedef struct {
+    int8_t q[QK_K];
+    int16_t sc[QK_K / 16];
+    int16_t m[QK_K / 16];
+    float d, dmin;
+} kiln_sb;
+typedef void (*kiln_unpack_fn)(const void *block, kiln_sb *u);
+
+/* the unpacked types, and each one's reference unpacker (ref_sblock.c) and fast one (sb_unpack.c:
+   the same bits, tested so, by SIMD or word tricks where they pay) */
+int kiln_is_sb(int type);
+kiln_unpack_fn kiln_unpack_ref(int type);
+kiln_unpack_fn kiln_unpack_fast(int type);
+#define KILN_SB_TYPES(X) X(q2_K, KILN_Q2_K) X(q3_K, KILN_Q3_K) X(iq4_xs, KILN_IQ4_XS) X(iq2_xxs, KILN_IQ2_XXS) \
+    X(iq2_xs, KILN_IQ2_XS) X(iq2_s, KILN_IQ2_S) X(iq3_xxs, KILN_IQ3_XXS) X(iq3_s, KILN_IQ3_S) X(iq1_s, KILN_IQ1_S) \
+    X(iq1_m, KILN_IQ1_M) X(tq1_0, KILN_TQ1_0) X(tq2_0, KILN_TQ2_0)
+#define KILN_UNPACK_DECL(name, type) void kiln_unpack_##name(const void *block, kiln_sb *u);
+KILN_SB_TYPES(KILN_UNPACK_DECL)
+#undef KILN_UNPACK_DECL
+
 /* -- scalar references (ref_quant.c, ref_kquant.c, kv_quant.c) ------------------------------ */
 #define KILN_REF_WEIGHT(name)                                                   \
     void kiln_ref_dequant_##name(const void *src, float *dst, int n);           \
@@ -70,6 +119,11 @@ KILN_REF_WEIGHT(q8_0)
 KILN_REF_WEIGHT(q4_K)
 KILN_REF_WEIGHT(q5_K)
 KILN_REF_WEIGHT(q6_K)
+KILN_REF_WEIGHT(iq4_nl)
+KILN_REF_WEIGHT(mxfp4)
+#define KILN_REF_SB(name, type) KILN_REF_WEIGHT(name)
+KILN_SB_TYPES(KILN_REF_SB)
+#undef KILN_REF_SB
 #undef KILN_REF_WEIGHT
 void kiln_ref_copy_f32(const float *x, void *dst, int n);
 void kiln_ref_quantize_q8_0(const float *x, void *dst, int n);
@@ -117,6 +171,11 @@ KILN_ROWS_AVX2(q8_0)
 KILN_ROWS_AVX2(q4_K)
 KILN_ROWS_AVX2(q5_K)
 KILN_ROWS_AVX2(q6_K)
+KILN_ROWS_AVX2(iq4_nl)
+KILN_ROWS_AVX2(mxfp4)
+#define KILN_ROWS_SB(name, type) KILN_ROWS_AVX2(name)
+KILN_SB_TYPES(KILN_ROWS_SB)
+#undef KILN_ROWS_SB
 #undef KILN_ROWS_AVX2
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
@@ -139,6 +198,11 @@ KILN_ROWS_NEON(q8_0)
 KILN_ROWS_NEON(q4_K)
 KILN_ROWS_NEON(q5_K)
 KILN_ROWS_NEON(q6_K)
+KILN_ROWS_NEON(iq4_nl)
+KILN_ROWS_NEON(mxfp4)
+#define KILN_ROWS_SB(name, type) KILN_ROWS_NEON(name)
+KILN_SB_TYPES(KILN_ROWS_SB)
+#undef KILN_ROWS_SB
 #undef KILN_ROWS_NEON
 void kiln_quantize_q8_0_neon(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_neon(const float *x, void *dst, int n);

@@ -61,6 +61,13 @@ INLINE __m256 row_halves(const uint8_t *blk, size_t w_row, int nw, size_t at) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
+/* MXFP4's E8M0 scale at byte 0 of the tile's 8 rows, as 8 floats */
+INLINE __m256 row_e8m0(const uint8_t *blk, size_t w_row, int nw) {
+    float d[8];
+    for (int r = 0; r < 8; r++) d[r] = kiln_e8m0_half(blk[(r < nw ? r : nw - 1) * w_row]);
+    return _mm256_loadu_ps(d);
+}
+
 INLINE float half_at(const uint8_t *p) {
     kiln_half h;
     memcpy(&h, p, sizeof h);
@@ -81,7 +88,11 @@ INLINE void store_tile(const int A, const __m256 out[], int nw, float *y, size_t
 INLINE void tile_b32(const int type, const int A, int nb, const uint8_t *w, size_t w_row, int nw, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
+    const int8_t *lut = kiln_lut_b32(type); /* IQ4_NL, MXFP4: nibbles index signed values */
+    if (lut) kiln_lut_b32_of(type, &f);
+    else kiln_b32_of(type, &f);
+    const __m256i table = lut ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut)) : _mm256_setzero_si256();
+    const int is_signed = f.bits == 8 || lut;
     const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
     __m256 acc[TILE_A], mins[TILE_A];
     for (int c = 0; c < A; c++) acc[c] = mins[c] = _mm256_setzero_ps();
@@ -92,15 +103,17 @@ INLINE void tile_b32(const int type, const int A, int nb, const uint8_t *w, size
             const uint8_t *x = blk + (r < nw ? r : nw - 1) * w_row;
             if (f.bits == 8) u[r] = _mm256_loadu_si256((const __m256i *)(x + f.qs_at)); /* q, signed */
             else if (f.qh_at) u[r] = _mm256_or_si256(nibbles(x + f.qs_at), fifth_bits(x + f.qh_at));
+            else if (lut) u[r] = _mm256_shuffle_epi8(table, nibbles(x + f.qs_at));
             else u[r] = nibbles(x + f.qs_at);
         }
-        const __m256 d = row_halves(blk, w_row, nw, 0), m = f.has_min ? row_halves(blk, w_row, nw, 2) : d;
+        const __m256 d = type == KILN_MXFP4 ? row_e8m0(blk, w_row, nw) : row_halves(blk, w_row, nw, 0);
+        const __m256 m = f.has_min ? row_halves(blk, w_row, nw, 2) : d;
         for (int c = 0; c < A; c++) {
             const uint8_t *ab = act + c * a_row + (size_t)b * a_bytes;
             const __m256i ys = _mm256_loadu_si256((const __m256i *)(ab + q_at));
             __m256i p[8];
             for (int r = 0; r < 8; r++)
-                p[r] = f.bits == 8 ? dot_u8s8(_mm256_sign_epi8(u[r], u[r]), _mm256_sign_epi8(ys, u[r]))
+                p[r] = is_signed ? dot_u8s8(_mm256_sign_epi8(u[r], u[r]), _mm256_sign_epi8(ys, u[r]))
                                    : dot_u8s8(u[r], ys);
             __m256i isum = reduce8_i32(p);
             if (f.offset && f.bits != 8) { /* sum((u - offset) y) = sum(u y) - offset sum(y) */
@@ -230,6 +243,8 @@ ROWS_FOR(q8_0, KILN_Q8_0)
 ROWS_FOR(q4_K, KILN_Q4_K)
 ROWS_FOR(q5_K, KILN_Q5_K)
 ROWS_FOR(q6_K, KILN_Q6_K)
+ROWS_FOR(iq4_nl, KILN_IQ4_NL)
+ROWS_FOR(mxfp4, KILN_MXFP4)
 
 void kiln_rows_f32_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
                         float *y, size_t y_row) {

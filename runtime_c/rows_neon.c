@@ -28,8 +28,14 @@ INLINE uint8x16_t fifth_bits(uint32_t bits) {
     return vandq_u8(vtstq_u8(spread, bit), vdupq_n_u8(0x10));
 }
 
+/* MXFP4's E8M0 scale at byte 0 of each of 4 rows, as 4 floats */
+INLINE float32x4_t e8m0_4(const uint8_t *const x[4]) {
+    const float d[4] = {kiln_e8m0_half(x[0][0]), kiln_e8m0_half(x[1][0]), kiln_e8m0_half(x[2][0]), kiln_e8m0_half(x[3][0])};
+    return vld1q_f32(d);
+}
+
 /* a block's 32 weights as signed bytes q: weights 0..15 in lo, 16..31 in hi */
-INLINE void block_weights(const kiln_b32 *f, const uint8_t *x, int8x16_t *lo, int8x16_t *hi) {
+INLINE void block_weights(const kiln_b32 *f, const int8_t *lut, const uint8_t *x, int8x16_t *lo, int8x16_t *hi) {
     if (f->bits == 8) { /* Q8_0 stores q itself */
         *lo = vld1q_s8((const int8_t *)(x + f->qs_at));
         *hi = vld1q_s8((const int8_t *)(x + f->qs_at + 16));
@@ -37,6 +43,12 @@ INLINE void block_weights(const kiln_b32 *f, const uint8_t *x, int8x16_t *lo, in
     }
     const uint8x16_t p = vld1q_u8(x + f->qs_at);
     uint8x16_t l = vandq_u8(p, vdupq_n_u8(0x0F)), h = vshrq_n_u8(p, 4);
+    if (lut) { /* IQ4_NL, MXFP4: the nibbles index signed values */
+        const int8x16_t table = vld1q_s8(lut);
+        *lo = vqtbl1q_s8(table, l);
+        *hi = vqtbl1q_s8(table, h);
+        return;
+    }
     if (f->qh_at) {
         uint32_t bits;
         memcpy(&bits, x + f->qh_at, sizeof bits);
@@ -53,7 +65,9 @@ INLINE void block_weights(const kiln_b32 *f, const uint8_t *x, int8x16_t *lo, in
 INLINE void tile_b32(const int type, const int A, int nb, const uint8_t *w, size_t w_row, int nw,
                      const uint8_t *act, size_t a_row, float *y, size_t y_row) {
     kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
+    const int8_t *lut = kiln_lut_b32(type);
+    if (lut) kiln_lut_b32_of(type, &f);
+    else kiln_b32_of(type, &f);
     const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
     const int32x4_t zero = vdupq_n_s32(0);
     const uint8_t *x[TILE_W];
@@ -65,9 +79,10 @@ INLINE void tile_b32(const int type, const int A, int nb, const uint8_t *w, size
         int8x16_t lo[TILE_W], hi[TILE_W];
         for (int r = 0; r < TILE_W; r++) {
             xb[r] = x[r] + (size_t)b * f.block_bytes;
-            block_weights(&f, xb[r], &lo[r], &hi[r]);
+            block_weights(&f, lut, xb[r], &lo[r], &hi[r]);
         }
-        const float32x4_t d = kiln_halves4(xb, 0), m = f.has_min ? kiln_halves4(xb, 2) : d;
+        const float32x4_t d = type == KILN_MXFP4 ? e8m0_4(xb) : kiln_halves4(xb, 0);
+        const float32x4_t m = f.has_min ? kiln_halves4(xb, 2) : d;
         const uint8_t *ab[TILE_A];
         int8x16_t ylo[TILE_A], yhi[TILE_A];
         for (int c = 0; c < A; c++) {
@@ -122,6 +137,8 @@ ROWS_FOR(q4_1, KILN_Q4_1)
 ROWS_FOR(q5_0, KILN_Q5_0)
 ROWS_FOR(q5_1, KILN_Q5_1)
 ROWS_FOR(q8_0, KILN_Q8_0)
+ROWS_FOR(iq4_nl, KILN_IQ4_NL)
+ROWS_FOR(mxfp4, KILN_MXFP4)
 
 void kiln_rows_f32_neon(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
                         float *y, size_t y_row) {

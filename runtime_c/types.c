@@ -11,6 +11,7 @@
 #include "quant_impl.h"
 
 typedef struct {
+    const char *name;   /* GGML's */
     int block;          /* elements per block */
     size_t block_bytes; /* bytes per block */
     int act_type;       /* the format its activations are quantized to for the dot */
@@ -31,26 +32,34 @@ typedef struct {
 #endif
 
 static const type_traits TYPES[KILN_TYPE_COUNT] = {
-    [KILN_F32] = {1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, SIMD(kiln_rows_f32)},
-    [KILN_F16] = {1, 2, KILN_F32, kiln_ref_dequant_f16, kiln_ref_dot_f16, kiln_ref_quantize_f16, NULL,
+    [KILN_F32] = {"F32", 1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, SIMD(kiln_rows_f32)},
+    [KILN_F16] = {"F16", 1, 2, KILN_F32, kiln_ref_dequant_f16, kiln_ref_dot_f16, kiln_ref_quantize_f16, NULL,
                   SIMD(kiln_dequant_f16)},
-    [KILN_BF16] = {1, 2, KILN_F32, kiln_ref_dequant_bf16, kiln_ref_dot_bf16},
-    [KILN_Q4_0] = {QK4_0, sizeof(block_q4_0), KILN_Q8_0, kiln_ref_dequant_q4_0, kiln_ref_dot_q4_0,
+    [KILN_BF16] = {"BF16", 1, 2, KILN_F32, kiln_ref_dequant_bf16, kiln_ref_dot_bf16},
+    [KILN_Q4_0] = {"Q4_0", QK4_0, sizeof(block_q4_0), KILN_Q8_0, kiln_ref_dequant_q4_0, kiln_ref_dot_q4_0,
                    kiln_ref_quantize_q4_0, SIMD(kiln_rows_q4_0)},
-    [KILN_Q4_1] = {QK4_1, sizeof(block_q4_1), KILN_Q8_1, kiln_ref_dequant_q4_1, kiln_ref_dot_q4_1,
+    [KILN_Q4_1] = {"Q4_1", QK4_1, sizeof(block_q4_1), KILN_Q8_1, kiln_ref_dequant_q4_1, kiln_ref_dot_q4_1,
                    kiln_ref_quantize_q4_1, SIMD(kiln_rows_q4_1)},
-    [KILN_Q5_0] = {QK5_0, sizeof(block_q5_0), KILN_Q8_0, kiln_ref_dequant_q5_0, kiln_ref_dot_q5_0,
+    [KILN_Q5_0] = {"Q5_0", QK5_0, sizeof(block_q5_0), KILN_Q8_0, kiln_ref_dequant_q5_0, kiln_ref_dot_q5_0,
                    kiln_ref_quantize_q5_0, SIMD(kiln_rows_q5_0)},
-    [KILN_Q5_1] = {QK5_1, sizeof(block_q5_1), KILN_Q8_1, kiln_ref_dequant_q5_1, kiln_ref_dot_q5_1, NULL,
+    [KILN_Q5_1] = {"Q5_1", QK5_1, sizeof(block_q5_1), KILN_Q8_1, kiln_ref_dequant_q5_1, kiln_ref_dot_q5_1, NULL,
                    SIMD(kiln_rows_q5_1)},
-    [KILN_Q8_0] = {QK8_0, sizeof(block_q8_0), KILN_Q8_0, kiln_ref_dequant_q8_0, kiln_ref_dot_q8_0,
+    [KILN_Q8_0] = {"Q8_0", QK8_0, sizeof(block_q8_0), KILN_Q8_0, kiln_ref_dequant_q8_0, kiln_ref_dot_q8_0,
                    kiln_ref_quantize_q8_0, SIMD(kiln_rows_q8_0), SIMD(kiln_dequant_q8_0)},
-    [KILN_Q4_K] = {QK_K, sizeof(block_q4_K), KILN_Q8_K, kiln_ref_dequant_q4_K, kiln_ref_dot_q4_K, NULL,
+    [KILN_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), KILN_Q8_K, kiln_ref_dequant_q4_K, kiln_ref_dot_q4_K, NULL,
                    SIMD(kiln_rows_q4_K)},
-    [KILN_Q5_K] = {QK_K, sizeof(block_q5_K), KILN_Q8_K, kiln_ref_dequant_q5_K, kiln_ref_dot_q5_K, NULL,
+    [KILN_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K), KILN_Q8_K, kiln_ref_dequant_q5_K, kiln_ref_dot_q5_K, NULL,
                    SIMD(kiln_rows_q5_K)},
-    [KILN_Q6_K] = {QK_K, sizeof(block_q6_K), KILN_Q8_K, kiln_ref_dequant_q6_K, kiln_ref_dot_q6_K, NULL,
+    [KILN_Q6_K] = {"Q6_K", QK_K, sizeof(block_q6_K), KILN_Q8_K, kiln_ref_dequant_q6_K, kiln_ref_dot_q6_K, NULL,
                    SIMD(kiln_rows_q6_K)},
+    [KILN_IQ4_NL] = {"IQ4_NL", 32, sizeof(block_iq4_nl), KILN_Q8_0, kiln_ref_dequant_iq4_nl, kiln_ref_dot_iq4_nl, NULL,
+                     SIMD(kiln_rows_iq4_nl)},
+    [KILN_MXFP4] = {"MXFP4", QK_MXFP4, sizeof(block_mxfp4), KILN_Q8_0, kiln_ref_dequant_mxfp4, kiln_ref_dot_mxfp4, NULL,
+                    SIMD(kiln_rows_mxfp4)},
+#define SB_ENTRY(name, type) \
+    [type] = {#type + 5, QK_K, sizeof(block_##name), KILN_Q8_K, kiln_ref_dequant_##name, kiln_ref_dot_##name, NULL, SIMD(kiln_rows_##name)},
+    KILN_SB_TYPES(SB_ENTRY)
+#undef SB_ENTRY
 };
 
 /* Activation formats: how a row of f32 activations is stored for a dot. */
@@ -71,6 +80,8 @@ static kiln_quant_fn act_quantizer(int type) {
 }
 
 int kiln_type_supported(int type) { return type >= 0 && type < KILN_TYPE_COUNT && TYPES[type].dot != NULL; }
+
+const char *kiln_type_name(int type) { return kiln_type_supported(type) ? TYPES[type].name : NULL; }
 
 int kiln_simd_kernels(int type) {
     if (!kiln_type_supported(type)) return 0;

@@ -8,10 +8,13 @@ from gguf import GGML_QUANT_SIZES, quants
 
 from compiler.build.runtime import runtime_kernels
 
+from compiler.core.dtypes import RUNTIME_DTYPES, act_row_bytes
+
 K = runtime_kernels()
 ffi, lib = K.ffi, K.lib
-BLOCK_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+BLOCK_TYPES = [d.value for d in RUNTIME_DTYPES]  # the one table of types (compiler/core/dtypes.py)
 K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+Q8_K_TYPES = tuple(d.value for d in RUNTIME_DTYPES if act_row_bytes(d, 256) == 292)  # dotted against q8_K
 # byte offsets of the f16 scales in each K-quant block (d, dmin) or (d,)
 K_SCALE_AT = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
@@ -30,9 +33,44 @@ def random_k_blocks(rng, rows: int, n: int, t: Q) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def sane(raw: np.ndarray, t: Q, limit: float = 1e6) -> np.ndarray:
+    """Which blocks (rows of raw) gguf dequantizes to finite weights no larger than limit."""
+    with np.errstate(all="ignore"):
+        w = quants.dequantize(raw, t).reshape(len(raw), -1)
+    return np.isfinite(w).all(axis=1) & (np.abs(w).max(axis=1) <= limit)
+
+
+def random_blocks(rng, rows: int, n: int, t: Q) -> np.ndarray:
+    """Random bytes for the types gguf cannot quantize, drawn again wherever a random f16 scale made
+    a block non-finite or huge: every index, sign and scale bit pattern, without knowing where the
+    type keeps them."""
+    block, size = GGML_QUANT_SIZES[t]
+    raw = rng.integers(0, 256, (rows * n // block, size), dtype=np.uint8)
+    while not (ok := sane(raw, t)).all():
+        raw[~ok] = rng.integers(0, 256, (int((~ok).sum()), size), dtype=np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def extreme_blocks(rng, t: Q, count: int = 8) -> np.ndarray:
+    """Blocks pushed to their extremes: from a random block, every byte in a random order is set to
+    0xFF (or 0x00) wherever the block stays finite, so the largest indexes, scales and signs meet."""
+    block, size = GGML_QUANT_SIZES[t]
+    out = random_blocks(rng, count, block, t).reshape(count, size)
+    for i in range(count):
+        for at in rng.permutation(size):
+            trial = out[i:i + 1].copy()
+            trial[0, at] = 0xFF if i % 2 == 0 else 0x00
+            if sane(trial, t)[0]:
+                out[i] = trial[0]
+    return out
+
+
 def quantized(rng, rows: int, n: int, t: Q) -> tuple[np.ndarray, np.ndarray]:
     if t in K_TYPES:
         raw = random_k_blocks(rng, rows, n, t)
+        return quants.dequantize(raw, t).reshape(rows, n), raw
+    if t in Q8_K_TYPES or t is Q.IQ4_NL:  # gguf-py dequantizes these but has no quantizer
+        raw = random_blocks(rng, rows, n, t)
         return quants.dequantize(raw, t).reshape(rows, n), raw
     x = (rng.standard_normal((rows, n)) * rng.uniform(0.01, 3.0, (rows, 1))).astype(np.float32)
     raw = x if t is Q.F32 else quants.quantize(x, t)
@@ -43,7 +81,7 @@ def act_values(t: Q, act: np.ndarray, n: int) -> np.ndarray:
     """Decode the activation row a dot product sees, independently of the C code."""
     if t in (Q.F32, Q.F16, Q.BF16):
         return act.view(np.float32)
-    if t in K_TYPES:  # q8_K: f32 d, 256 x int8, 16 x int16 sums
+    if t in Q8_K_TYPES:  # q8_K: f32 d, 256 x int8, 16 x int16 sums
         blocks = act.reshape(-1, 292)
         d = blocks[:, :4].copy().view(np.float32)
         return (d * blocks[:, 4:260].view(np.int8)).reshape(n)
@@ -113,6 +151,31 @@ def test_vec_dot_against_dequantized_numpy(t):
         got = lib.kiln_vec_dot(int(t), n, ptr(w[r]), ptr(act))
         want = float(wf[r].astype(np.float64) @ a) + min_term_rounding(t, w[r], act)
         assert got == pytest.approx(want, rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if t not in (Q.F32, Q.F16, Q.BF16)], ids=lambda t: t.name)
+def test_extreme_blocks_dequantize_and_dot_as_gguf_and_the_reference(t):
+    """Blocks at their extremes (largest indexes and scales, all signs, or all zero bits) dequantize
+    to gguf's values; the dispatched dot equals the reference's bits and the reference the float64
+    dot of gguf's weights (to the rounding of the float steps)."""
+    rng = np.random.default_rng(500 + int(t))
+    block = GGML_QUANT_SIZES[t][0]
+    n = max(block, 256)
+    raw = extreme_blocks(rng, t, 16 * n // block).reshape(16, -1)
+    got = np.zeros((16, n), np.float32)
+    for r in range(16):
+        lib.kiln_dequantize_row(int(t), ptr(raw[r]), ptr(got[r], "float *"), n)
+    wf = quants.dequantize(raw, t).reshape(16, n)
+    np.testing.assert_array_equal(got, wf)
+    x = rng.standard_normal(n).astype(np.float32) * 7
+    act = np.zeros(lib.kiln_act_row_bytes(int(t), n), np.uint8)
+    lib.kiln_quantize_act(int(t), ptr(x), ptr(act), n)
+    a = act_values(t, act, n).astype(np.float64)
+    for r in range(16):
+        fast, ref = lib.kiln_vec_dot(int(t), n, ptr(raw[r]), ptr(act)), lib.kiln_vec_dot_ref(int(t), n, ptr(raw[r]), ptr(act))
+        assert np.float32(fast).tobytes() == np.float32(ref).tobytes(), f"row {r}: {fast!r} != {ref!r}"
+        exact = float(wf[r].astype(np.float64) @ a) + min_term_rounding(t, raw[r], act)
+        assert ref == pytest.approx(exact, rel=1e-5, abs=1e-6 * float(np.abs(wf[r]).astype(np.float64) @ np.abs(a)))
 
 
 def test_q8_K_block_sums():
@@ -422,9 +485,10 @@ def test_the_simd_twins_this_build_has(capsys):
     names = {kind: [t.name for t in _with_twin(getattr(lib, f"KILN_SIMD_{kind}"))] for kind in ("DOT", "DEQUANT", "ACT")}
     with capsys.disabled():
         print("\nSIMD twins in this build: " + "; ".join(f"{k.lower()}: {', '.join(v) or '-'}" for k, v in names.items()))
-    if "Q8_0" in names["DOT"]:  # an AVX2 build: every twin types.c's table lists is in it
-        assert set(names["DOT"]) == {"F32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
-        assert set(names["DEQUANT"]) == {"F16", "Q8_0"} and set(names["ACT"]) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+    if "Q8_0" in names["DOT"]:  # a SIMD build: every type but the 16-bit floats has its dot's twin
+        quantized_types = {t.name for t in BLOCK_TYPES} - {"F32", "F16", "BF16"}
+        assert set(names["DOT"]) == quantized_types | {"F32"}
+        assert set(names["DEQUANT"]) == {"F16", "Q8_0"} and set(names["ACT"]) == quantized_types
 
 
 @pytest.mark.parametrize("t", _with_twin(lib.KILN_SIMD_DOT), ids=lambda t: t.name)
@@ -468,8 +532,7 @@ def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
     return act
 
 
-@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.F32],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if t is not Q.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,rows", [(1, 1), (7, 1), (12, 3), (37, 9)])
 def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     """The matmul (tiles of 8 weight rows where built) against the scalar reference dot of every

@@ -58,5 +58,5 @@ def runtime_kernels(sanitize: bool = False, log=lambda s: None, target: str = "n
     lib, _ = runtime_library(sanitize, target, log, isa)
     module = load_extension(Extension("runtime", kernels_cdef(), '#include "kernels.h"\n#include "isa.h"',
                                       libraries=(lib,), sanitize=sanitize, target=target, isa=isa), log)
-    check_against_runtime(module.lib)
+    check_against_runtime(module.ffi, module.lib)
     return module

@@ -27,6 +27,20 @@ class DType(Enum):
     Q4_K = GGMLQuantizationType.Q4_K
     Q5_K = GGMLQuantizationType.Q5_K
     Q6_K = GGMLQuantizationType.Q6_K
+    Q2_K = GGMLQuantizationType.Q2_K
+    Q3_K = GGMLQuantizationType.Q3_K
+    IQ4_NL = GGMLQuantizationType.IQ4_NL
+    IQ4_XS = GGMLQuantizationType.IQ4_XS
+    IQ3_S = GGMLQuantizationType.IQ3_S
+    IQ3_XXS = GGMLQuantizationType.IQ3_XXS
+    IQ2_S = GGMLQuantizationType.IQ2_S
+    IQ2_XS = GGMLQuantizationType.IQ2_XS
+    IQ2_XXS = GGMLQuantizationType.IQ2_XXS
+    IQ1_M = GGMLQuantizationType.IQ1_M
+    IQ1_S = GGMLQuantizationType.IQ1_S
+    TQ2_0 = GGMLQuantizationType.TQ2_0
+    TQ1_0 = GGMLQuantizationType.TQ1_0
+    MXFP4 = GGMLQuantizationType.MXFP4
     I32 = GGMLQuantizationType.I32
     I8 = GGMLQuantizationType.I8  # raw bytes: kernel scratch
 
@@ -53,9 +67,8 @@ class DType(Enum):
 WEIGHT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if d not in (DType.I32, DType.I8))
 
 
-# Weight types runtime_c has kernels for (its type table; a test holds the two together).
-RUNTIME_DTYPES: tuple[DType, ...] = (DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0,
-                                     DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
+# Weight types runtime_c has kernels for (its type table; a test holds the two together): all of them.
+RUNTIME_DTYPES: tuple[DType, ...] = WEIGHT_DTYPES
 
 
 # Weight types the runtime can interleave by eight rows (runtime_c/x8_pack.c): a matmul on
@@ -87,8 +100,9 @@ _ACT_BLOCK: dict[DType, tuple[int, int]] = {
     **{t: (1, 4) for t in (DType.F32, DType.F16, DType.BF16)},
     **{t: (32, 34) for t in (DType.Q4_0, DType.Q5_0, DType.Q8_0)},  # q8_0
     **{t: (32, 36) for t in (DType.Q4_1, DType.Q5_1)},  # q8_1: q8_0 plus d*sum(q)
-    **{t: (256, 292) for t in (DType.Q4_K, DType.Q5_K, DType.Q6_K)},  # q8_K
+    **{t: (32, 34) for t in (DType.IQ4_NL, DType.MXFP4)},  # q8_0, as llama.cpp pairs them
 }
+_ACT_BLOCK.update({t: (256, 292) for t in WEIGHT_DTYPES if t not in _ACT_BLOCK})  # q8_K: every super-block type
 
 
 def act_row_bytes(weight: DType, n: int) -> int:
@@ -118,8 +132,8 @@ def parse_kv_dtype(text: str | DType, option: str = "kv_dtype (--kv-dtype)") -> 
         ) from None
 
 
-def check_against_runtime(lib) -> None:
-    """Raise if this table and the C runtime's (a cffi lib of kernels.h) disagree on any fact."""
+def check_against_runtime(ffi, lib) -> None:
+    """Raise if this table and the C runtime's (a cffi module of kernels.h) disagree on any fact."""
     from .errors import KilnError
 
     n = 256  # a whole number of blocks of every type

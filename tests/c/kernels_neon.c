@@ -52,15 +52,21 @@ static void same(const char *what, int index, const void *a, const void *b, size
     }
 }
 
-static const struct {
-    int type;
-    const char *name;
-} WEIGHTS[] = {{KILN_F32, "F32"},   {KILN_Q4_0, "Q4_0"}, {KILN_Q4_1, "Q4_1"}, {KILN_Q5_0, "Q5_0"},
-               {KILN_Q5_1, "Q5_1"}, {KILN_Q8_0, "Q8_0"}, {KILN_Q4_K, "Q4_K"}, {KILN_Q5_K, "Q5_K"},
-               {KILN_Q6_K, "Q6_K"}};
-
 /* n weights of a row of type: random bytes, with every scale a sane half (a random one could be
- * a NaN or an infinity, whose products say nothing) */
+ * a NaN or an infinity, whose products say nothing); the types after the K-quants are drawn
+ * again, block by block, until the reference dequantizes them to finite weights of at most 1e6 */
+/* weights a block of type holds: 32, or a super-block's 256 (kiln_row_bytes of 32 is then 0) */
+static int block_weights_of(int type) { return kiln_row_bytes(type, 32) ? 32 : QK_K; }
+
+static int sane_block(int type, const uint8_t *blk) {
+    float w[QK_K];
+    const int n = block_weights_of(type);
+    kiln_dequantize_row_ref(type, blk, w, n);
+    for (int i = 0; i < n; i++)
+        if (!(w[i] == w[i]) || w[i] > 1e6f || w[i] < -1e6f) return 0;
+    return 1;
+}
+
 static void random_row(int type, uint8_t *row, int n) {
     if (type == KILN_F32) {
         for (int i = 0; i < n; i++) ((float *)row)[i] = normalish();
@@ -76,6 +82,13 @@ static void random_row(int type, uint8_t *row, int n) {
         return;
     }
     const size_t bb = kiln_row_bytes(type, QK_K);
+    if (!kiln_is_kquant(type)) { /* IQ4_NL and MXFP4 (32 weights a block), the i-quants, Q2_K, ... */
+        const int weights = block_weights_of(type);
+        const size_t block = kiln_row_bytes(type, weights);
+        for (int b = 0; b < n / weights; b++)
+            while (!sane_block(type, row + b * block)) random_bytes(row + b * block, block);
+        return;
+    }
     for (int b = 0; b < n / QK_K; b++) {
         uint8_t *blk = row + b * bb;
         if (type == KILN_Q6_K) put_half(blk + offsetof(block_q6_K, d), 0.001f + 0.01f * uniform());
@@ -87,9 +100,9 @@ static void random_row(int type, uint8_t *row, int n) {
  * row) pair: 13 weight rows (a partial tile), 1 to 5 activation rows (pairs and a lone one) */
 static void check_rows(void) {
     enum { N_W = 13, N_A = 5, N_IN = 768 };
-    for (size_t t = 0; t < sizeof WEIGHTS / sizeof WEIGHTS[0]; t++) {
-        const int type = WEIGHTS[t].type;
-        const int n = kiln_is_kquant(type) ? 2 * QK_K : N_IN;
+    for (int type = 0; type < KILN_TYPE_COUNT; type++) { /* every type of the one table (types.c) */
+        if (!kiln_type_supported(type) || type == KILN_F16 || type == KILN_BF16) continue;
+        const int n = block_weights_of(type) == 32 ? N_IN : 2 * QK_K;
         const size_t w_row = kiln_row_bytes(type, n), a_row = kiln_act_row_bytes(type, n);
         uint8_t *w = malloc(N_W * w_row), *act = malloc(N_A * a_row);
         float x[N_IN], y[N_A * N_W];
@@ -104,10 +117,10 @@ static void check_rows(void) {
             for (int c = 0; c < n_a; c++)
                 for (int r = 0; r < N_W; r++) {
                     const float want = kiln_vec_dot_ref(type, n, w + r * w_row, act + c * a_row);
-                    same(WEIGHTS[t].name, c * N_W + r, &y[c * N_W + r], &want, sizeof want);
+                    same(kiln_type_name(type), c * N_W + r, &y[c * N_W + r], &want, sizeof want);
                 }
         }
-        printf("rows %s: %s\n", WEIGHTS[t].name, failures == before ? "equal" : "DIFFER");
+        printf("rows %s: %s\n", kiln_type_name(type), failures == before ? "equal" : "DIFFER");
         free(w), free(act);
     }
 }
@@ -297,8 +310,8 @@ int main(void) {
     printf(" I8MM");
 #endif
     printf("\nSIMD twins:");
-    for (size_t t = 0; t < sizeof WEIGHTS / sizeof WEIGHTS[0]; t++)
-        if (kiln_simd_kernels(WEIGHTS[t].type) & KILN_SIMD_DOT) printf(" %s", WEIGHTS[t].name);
+    for (int type = 0; type < KILN_TYPE_COUNT; type++)
+        if (kiln_type_supported(type) && kiln_simd_kernels(type) & KILN_SIMD_DOT) printf(" %s", kiln_type_name(type));
     printf("\n");
     check_rows();
     check_act();
