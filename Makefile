@@ -28,9 +28,10 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF $(call ggml_flag,avx,AVX) $(call ggml_flag
 	$(call ggml_flag,avx_vnni,AVX_VNNI) $(call ggml_flag,avx512f,AVX512) \
 	$(call ggml_flag,avx512_vnni,AVX512_VNNI) $(call ggml_flag,avx512vbmi,AVX512_VBMI) \
 	$(call ggml_flag,avx512_bf16,AVX512_BF16)
+# LLAVA_BUILD=OFF: the bindings' multimodal library (mtmd), which no test uses, is a third of the build.
 dev: $(VENV)/.dev-stamp
 $(VENV)/.dev-stamp: $(VENV)/.setup-stamp
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python>=0.3.16'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet --no-cache-dir 'llama-cpp-python>=0.3.16'
 	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $@
 
@@ -58,7 +59,7 @@ LLAMA_AVX2_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON 
 venv-avx2: $(AVX2_VENV)/.stamp
 $(AVX2_VENV)/.stamp: $(VENV)/.dev-stamp
 	rm -rf $(AVX2_VENV) && $(PYTHON) -m venv $(AVX2_VENV)
-	CMAKE_ARGS="$(LLAMA_AVX2_ARGS)" $(AVX2_VENV)/bin/pip install --quiet --no-cache-dir \
+	CMAKE_ARGS="$(LLAMA_AVX2_ARGS) -DLLAVA_BUILD=OFF" $(AVX2_VENV)/bin/pip install --quiet --no-cache-dir \
 	  "llama-cpp-python==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
 	$(AVX2_VENV)/bin/pip install --quiet -e .
 	touch $@

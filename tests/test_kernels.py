@@ -739,3 +739,10 @@ def test_hadamard_blocks_are_sylvesters_orthonormal_matrix():
     back = np.zeros_like(x)
     lib.kiln_hadamard(ptr(back, "float *"), ptr(y, "float *"), x.size)
     np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-5)
+
+
+def test_the_iq_tables_header_is_gguf_pys():
+    """runtime_c/iq_tables.h is what compiler/tools/iq_tables.py writes from gguf-py's tables today."""
+    from compiler.core.paths import RUNTIME_DIR
+    from compiler.tools.iq_tables import header
+    assert (RUNTIME_DIR / "iq_tables.h").read_text() == header()

@@ -296,3 +296,44 @@ def test_x8_kernels_of_each_target_give_the_reference_dots(target):
             want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
                              for r in range(rows)], np.float32)
             np.testing.assert_array_equal(y, want, err_msg=f"{target} {t.name} {n_out}x{rows}")
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "native"])
+def test_gguf_layout_kernels_of_each_target_give_the_reference_dots(target):
+    """Every weight type's matmul on the GGUF layout (rows_avx2.c, rows_sb_avx2.c: vpmaddubsw on
+    x86-64-v3, VNNI's vpdpbusd natively), on random and extreme blocks, one activation row and steps
+    that take the unpack-once tile (3 or more rows): the scalar reference dot's bits for every pair.
+    Dequantization too, where the build has a SIMD dequantizer."""
+    runnable(target)
+    from test_kernels import extreme_blocks, quantized
+
+    K = runtime_kernels(target=target)
+    ffi, lib = K.ffi, K.lib
+
+    def ptr(a, t="void *"):
+        return ffi.cast(t, ffi.from_buffer(a))
+    from compiler.core.dtypes import RUNTIME_DTYPES
+    for t in (d.value for d in RUNTIME_DTYPES if d.value not in (Q.F16, Q.BF16)):
+        block = gguf_block(t)
+        n_in = 512
+        for n_out, rows in [(8, 1), (13, 2), (21, 5)]:
+            rng = np.random.default_rng(1900 + int(t) + n_out + rows)
+            _, w = quantized(rng, n_out, n_in, t)
+            if rows == 5 and t is not Q.F32:
+                w = extreme_blocks(rng, t, n_out * n_in // block).reshape(n_out, -1)
+            x = (rng.standard_normal((rows, n_in)) * 3).astype(np.float32)
+            y = np.zeros((rows, n_out), np.float32)
+            scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+            lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"),
+                            ptr(scratch))
+            act = np.zeros((rows, lib.kiln_act_row_bytes(int(t), n_in)), np.uint8)
+            for r in range(rows):
+                lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), n_in)
+            want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                             for r in range(rows)], np.float32)
+            np.testing.assert_array_equal(y, want, err_msg=f"{target} {t.name} {n_out}x{rows}")
+
+
+def gguf_block(t: Q) -> int:
+    from gguf import GGML_QUANT_SIZES
+    return GGML_QUANT_SIZES[t][0]

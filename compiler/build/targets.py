@@ -150,14 +150,18 @@ def target_identity(sanitize: bool, target: str = "native", isa: tuple[str, ...]
 
 
 def kernel_set(sanitize: bool, target: str = "native", isa: tuple[str, ...] = ()) -> str:
-    """Which kernels a build runs: runtime_c/isa.h's KILN_HAVE_* macros, as the target's flags
-    preprocess them (so even a build this CPU cannot load says)."""
+    """Which kernels a build runs, in words."""
+    return describe_kernels(kernel_macros(sanitize, target, isa))
+
+
+def kernel_macros(sanitize: bool, target: str = "native", isa: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """runtime_c/isa.h's KILN_HAVE_* macros, as the target's flags preprocess them (so even a build
+    this CPU cannot load says)."""
     from ..core.paths import RUNTIME_DIR
 
     done = subprocess.run(cc(target) + compile_args(sanitize, target, isa) + ["-E", "-dM", str(RUNTIME_DIR / "isa.h")],
                           capture_output=True, text=True)
-    lines = done.stdout.splitlines()
-    return describe_kernels(line.split()[1] for line in lines if line.startswith("#define KILN_HAVE_"))
+    return tuple(line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define KILN_HAVE_"))
 
 
 def kernels_reported(runtime) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import sys
 
 from ..core.errors import KilnError
 from ..frontend.registry import BUNDLED, resolve
+from ..tools.synthetic_models import WTYPES
 from .common import DEFAULT_MODEL, add_build_options, add_model_argument, int_list, log
 
 
@@ -128,7 +129,8 @@ def register(sub) -> None:
     p.add_argument("--synthetic", default=None, metavar="SHAPE",
                    help="instead of MODEL, a model of this shape with random weights and SmolLM2's tokenizer, written "
                         "once into $KILN_CACHE/synthetic: llama-1b, llama-3b, llama-8b, qwen3moe-small")
-    p.add_argument("--wtype", default="Q4_0", help="with --synthetic: the matmul weights' type (Q4_0, Q8_0, Q4_K)")
+    p.add_argument("--wtype", default="Q4_0", type=str.upper, choices=list(WTYPES), metavar="TYPE",
+                   help=f"with --synthetic: the matmul weights' type, one of {', '.join(WTYPES)} (default Q4_0)")
     p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: all cores)")
     p.add_argument("--kv-dtype", default="f32", help="KV cache dtype for both engines")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up")

@@ -5,12 +5,13 @@ import argparse
 import shutil
 from pathlib import Path
 
+from ..build.kernel_report import weight_kernels
 from ..build.targets import cc, cross
 from ..core.errors import KilnError
 from ..core.paths import RUNTIME_DIR
 from ..driver import API_HEADERS, compile_c_library, compile_model
 from ..planner.reports.text import render_text
-from .common import add_build_options, add_model_options, add_threads, options, progress
+from .common import add_build_options, add_model_options, add_threads, log, options, progress
 
 
 def run(a: argparse.Namespace) -> None:
@@ -26,6 +27,11 @@ def run(a: argparse.Namespace) -> None:
             with p.stage("cc -shared"):
                 lib = compile_c_library(c, p)
                 p.note(str(lib))
+    ext = c.extension
+    lines = weight_kernels(c.planned.spec, c.planned.graph, ext.sanitize, ext.target, ext.isa, log)
+    log(f"weights by type, and the kernel each runs on ({ext.target}{''.join(f' {n}' for n in ext.isa)}):")
+    for line in lines:
+        log(f"  {line}")
     if not a.output:
         print(lib)
         return

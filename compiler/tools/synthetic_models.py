@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as Q
 
+from ..core.dtypes import WEIGHT_DTYPES
 from ..core.errors import KilnError
 from ..core.files import atomic_path
 from ..core.paths import cache_dir
@@ -28,15 +29,16 @@ SHAPES: dict[str, dict] = {
     "qwen3moe-small": dict(arch="qwen3moe", n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=128,
                            n_ff=768, n_expert=16, n_expert_used=4),
 }
-# Q4_K's blocks are zeros (gguf has no K-quantizer): the kernels' work, and so the speed, is the same
-WTYPES = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "Q4_K": Q.Q4_K}
+# --wtype: every type a GGUF weight may have (core/dtypes.py's table). A type gguf cannot quantize
+# (the K-quants, the IQ types) is written as zero blocks: the kernels' work, and so the speed, is the same
+WTYPES: dict[str, Q] = {d.name: d.value for d in WEIGHT_DTYPES}
 
 
 def synthetic_spec(name: str, wtype: str = "Q4_0") -> TinySpec:
     if name not in SHAPES:
         raise KilnError(f"--synthetic: unknown shape '{name}' (known: {', '.join(SHAPES)})")
     if wtype not in WTYPES:
-        raise KilnError(f"--wtype: '{wtype}' is not one of {', '.join(WTYPES)}")
+        raise KilnError(f"--wtype: '{wtype}' is not a weight type kiln reads; choose one of {', '.join(WTYPES)}")
     shape = SHAPES[name]
     heads = {"token_embd.weight": Q.Q8_0, **({"output.weight": Q.Q8_0} if shape.get("untied") else {})}
     return TinySpec(**shape, wtype=WTYPES[wtype], types=heads, context_length=131072, seed=1,
