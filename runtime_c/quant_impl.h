@@ -163,6 +163,8 @@ static inline void kiln_k4_scales(const uint8_t q[12], int sc[8], int m[8]) {
     void kiln_rows_##name##_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row,   \
                                  int n_a, float *y, size_t y_row);
 KILN_ROWS_AVX2(f32)
+KILN_ROWS_AVX2(f16)
+KILN_ROWS_AVX2(bf16)
 KILN_ROWS_AVX2(q4_0)
 KILN_ROWS_AVX2(q4_1)
 KILN_ROWS_AVX2(q5_0)
@@ -190,6 +192,8 @@ void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
     void kiln_rows_##name##_neon(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row,   \
                                  int n_a, float *y, size_t y_row);
 KILN_ROWS_NEON(f32)
+KILN_ROWS_NEON(f16)
+KILN_ROWS_NEON(bf16)
 KILN_ROWS_NEON(q4_0)
 KILN_ROWS_NEON(q4_1)
 KILN_ROWS_NEON(q5_0)

@@ -253,4 +253,20 @@ void kiln_rows_f32_avx2(int n, const void *w, size_t w_row, int n_w, const void 
             y[c * y_row + r] = kiln_vdot((const float *)((const uint8_t *)w + r * w_row),
                                          (const float *)((const uint8_t *)act + c * a_row), n);
 }
+/* f16 and bf16 rows: KILN_DOT16_REF's order, 8 (or 4) converted at a time */
+void kiln_rows_f16_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
+                        float *y, size_t y_row) {
+    for (int c = 0; c < n_a; c++)
+        for (int r = 0; r < n_w; r++)
+            y[c * y_row + r] = kiln_vdot_f16((const uint16_t *)((const uint8_t *)w + r * w_row),
+                                             (const float *)((const uint8_t *)act + c * a_row), n);
+}
+
+void kiln_rows_bf16_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
+                         float *y, size_t y_row) {
+    for (int c = 0; c < n_a; c++)
+        for (int r = 0; r < n_w; r++)
+            y[c * y_row + r] = kiln_vdot_bf16((const uint16_t *)((const uint8_t *)w + r * w_row),
+                                              (const float *)((const uint8_t *)act + c * a_row), n);
+}
 #endif

@@ -33,9 +33,9 @@ typedef struct {
 
 static const type_traits TYPES[KILN_TYPE_COUNT] = {
     [KILN_F32] = {"F32", 1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, SIMD(kiln_rows_f32)},
-    [KILN_F16] = {"F16", 1, 2, KILN_F32, kiln_ref_dequant_f16, kiln_ref_dot_f16, kiln_ref_quantize_f16, NULL,
+    [KILN_F16] = {"F16", 1, 2, KILN_F32, kiln_ref_dequant_f16, kiln_ref_dot_f16, kiln_ref_quantize_f16, SIMD(kiln_rows_f16),
                   SIMD(kiln_dequant_f16)},
-    [KILN_BF16] = {"BF16", 1, 2, KILN_F32, kiln_ref_dequant_bf16, kiln_ref_dot_bf16},
+    [KILN_BF16] = {"BF16", 1, 2, KILN_F32, kiln_ref_dequant_bf16, kiln_ref_dot_bf16, NULL, SIMD(kiln_rows_bf16)},
     [KILN_Q4_0] = {"Q4_0", QK4_0, sizeof(block_q4_0), KILN_Q8_0, kiln_ref_dequant_q4_0, kiln_ref_dot_q4_0,
                    kiln_ref_quantize_q4_0, SIMD(kiln_rows_q4_0)},
     [KILN_Q4_1] = {"Q4_1", QK4_1, sizeof(block_q4_1), KILN_Q8_1, kiln_ref_dequant_q4_1, kiln_ref_dot_q4_1,

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fp16.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KILN_AVX2 1
 #include <immintrin.h>
@@ -214,34 +216,58 @@ static inline __attribute__((always_inline)) __m256 kiln_load8(const void *p, in
     return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
 }
 
-static inline float kiln_vdot(const float *a, const float *b, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    if (i + 8 <= n) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0), i += 8;
-    float sum = kiln_hsum8(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) sum = fmaf(a[i], b[i], sum);
-    return sum;
+/* 8 bf16 as f32: the bits shifted up, exactly */
+static inline __attribute__((always_inline)) __m256 kiln_load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+static inline __attribute__((always_inline)) __m256 kiln_load8_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* KILN_DOT16_REF's order with a row of T converted 8 at a time by load8 (f32 rows: kiln_vdot) */
+#define KILN_VDOT16(name, T, load8, load1)                                                          \
+    static inline float name(const T *a, const float *b, int n) {                                   \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                  \
+        int i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16) {                                                              \
+            s0 = _mm256_fmadd_ps(load8(a + i), _mm256_loadu_ps(b + i), s0);                          \
+            s1 = _mm256_fmadd_ps(load8(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);                  \
+        }                                                                                           \
+        if (i + 8 <= n) s0 = _mm256_fmadd_ps(load8(a + i), _mm256_loadu_ps(b + i), s0), i += 8;      \
+        float sum = kiln_hsum8(_mm256_add_ps(s0, s1));                                              \
+        for (; i < n; i++) sum = fmaf(load1(a[i]), b[i], sum);                                      \
+        return sum;                                                                                 \
+    }
+KILN_VDOT16(kiln_vdot, float, _mm256_loadu_ps, kiln_f32_value)
+KILN_VDOT16(kiln_vdot_f16, uint16_t, kiln_load8_f16, kiln_fp16_to_fp32)
+KILN_VDOT16(kiln_vdot_bf16, uint16_t, kiln_load8_bf16, kiln_bf16_to_fp32)
 #elif defined(KILN_NEON)
-/* partial sums 0..15 in p[0..3], four a register */
-static inline float kiln_vdot(const float *a, const float *b, int n) {
-    float32x4_t p[4];
-    for (int k = 0; k < 4; k++) p[k] = vdupq_n_f32(0.0f);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 4; k++) p[k] = vfmaq_f32(p[k], vld1q_f32(a + i + 4 * k), vld1q_f32(b + i + 4 * k));
-    if (i + 8 <= n) {
-        for (int k = 0; k < 2; k++) p[k] = vfmaq_f32(p[k], vld1q_f32(a + i + 4 * k), vld1q_f32(b + i + 4 * k));
-        i += 8;
-    }
-    float sum = kiln_hsum4x2(vaddq_f32(p[0], p[2]), vaddq_f32(p[1], p[3]));
-    for (; i < n; i++) sum = fmaf(a[i], b[i], sum);
-    return sum;
+static inline __attribute__((always_inline)) float32x4_t kiln_load4_f16(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }
+static inline __attribute__((always_inline)) float32x4_t kiln_load4_bf16(const uint16_t *p) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
+
+/* partial sums 0..15 in p[0..3], four a register; a row of T converted 4 at a time by load4 */
+#define KILN_VDOT16(name, T, load4, load1)                                                          \
+    static inline float name(const T *a, const float *b, int n) {                                   \
+        float32x4_t p[4];                                                                           \
+        for (int k = 0; k < 4; k++) p[k] = vdupq_n_f32(0.0f);                                       \
+        int i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16)                                                                \
+            for (int k = 0; k < 4; k++) p[k] = vfmaq_f32(p[k], load4(a + i + 4 * k), vld1q_f32(b + i + 4 * k)); \
+        if (i + 8 <= n) {                                                                           \
+            for (int k = 0; k < 2; k++) p[k] = vfmaq_f32(p[k], load4(a + i + 4 * k), vld1q_f32(b + i + 4 * k)); \
+            i += 8;                                                                                 \
+        }                                                                                           \
+        float sum = kiln_hsum4x2(vaddq_f32(p[0], p[2]), vaddq_f32(p[1], p[3]));                     \
+        for (; i < n; i++) sum = fmaf(load1(a[i]), b[i], sum);                                      \
+        return sum;                                                                                 \
+    }
+KILN_VDOT16(kiln_vdot, float, vld1q_f32, kiln_f32_value)
+KILN_VDOT16(kiln_vdot_f16, uint16_t, kiln_load4_f16, kiln_fp16_to_fp32)
+KILN_VDOT16(kiln_vdot_bf16, uint16_t, kiln_load4_bf16, kiln_bf16_to_fp32)
 #else
 static inline float kiln_vdot(const float *a, const float *b, int n) { return kiln_vdot_ref(a, b, n); }
 #endif

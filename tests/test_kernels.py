@@ -485,9 +485,9 @@ def test_the_simd_twins_this_build_has(capsys):
     names = {kind: [t.name for t in _with_twin(getattr(lib, f"KILN_SIMD_{kind}"))] for kind in ("DOT", "DEQUANT", "ACT")}
     with capsys.disabled():
         print("\nSIMD twins in this build: " + "; ".join(f"{k.lower()}: {', '.join(v) or '-'}" for k, v in names.items()))
-    if "Q8_0" in names["DOT"]:  # a SIMD build: every type but the 16-bit floats has its dot's twin
+    if "Q8_0" in names["DOT"]:  # a SIMD build: every type has its dot's twin
         quantized_types = {t.name for t in BLOCK_TYPES} - {"F32", "F16", "BF16"}
-        assert set(names["DOT"]) == quantized_types | {"F32"}
+        assert set(names["DOT"]) == {t.name for t in BLOCK_TYPES}
         assert set(names["DEQUANT"]) == {"F16", "Q8_0"} and set(names["ACT"]) == quantized_types
 
 
@@ -532,7 +532,7 @@ def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
     return act
 
 
-@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if t is not Q.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,rows", [(1, 1), (7, 1), (12, 3), (37, 9)])
 def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     """The matmul (tiles of 8 weight rows where built) against the scalar reference dot of every
