@@ -25,20 +25,77 @@ INLINE __m256i reduce8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+/* With VNNI, vpdpbusd takes the byte products, q + 128 (unsigned) times y, 4 to an int32; the
+   128 y this adds is taken off a sub-block at a time as 128 bsums[j]. The 8 sums of a sub-block
+   pair of each 32 bytes (2k low, 2k + 1 high) are added by vphaddd into the order
+   [0 2 4 6 | 1 3 5 7] of a half of the block; scales and bsums are read into that order. */
+INLINE __m256i dpbusd(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#endif
+}
+
+/* 8 int16 [0..8) -> int32 in the order [0 2 4 6 | 1 3 5 7] */
+INLINE __m256i half_order(const int16_t *v) {
+    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    return _mm256_cvtepi16_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)v), pick));
+}
+
+/* an activation block as the rows' sums read it: its bytes, and 128 bsums in half_order */
+typedef struct {
+    __m256i y[QK_K / 32], b128[2];
+} sb_act;
+
+INLINE void sb_act_of(const block_q8_K *y, sb_act *a) {
+    for (int k = 0; k < QK_K / 32; k++) a->y[k] = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k));
+    for (int h = 0; h < 2; h++) a->b128[h] = _mm256_slli_epi32(half_order(y->bsums + 8 * h), 7);
+}
+
+/* 8 int32 whose sum is the block's isum: sum over sub-blocks j of sc[j] x sum(q y) */
+INLINE __m256i sb_isum(const kiln_sb *u, const sb_act *a) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i p[QK_K / 32];
+    for (int k = 0; k < QK_K / 32; k++)
+        p[k] = dpbusd(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u->q + 32 * k)), flip), a->y[k]);
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i *q = p + 4 * h;
+        const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+        isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_sub_epi32(s, a->b128[h]), half_order(u->sc + 8 * h)));
+    }
+    return isum;
+}
+#else
+typedef struct {
+    const block_q8_K *y;
+} sb_act;
+INLINE void sb_act_of(const block_q8_K *y, sb_act *a) { a->y = y; }
+
 /* 8 int32 whose sum is the block's isum: sum over sub-blocks j of sc[j] x sum(q y). Byte products
    pair into int16 (|q|, |y| <= 127: at most 32258), then scale and pair into int32. */
-INLINE __m256i sb_isum(const kiln_sb *u, const block_q8_K *y) {
+INLINE __m256i sb_isum(const kiln_sb *u, const sb_act *a) {
+    const block_q8_K *y = a->y;
+    /* sub-block 2k's scale in the low 128 bits, 2k + 1's in the high: a byte shuffle of the 8
+       scales of its half of the block, in both lanes */
+    const __m256i half[2] = {_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u->sc)),
+                             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(u->sc + 8)))};
     __m256i isum = _mm256_setzero_si256();
     for (int k = 0; k < QK_K / 32; k++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * k));
         const __m256i yk = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k));
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yk, q));
-        /* sub-block 2k in the low 128 bits, 2k + 1 in the high */
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, scales));
+        const char lo = (char)(4 * (k % 4)), hi = (char)(4 * (k % 4) + 2);
+        const __m256i pick = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+                                              lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                                              hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(half[k / 4], pick)));
     }
     return isum;
 }
+#endif
 
 /* a row's msum: sum over sub-blocks of m[j] x bsums[j] (Q2_K) */
 INLINE int32_t sb_msum(const kiln_sb *u, const block_q8_K *y) {
@@ -55,8 +112,10 @@ INLINE void sb_block(const int has_min, const kiln_sb *const u[8], const block_q
     __m256i p[8];
     float d[8], dmin[8];
     int32_t msum[8];
+    sb_act a;
+    sb_act_of(y, &a);
     for (int r = 0; r < 8; r++) {
-        p[r] = sb_isum(u[r], y);
+        p[r] = sb_isum(u[r], &a);
         d[r] = u[r]->d;
         if (has_min) dmin[r] = u[r]->dmin, msum[r] = sb_msum(u[r], y);
     }
