@@ -91,8 +91,8 @@ def test_unknown_architecture(tiny):
 
 
 def test_unsupported_quant_type_names_tensor(tiny):
-    p = tiny("llama", n_embd=256, types={"blk.1.attn_q.weight": Q.IQ2_XS})
-    with pytest.raises(ModelFileError, match=r"tensor 'blk\.1\.attn_q\.weight' has quant type IQ2_XS"):
+    p = tiny("llama", n_embd=256, types={"blk.1.attn_q.weight": Q.NVFP4})
+    with pytest.raises(ModelFileError, match=r"tensor 'blk\.1\.attn_q\.weight' has quant type NVFP4"):
         read_model(p)
 
 

@@ -92,10 +92,12 @@ def teacher_forced_batch(ref: Reference, kiln, prompts: list[str]) -> tuple[np.n
     return want, np.concatenate([np.vstack(g) for g in got])
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kv_dtype", ["f32"])
 def test_smollm2_parity_holds_when_the_sequences_decode_together(smollm2, kv_dtype):
     """Every prompt in its own sequence, all decoding in the same steps: the logits are those of
-    one sequence at a time, bit for bit, so parity is exactly the single-sequence figure."""
+    one sequence at a time, bit for bit, so parity is exactly the single-sequence figure. (That a
+    step's rows are the one-at-a-time bits for every KV dtype is test_batch.py's; each dtype's
+    parity, test_smollm2_quantized_kv_still_matches_llamacpp's: f32 here joins the two.)"""
     ref = Reference(smollm2, n_ctx=512, kv_dtype=kv_dtype)
     kiln = compiler.load(smollm2, ctx=512, kv_dtype=kv_dtype, n_seq=len(PROMPTS))
     want, got = teacher_forced_batch(ref, kiln, PROMPTS)
