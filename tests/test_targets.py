@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 import compiler
@@ -286,16 +287,9 @@ def test_x8_kernels_of_each_target_give_the_reference_dots(target):
             x = rng.standard_normal((rows, n_in)).astype(np.float32)
             if rows == 6:  # against activations that all quantize to +127 or -127, the largest sums
                 x = np.where(np.arange(rows)[:, None] % 2 == 0, 3.0, -3.0).astype(np.float32) * np.ones_like(x)
-            y = np.zeros((rows, n_out), np.float32)
-            scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-            lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
-                               ptr(y, "float *"), ptr(scratch))
-            act = np.zeros((rows, lib.kiln_act_row_bytes(int(t), n_in)), np.uint8)
-            for r in range(rows):
-                lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), n_in)
-            want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
-                             for r in range(rows)], np.float32)
-            np.testing.assert_array_equal(y, want, err_msg=f"{target} {t.name} {n_out}x{rows}")
+            assert_reference_dots(K, t, w, x, f"{target} {t.name} {n_out}x{rows}",
+                                  lambda y, xs, scratch: lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ffi.NULL, n_out,
+                                                                            n_in, xs, rows, y, scratch))
 
 
 @pytest.mark.parametrize("target", ["x86-64-v3", "native"])
@@ -303,7 +297,7 @@ def test_gguf_layout_kernels_of_each_target_give_the_reference_dots(target):
     """Every weight type's matmul on the GGUF layout (rows_avx2.c, rows_sb_avx2.c: vpmaddubsw on
     x86-64-v3, VNNI's vpdpbusd natively), on random and extreme blocks, one activation row and steps
     that take the unpack-once tile (3 or more rows): the scalar reference dot's bits for every pair.
-    Dequantization too, where the build has a SIMD dequantizer."""
+    (The native build's are also test_kernels.py's; x86-64-v3 is the one VNNI-less x86 path here.)"""
     runnable(target)
     from test_kernels import extreme_blocks, quantized
 
@@ -314,7 +308,7 @@ def test_gguf_layout_kernels_of_each_target_give_the_reference_dots(target):
         return ffi.cast(t, ffi.from_buffer(a))
     from compiler.core.dtypes import RUNTIME_DTYPES
     for t in (d.value for d in RUNTIME_DTYPES):
-        block = gguf_block(t)
+        block = GGML_QUANT_SIZES[t][0]
         n_in = 512
         for n_out, rows in [(8, 1), (13, 2), (21, 5)]:
             rng = np.random.default_rng(1900 + int(t) + n_out + rows)
@@ -322,18 +316,23 @@ def test_gguf_layout_kernels_of_each_target_give_the_reference_dots(target):
             if rows == 5 and t not in (Q.F32, Q.F16, Q.BF16):
                 w = extreme_blocks(rng, t, n_out * n_in // block).reshape(n_out, -1)
             x = (rng.standard_normal((rows, n_in)) * 3).astype(np.float32)
-            y = np.zeros((rows, n_out), np.float32)
-            scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-            lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"),
-                            ptr(scratch))
-            act = np.zeros((rows, lib.kiln_act_row_bytes(int(t), n_in)), np.uint8)
-            for r in range(rows):
-                lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), n_in)
-            want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
-                             for r in range(rows)], np.float32)
-            np.testing.assert_array_equal(y, want, err_msg=f"{target} {t.name} {n_out}x{rows}")
+            assert_reference_dots(K, t, w, x, f"{target} {t.name} {n_out}x{rows}",
+                                  lambda y, xs, scratch: lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, xs,
+                                                                         rows, y, scratch))
 
 
-def gguf_block(t: Q) -> int:
-    from gguf import GGML_QUANT_SIZES
-    return GGML_QUANT_SIZES[t][0]
+def assert_reference_dots(K, t: Q, w: np.ndarray, x: np.ndarray, what: str, matmul) -> None:
+    """matmul(y, x, scratch) (a library's matmul of weight rows w, in K) must give, for every (row,
+    output) pair, the scalar reference dot of w's row with x's row quantized as the type's dots take it."""
+    ffi, lib = K.ffi, K.lib
+    rows, n_in, n_out = x.shape[0], x.shape[1], w.shape[0]
+    a_row = lib.kiln_act_row_bytes(int(t), n_in)
+    y = np.zeros((rows, n_out), np.float32)
+    scratch = np.zeros(rows * a_row, np.uint8)
+    matmul(ffi.cast("float *", ffi.from_buffer(y)), ffi.cast("float *", ffi.from_buffer(x)), ffi.from_buffer(scratch))
+    act = np.zeros((rows, a_row), np.uint8)
+    for r in range(rows):
+        lib.kiln_quantize_act(int(t), ffi.cast("float *", ffi.from_buffer(x[r])), ffi.from_buffer(act[r]), n_in)
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ffi.from_buffer(w[o]), ffi.from_buffer(act[r]))
+                      for o in range(n_out)] for r in range(rows)], np.float32)
+    np.testing.assert_array_equal(y, want, err_msg=what)
