@@ -186,3 +186,30 @@ def test_the_build_key_names_the_cpu_the_library_is_built_for(monkeypatch):
     other_cpu = targets.target_identity(False) + "\n#define __AVX10_2__ 1"  # one more extension than this CPU has
     monkeypatch.setattr(extension, "target_identity", lambda sanitize, target="native", isa=(): other_cpu)
     assert ext.key() != here
+
+
+def test_a_dropped_model_is_freed_at_once_not_at_the_next_collection(tiny, smollm2):
+    """A Model holds its C instance (arena, KV pool, threads); it must go when its last reference
+    does. A reference cycle (the model through its default sequence, or its constraint engine's
+    tokenizer hook) would keep it until Python's next full collection, which a test suite or a
+    notebook that loads model after model may not reach before memory runs out."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        m = compiler.load(tiny("llama", wtype=Q.Q8_0, tokenizer_from=smollm2), ctx=64, n_seq=2)
+        m.prefill([1, 2, 3])  # the default sequence
+        m.generate("ab", max_tokens=3, temperature=0, json_schema={"type": "object"})  # the constraint engine
+        with m.sequence() as s:
+            s.decode(4)
+        del s  # a sequence of its own holds the model alive; its default one does not
+        held = m.default_sequence
+        alive = weakref.ref(m)
+        del m
+        assert alive() is None, "a dropped Model outlived its last reference (a reference cycle holds it)"
+        with pytest.raises(ModelError, match="its model was dropped"):
+            held.n_past
+    finally:
+        gc.enable()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence as SequenceABC
 from pathlib import Path
 
@@ -43,7 +44,8 @@ class Model:
         self.windows = tuple(g.window or 0 for g in compiled.planned.layout.kv.groups)  # per group; 0: full context
         self._tokenizer = None
         self._default: Sequence | None = None
-        self.guidance = Guidance(lambda: self.tokenizer, self.spec.hparams.n_vocab, str(self.spec.path))
+        me = weakref.ref(self)  # no cycle through self: a dropped Model frees its memory at once
+        self.guidance = Guidance(lambda: me().tokenizer, self.spec.hparams.n_vocab, str(self.spec.path))
         self._lock = threading.RLock()
         handle = self._ffi.new("kiln_model **")
         packed = str(compiled.packed_path).encode() if compiled.packed_path else self._ffi.NULL
@@ -132,6 +134,7 @@ class Model:
         with self._lock:
             if self._default is None or self._default.closed:
                 self._default = self.sequence()
+                self._default.held_by_its_model()
             return self._default
 
     def kv_stats(self) -> dict:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,10 +26,23 @@ class Sequence:
     as a context manager) to give its pages back."""
 
     def __init__(self, model: "Model", seq_id: int):
-        self.model, self.id = model, seq_id
+        self._model: Callable[[], "Model | None"] = lambda: model
+        self.id = seq_id
         self.tokens: list[int] = []  # what the cache holds, for prefix reuse
         self.exact = True  # the cache is what prefilling `tokens` gives (not after a shift); prefix caches need it
         self.closed = False
+
+    @property
+    def model(self) -> "Model":
+        m = self._model()
+        if m is None:
+            raise ModelError(f"sequence {self.id}: its model was dropped; keep a reference to the Model")
+        return m
+
+    def held_by_its_model(self) -> None:
+        """Refer to the model weakly: the model holds this sequence (its default one), and a cycle
+        would keep a dropped model's arena and pool alive until Python's next full collection."""
+        self._model = weakref.ref(self._model())
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"n_past={self.n_past}"
