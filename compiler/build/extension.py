@@ -5,11 +5,13 @@ runtime library (runtime.py): only its own files are compiled, the runtime is li
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
+import io
 import re
-import shutil
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -55,29 +57,59 @@ def load_extension(ext: Extension, log=lambda s: None) -> ModuleType:
     lib, cached = cached_build(modname, f"{modname}*.so", lambda out: _compile(ext, modname, out, progress))
     if cached:
         progress.note(f"cached: {modname}")
-    spec = importlib.util.spec_from_file_location(modname, lib,
-                                                  loader=importlib.machinery.ExtensionFileLoader(modname, str(lib)))
+    # Every extension of a kind shares one cffi wrapper, so each is named as its wrapper names it
+    # (PyInit__kiln_model); a path of its own keeps them apart, and sys.modules holds it by key.
+    spec = importlib.util.spec_from_file_location(
+        _init_name(ext), lib, loader=importlib.machinery.ExtensionFileLoader(_init_name(ext), str(lib)))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[modname] = module
     return module
 
 
-def _compile(ext: Extension, modname: str, out: Path, log) -> None:
-    import cffi  # only needed when something must be compiled
+def _init_name(ext: Extension) -> str:
+    return f"_kiln_{ext.name}"
 
-    ffi = cffi.FFI()
-    ffi.cdef(ext.cdef)
-    ffi.set_source(modname, ext.prelude, sources=[str(s) for s in ext.sources],
-                   include_dirs=[str(d) for d in (*ext.include_dirs, RUNTIME_DIR)], extra_compile_args=ext.flags(),
-                   extra_objects=[str(p) for p in ext.libraries], extra_link_args=link_args(ext.sanitize))
+
+def _wrapper(ext: Extension, log) -> Path:
+    """cffi's C for this kind of extension (its declarations and a prelude of runtime headers),
+    compiled once per flags: the Python.h-heavy part, the same for every model, so that a new model
+    compiles only its own C."""
+    key = build_key(("cffi-wrapper", target_identity(ext.sanitize, ext.target, ext.isa), ext.name, ext.cdef,
+                     ext.prelude, repr(ext.flags())),
+                    sorted(RUNTIME_DIR.glob("*.h")), cc(ext.target))
+
+    def build(out: Path) -> None:
+        import cffi  # only needed when something must be compiled
+
+        ffi = cffi.FFI()
+        ffi.cdef(ext.cdef)
+        ffi.set_source(_init_name(ext), ext.prelude)
+        source = out / "wrapper.c"
+        with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..." on stdout
+            ffi.emit_c_code(str(source))
+        log.work(f"compiling the cffi wrapper of the {ext.name} extensions for {ext.target}")
+        run(cc(ext.target) + ext.flags() + [f"-I{RUNTIME_DIR}", f"-I{sysconfig.get_paths()['include']}", "-c",
+                                            str(source), "-o", str(out / "wrapper.o")], f"compiling {ext.name}'s cffi wrapper")
+        source.unlink()
+
+    return cached_build(f"cffi_{ext.name}_{key}", "wrapper.o", build)[0]
+
+
+def _includes(ext: Extension) -> list[str]:
+    return [f"-I{d}" for d in (*ext.include_dirs, RUNTIME_DIR)]
+
+
+def _compile(ext: Extension, modname: str, out: Path, log) -> None:
+    """The extension's own C compiled, then linked with its kind's wrapper and the runtime library:
+    one compiler call, no setuptools."""
+    wrapper = _wrapper(ext, log)
     log.work(f"compiling {modname}: {', '.join(s.name for s in ext.sources) or 'the cffi wrapper'} for {ext.target}"
              + (f", linking {', '.join(p.name for p in ext.libraries)}" if ext.libraries else ""))
-    try:
-        built = Path(ffi.compile(tmpdir=str(out.parent / f"cffi-{out.parent.name}"), verbose=False))
-    except Exception as e:  # distutils/setuptools raise several unrelated types
-        raise BuildError(f"building {ext.name} failed: {e}") from None
-    shutil.copy2(built, out / built.name)
+    built = out / f"{modname}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    run(cc(ext.target) + ext.flags() + ["-shared", *_includes(ext), *map(str, ext.sources), str(wrapper),
+                                        *map(str, ext.libraries), *link_args(ext.sanitize), "-o", str(built)],
+        f"building {ext.name}")
 
 
 def build_c_library(ext: Extension, api_headers: tuple[Path, ...], log=lambda s: None) -> Path:
