@@ -105,6 +105,7 @@ class ExactForward:
         self.window = int(self._meta(f"{a}.attention.sliding_window", 0)) if a == "gemma3" else 0
         if self._meta(f"{a}.rope.scaling.factor", 1.0) not in (0.0, 1.0):
             raise ValueError(f"{path}: RoPE scaling is not in the exact forward pass")
+        self.reader.fields.clear()  # a numpy array per token string: half a gigabyte of Gemma's vocabulary
         self.embd = self.weight("token_embd.weight", np.float32)  # [vocab, n_embd], exact dequantized values
         self.head = self.weight("output.weight", np.float32) if "output.weight" in self.tensors else self.embd
 
@@ -118,8 +119,16 @@ class ExactForward:
         return bytes(value).decode() if field.types[0].name == "STRING" else value[0].item()
 
     def weight(self, name: str, dtype=F64) -> np.ndarray:
+        """The tensor's exact values, dequantized a slice of rows at a time: Gemma's 262k-row
+        embedding whole would take its float32 size again in temporaries."""
         t = self.tensors[name]
-        return dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(n) for n in t.shape]))).astype(dtype)
+        shape = tuple(reversed([int(n) for n in t.shape]))
+        if len(shape) == 1:
+            return dequantize(t.data, t.tensor_type).astype(dtype)
+        out, step = np.empty(shape, dtype), 16384
+        for i in range(0, shape[0], step):
+            out[i:i + step] = dequantize(t.data[i:i + step], t.tensor_type).reshape(-1, shape[1])
+        return out
 
     def _layer_is_local(self, il: int) -> bool:
         return self.arch == "gemma3" and (il + 1) % 6 != 0  # llama.cpp's gemma3: five local to one global
