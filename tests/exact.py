@@ -127,7 +127,7 @@ class ExactForward:
             return dequantize(t.data, t.tensor_type).astype(dtype)
         out, step = np.empty(shape, dtype), 16384
         for i in range(0, shape[0], step):
-            out[i:i + step] = dequantize(t.data[i:i + step], t.tensor_type).reshape(-1, shape[1])
+            out[i:i + step] = dequantize(t.data[i:i + step], t.tensor_type).reshape((-1, *shape[1:]))
         return out
 
     def _layer_is_local(self, il: int) -> bool:
