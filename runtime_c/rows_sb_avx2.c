@@ -1,11 +1,18 @@
 /* rows_sb_avx2.c: matmuls on the unpacked super-block types (Q2_K, Q3_K, IQ4_XS, the IQ2/IQ3/IQ1
- * types, TQ1_0, TQ2_0) with AVX2, 8 weight rows a tile, each row's value in one lane.
+ * types, TQ1_0, TQ2_0) with AVX2, each weight row's value in one lane.
  *
- * A tile's blocks are unpacked once (sb_unpack.c: signed bytes q and 16 scales a super-block) and
- * dotted against every activation row, so a prefill step decodes its grids once, not once a row.
+ * Prefill and batched steps (BUFFER_A activation rows and up): a tile of T weight rows (16 a zmm
+ * with AVX-512 VNNI, else 8) is unpacked once (sb_unpack.c) into an interleaved copy, 4 weights
+ * of each row in turn, so that one byte-product instruction against 4 activation bytes
+ * broadcast gives all T rows' partial sums, and each weight vector serves A_MAX activation rows
+ * from registers (iqk's register tiling). With VNNI that is vpdpbusd on the weights as q + 128
+ * (unsigned), each partial sum starting from -128 times its activations' sum (the bsums) to take
+ * off the 128 y that adds, then a vpmulld by the rows' scales (Q2_K and Q3_K fold theirs in);
+ * without VNNI, vpmaddubsw on |q| and y with q's sign, whose int16 pairs vpmaddwd scales.
+ * Decode (1 or 2 rows) dots 8 plainly unpacked rows one at a time: interleaving would cost more
+ * than a lone activation row gains from it.
  * The integer sums are exact; then each block's floats are the reference's (ref_sblock.c), lane by
  * lane: acc = fma(isum, d * y.d, acc), mins = fma(msum, dmin * y.d, mins), the value acc - mins.
- * Where the CPU has VNNI the build's byte products are the same instructions as rows_avx2.c's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +23,13 @@
 #include <immintrin.h>
 
 #define INLINE static inline __attribute__((always_inline))
-#define BUFFER_A 3 /* activation rows from which a tile's blocks are unpacked once for all of them */
+#define BUFFER_A 3 /* activation rows from which a tile is interleaved once for all of them */
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define SB_VNNI 1
+#endif
+
+/* -- decode: 8 rows, each dotted alone and the 8 sums reduced across lanes ------------------- */
 
 /* lane r = the sum of v[r]'s 8 lanes */
 INLINE __m256i reduce8(const __m256i v[8]) {
@@ -25,11 +38,11 @@ INLINE __m256i reduce8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-/* With VNNI, vpdpbusd takes the byte products, q + 128 (unsigned) times y, 4 to an int32; the
-   128 y this adds is taken off a sub-block at a time as 128 bsums[j]. The 8 sums of a sub-block
-   pair of each 32 bytes (2k low, 2k + 1 high) are added by vphaddd into the order
-   [0 2 4 6 | 1 3 5 7] of a half of the block; scales and bsums are read into that order. */
+#ifdef SB_VNNI
+/* vpdpbusd takes the byte products, q + 128 (unsigned) times y, 4 to an int32; the 128 y this
+   adds is taken off a sub-block at a time as 128 bsums[j]. The 8 sums of a sub-block pair of
+   each 32 bytes (2k low, 2k + 1 high) are added by vphaddd into the order [0 2 4 6 | 1 3 5 7] of
+   a half of the block; scales and bsums are read into that order. */
 INLINE __m256i dpbusd(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
@@ -142,32 +155,17 @@ INLINE void unpack_tile(kiln_unpack_fn unpack, const uint8_t *w, size_t w_row, i
     for (int r = nw; r < 8; r++) u[r] = u[nw - 1];
 }
 
-static void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act, size_t a_row,
-                    int n_a, float *y, size_t y_row) {
+/* rows [0, n_w) against activation rows [0, n_a), BUFFER_A at a time */
+INLINE void rows_decode(const int type, int nb, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act,
+                        size_t a_row, int n_a, float *y, size_t y_row) {
     const kiln_unpack_fn unpack = kiln_unpack_fast(type);
     const size_t bb = kiln_row_bytes(type, QK_K);
-    const int nb = n / QK_K, has_min = type == KILN_Q2_K;
-    /* the whole tile unpacked, for steps of several rows; one block at a time for a decode row */
-    kiln_sb *tile = n_a >= BUFFER_A ? malloc(sizeof(kiln_sb) * 8 * (size_t)nb) : NULL;
+    const int has_min = type == KILN_Q2_K;
     kiln_sb one[8];
     for (int r0 = 0; r0 < n_w; r0 += 8) {
         const int nw = n_w - r0 < 8 ? n_w - r0 : 8;
         const uint8_t *wr = w + (size_t)r0 * w_row;
-        if (tile) {
-            for (int b = 0; b < nb; b++) unpack_tile(unpack, wr, w_row, nw, bb, b, tile + 8 * b);
-            for (int c = 0; c < n_a; c++) {
-                const block_q8_K *yc = (const block_q8_K *)(act + (size_t)c * a_row);
-                __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-                for (int b = 0; b < nb; b++) {
-                    const kiln_sb *u[8];
-                    for (int r = 0; r < 8; r++) u[r] = tile + 8 * b + r;
-                    sb_block(has_min, u, yc + b, &acc, &mins);
-                }
-                store8(acc, mins, nw, y + (size_t)c * y_row + r0);
-            }
-            continue;
-        }
-        for (int c0 = 0; c0 < n_a; c0 += BUFFER_A) { /* no buffer (a decode row, or no memory for one) */
+        for (int c0 = 0; c0 < n_a; c0 += BUFFER_A) {
             const int A = n_a - c0 < BUFFER_A ? n_a - c0 : BUFFER_A;
             __m256 acc[BUFFER_A], mins[BUFFER_A];
             for (int c = 0; c < A; c++) acc[c] = mins[c] = _mm256_setzero_ps();
@@ -181,7 +179,266 @@ static void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n
             for (int c = 0; c < A; c++) store8(acc[c], mins[c], nw, y + (size_t)(c0 + c) * y_row + r0);
         }
     }
-    free(tile);
+}
+
+/* -- prefill: interleaved tiles, T rows a vector ---------------------------------------------- */
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && !defined(KILN_SB_YMM)
+#define T 16
+#define V(op) _mm512_##op
+typedef __m512i vi;
+typedef __m512 vf;
+#define vload(p) _mm512_loadu_si512(p)
+#define vzero() _mm512_setzero_si512()
+#else
+#define T 8
+#define V(op) _mm256_##op
+typedef __m256i vi;
+typedef __m256 vf;
+#define vload(p) _mm256_loadu_si256((const __m256i *)(p))
+#define vzero() _mm256_setzero_si256()
+#endif
+#if T == 8 && !defined(__AVX512VL__)
+#define vdpbusd _mm256_dpbusd_avx_epi32
+#define vdpwssd _mm256_dpwssd_avx_epi32
+#else
+#define vdpbusd V(dpbusd_epi32)
+#define vdpwssd V(dpwssd_epi32)
+#endif
+#ifdef __AVX512F__
+#define A_MAX 8 /* activation rows a pass: their sums, partial sums and accumulators fill 32 registers */
+#else
+#define A_MAX 4
+#endif
+
+/* One super-block of a tile's T rows, interleaved: row r's weights 4k..4k+3 at q[k][4r..4r+4)
+ * (with VNNI as unsigned bytes: q ^ 0x80 = q + 128, but Q2_K's), its scale of sub-block j at
+ * sc[j][r] (without VNNI in both int16 halves, for vpmaddwd), and its m[2p], m[2p + 1] as an
+ * int16 pair at mp[p][r], against an activation block's (bsums[2p], bsums[2p + 1]) (Q2_K). */
+typedef struct {
+    uint8_t q[QK_K / 4][4 * T];
+    int32_t sc[QK_K / 16][T];
+    int32_t mp[QK_K / 32][T];
+    float d[T], dmin[T];
+} sb_tile;
+_Static_assert(sizeof(sb_tile) % 64 == 0, "tiles stay 64-byte aligned in their buffer");
+
+/* With VNNI, Q2_K's and Q3_K's weights are stored times their scales, which fits a byte: q sc in
+   0..45 (Q2_K), and -q sc in -128..124 (Q3_K, negated since q sc reaches +128), so their blocks
+   take no vpmulld; the tile's sc are then 1, and Q3_K's sum is negated back. */
+static inline int premultiplied(int type) {
+#ifdef SB_VNNI
+    return type == KILN_Q2_K || type == KILN_Q3_K;
+#endif
+    return (void)type, 0;
+}
+static inline int unscaled(int type) { return premultiplied(type) || type == KILN_TQ1_0 || type == KILN_TQ2_0; }
+
+/* sub-blocks whose byte products one partial sum takes before its scale (which is the same in every
+   row: ref_sblock.c's sc[2p] = sc[2p + 1] for the types that scale 32 weights), or before it is
+   added up where there are no scales */
+static inline int scale_span(int type) {
+    const int by_32 = type == KILN_IQ4_XS || type == KILN_IQ2_XXS || type == KILN_IQ3_XXS || type == KILN_IQ3_S ||
+                      type == KILN_IQ1_S;
+    return unscaled(type) ? 4 : by_32 ? 2 : 1;
+}
+
+INLINE int32_t ld32(const void *p) { /* 4 activation bytes, for a broadcast */
+    int32_t v;
+    return memcpy(&v, p, sizeof v), v;
+}
+
+/* v[e] = the 8 int32 of v[0..8)'s lane e (an 8 x 8 transpose) */
+INLINE void transpose8(__m256i v[8]) {
+    __m256i t[8], s[8];
+    for (int i = 0; i < 8; i += 2)
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    for (int i = 0; i < 8; i += 4) {
+        s[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]), s[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        s[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), s[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm256_permute2x128_si256(s[i], s[i + 4], 0x20), v[i + 4] = _mm256_permute2x128_si256(s[i], s[i + 4], 0x31);
+}
+
+/* one block of rows [0, nw) (w, w_row apart; past nw the last row again) into t */
+INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, size_t w_row, int nw, sb_tile *t) {
+    const int has_min = type == KILN_Q2_K;
+    kiln_sb u[T];
+    const kiln_sb *p[T];
+    for (int r = 0; r < T; r++) {
+        if (r < nw) unpack(w + (size_t)r * w_row, &u[r]);
+        if (r < nw && premultiplied(type))
+            for (int k = 0; k < QK_K / 32; k++) { /* sub-blocks 2k and 2k + 1 */
+                const int16_t sign = type == KILN_Q3_K ? -1 : 1;
+                int8_t *q = u[r].q + 32 * k;
+                const __m256i a = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)),
+                                                     _mm256_set1_epi16((int16_t)(sign * u[r].sc[2 * k])));
+                const __m256i b = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16))),
+                                                     _mm256_set1_epi16((int16_t)(sign * u[r].sc[2 * k + 1])));
+                _mm256_storeu_si256((__m256i *)q, _mm256_permute4x64_epi64(_mm256_packs_epi16(a, b), 0xD8));
+            }
+        p[r] = &u[r < nw ? r : nw - 1];
+    }
+#ifdef SB_VNNI
+    const __m256i flip = _mm256_set1_epi8(has_min ? 0 : (char)0x80);
+#else
+    const __m256i flip = _mm256_setzero_si256();
+#endif
+    for (int h = 0; h < T / 8; h++) {
+        const kiln_sb *const *ph = p + 8 * h;
+        __m256i v[8];
+        for (int k = 0; k < QK_K / 32; k++) {
+            for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_si256((const __m256i *)(ph[i]->q + 32 * k));
+            transpose8(v);
+            for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)(t->q[8 * k + i] + 32 * h), _mm256_xor_si256(v[i], flip));
+        }
+        for (int j0 = 0; j0 < QK_K / 16; j0 += 8) {
+            for (int i = 0; i < 8; i++) v[i] = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(ph[i]->sc + j0)));
+            transpose8(v);
+            for (int j = 0; j < 8; j++) {
+#ifndef SB_VNNI
+                v[j] = _mm256_or_si256(_mm256_and_si256(v[j], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v[j], 16));
+#endif
+                _mm256_storeu_si256((__m256i *)(t->sc[j0 + j] + 8 * h), v[j]);
+            }
+        }
+        if (has_min) {
+            for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_si256((const __m256i *)ph[i]->m);
+            transpose8(v);
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(t->mp[j] + 8 * h), v[j]);
+        }
+    }
+    for (int r = 0; r < T; r++) t->d[r] = p[r]->d, t->dmin[r] = has_min ? p[r]->dmin : 0.0f;
+}
+
+#ifdef SB_VNNI
+/* The partial sums' starting values: -128 times the activations' sum over each span of sub-blocks,
+ * which takes off the 128 y that the weights' q + 128 adds. Stored, for broadcasts. seed_at(j) is
+ * where the span that begins at sub-block j finds its own. */
+INLINE void store_seeds(const int span, const int16_t *bsums, int32_t out[QK_K / 16]) {
+    const __m256i b = _mm256_loadu_si256((const __m256i *)bsums);
+    if (span == 1) { /* even sub-blocks, then odd */
+        _mm256_storeu_si256((__m256i *)out, _mm256_madd_epi16(b, _mm256_set1_epi32(0xFF80)));
+        _mm256_storeu_si256((__m256i *)(out + 8), _mm256_madd_epi16(b, _mm256_set1_epi32((int)0xFF800000u)));
+        return;
+    }
+    __m256i p = _mm256_madd_epi16(b, _mm256_set1_epi16(-128)); /* pairs */
+    if (span == 4) p = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p, p), 0x08);
+    _mm256_storeu_si256((__m256i *)out, p);
+}
+static inline int seed_at(int span, int j) { return span == 1 ? (j & 1) * 8 + j / 2 : j / span; }
+#endif
+
+/* activation rows [0, A) (a_row apart) against a tile's T rows over its nb blocks, into y */
+INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, const uint8_t *act, size_t a_row,
+                    float *y, size_t y_row, int nw) {
+    const int has_min = type == KILN_Q2_K, span = scale_span(type);
+    vf acc[A_MAX], mins[A_MAX]; /* A_MAX, not A: a constant bound keeps them in registers */
+    for (int c = 0; c < A; c++) acc[c] = mins[c] = V(setzero_ps)();
+    for (int b = 0; b < nb; b++) {
+        const sb_tile *t = tile + b;
+        const block_q8_K *yb[A_MAX];
+        vi isum[A_MAX];
+        for (int c = 0; c < A; c++) yb[c] = (const block_q8_K *)(act + (size_t)c * a_row) + b, isum[c] = vzero();
+#ifdef SB_VNNI
+        _Alignas(32) int32_t seed[A_MAX][QK_K / 16];
+        if (!has_min)
+            for (int c = 0; c < A; c++) store_seeds(span, yb[c]->bsums, seed[c]);
+        for (int j = 0; j < QK_K / 16; j += span) {
+            vi s[A_MAX];
+            for (int c = 0; c < A; c++) s[c] = has_min ? vzero() : V(set1_epi32)(seed[c][seed_at(span, j)]);
+#pragma GCC unroll 16
+            for (int k = 4 * j; k < 4 * (j + span); k++) {
+                const vi wk = vload(t->q[k]);
+                for (int c = 0; c < A; c++) s[c] = vdpbusd(s[c], wk, V(set1_epi32)(ld32(yb[c]->qs + 4 * k)));
+            }
+            if (type == KILN_Q3_K && premultiplied(type)) /* -q sc */
+                for (int c = 0; c < A; c++) isum[c] = V(sub_epi32)(isum[c], s[c]);
+            else if (unscaled(type))
+                for (int c = 0; c < A; c++) isum[c] = V(add_epi32)(isum[c], s[c]);
+            else {
+                const vi sc = vload(t->sc[j]);
+                for (int c = 0; c < A; c++) isum[c] = V(add_epi32)(isum[c], V(mullo_epi32)(s[c], sc));
+            }
+        }
+#else
+        (void)span;
+        for (int j = 0; j < QK_K / 16; j++) {
+            const vi sc = vload(t->sc[j]);
+            for (int k = 4 * j; k < 4 * j + 4; k++) {
+                const vi wk = vload(t->q[k]), mag = _mm256_sign_epi8(wk, wk);
+                for (int c = 0; c < A; c++) {
+                    const vi yk = V(set1_epi32)(ld32(yb[c]->qs + 4 * k));
+                    const vi pairs = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(yk, wk));
+                    isum[c] = V(add_epi32)(isum[c], _mm256_madd_epi16(pairs, sc));
+                }
+            }
+        }
+#endif
+        const vf d = V(loadu_ps)(t->d);
+        for (int c = 0; c < A; c++)
+            acc[c] = V(fmadd_ps)(V(cvtepi32_ps)(isum[c]), V(mul_ps)(d, V(set1_ps)(yb[c]->d)), acc[c]);
+        if (has_min) {
+            const vf dmin = V(loadu_ps)(t->dmin);
+            for (int c = 0; c < A; c++) {
+                vi msum = vzero();
+                for (int p = 0; p < QK_K / 32; p++) {
+                    const vi bs = V(set1_epi32)(ld32(yb[c]->bsums + 2 * p));
+#ifdef SB_VNNI
+                    msum = vdpwssd(msum, vload(t->mp[p]), bs);
+#else
+                    msum = V(add_epi32)(msum, _mm256_madd_epi16(vload(t->mp[p]), bs));
+#endif
+                }
+                mins[c] = V(fmadd_ps)(V(cvtepi32_ps)(msum), V(mul_ps)(dmin, V(set1_ps)(yb[c]->d)), mins[c]);
+            }
+        }
+    }
+    for (int c = 0; c < A; c++) {
+        float v[T];
+        V(storeu_ps)(v, V(sub_ps)(acc[c], mins[c]));
+        memcpy(y + (size_t)c * y_row, v, (size_t)nw * sizeof(float));
+    }
+}
+
+/* a thread's tile buffer, kept (and grown) across its matmuls: no allocation a call */
+static _Thread_local struct { sb_tile *p; size_t n; } tiles;
+
+static sb_tile *tile_buffer(int nb) {
+    if ((size_t)nb > tiles.n) {
+        free(tiles.p);
+        tiles.p = aligned_alloc(64, sizeof(sb_tile) * (size_t)nb);
+        tiles.n = tiles.p ? (size_t)nb : 0;
+    }
+    return tiles.p;
+}
+
+/* inlined into each type's entry point, so that every per-type choice above is a constant */
+INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act, size_t a_row,
+                    int n_a, float *y, size_t y_row) {
+    const int nb = n / QK_K;
+    sb_tile *tile = n_a >= BUFFER_A ? tile_buffer(nb) : NULL;
+    if (!tile) { /* decode, or no memory for a tile */
+        rows_decode(type, nb, w, w_row, n_w, act, a_row, n_a, y, y_row);
+        return;
+    }
+    const kiln_unpack_fn unpack = kiln_unpack_fast(type);
+    const size_t bb = kiln_row_bytes(type, QK_K);
+    for (int r0 = 0; r0 < n_w; r0 += T) {
+        const int nw = n_w - r0 < T ? n_w - r0 : T;
+        for (int b = 0; b < nb; b++)
+            build_tile(type, unpack, w + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, tile + b);
+        int c = 0;
+#define GEMM(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
+        while (c + A_MAX <= n_a) GEMM(A_MAX);
+#if A_MAX > 4
+        if (n_a - c >= 4) GEMM(4); /* the rest by 4, 2 and 1: no pass computes rows it does not store */
+#endif
+        if (n_a - c >= 2) GEMM(2);
+        if (n_a - c >= 1) GEMM(1);
+#undef GEMM
+    }
 }
 
 #define ROWS_SB(name, type)                                                                                      \
