@@ -72,12 +72,13 @@ def _init_name(ext: Extension) -> str:
 
 
 def _wrapper(ext: Extension, log) -> Path:
-    """cffi's C for this kind of extension (its declarations and a prelude of runtime headers),
-    compiled once per flags: the Python.h-heavy part, the same for every model, so that a new model
-    compiles only its own C."""
+    """cffi's C for this kind of extension (its declarations and prelude), compiled once per flags
+    and headers: the Python.h-heavy part, the same for every model, so that a new model compiles
+    only its own C. Keyed by the headers' contents, not the folders' paths (a model's own folder
+    holds no header)."""
+    headers = sorted(h for d in (*ext.include_dirs, RUNTIME_DIR) for h in Path(d).glob("*.h"))
     key = build_key(("cffi-wrapper", target_identity(ext.sanitize, ext.target, ext.isa), ext.name, ext.cdef,
-                     ext.prelude, repr(ext.flags())),
-                    sorted(RUNTIME_DIR.glob("*.h")), cc(ext.target))
+                     ext.prelude, repr(ext.flags())), headers, cc(ext.target))
 
     def build(out: Path) -> None:
         import cffi  # only needed when something must be compiled
@@ -89,7 +90,7 @@ def _wrapper(ext: Extension, log) -> Path:
         with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..." on stdout
             ffi.emit_c_code(str(source))
         log.work(f"compiling the cffi wrapper of the {ext.name} extensions for {ext.target}")
-        run(cc(ext.target) + ext.flags() + [f"-I{RUNTIME_DIR}", f"-I{sysconfig.get_paths()['include']}", "-c",
+        run(cc(ext.target) + ext.flags() + [*_includes(ext), f"-I{sysconfig.get_paths()['include']}", "-c",
                                             str(source), "-o", str(out / "wrapper.o")], f"compiling {ext.name}'s cffi wrapper")
         source.unlink()
 
