@@ -10,7 +10,7 @@ import sys
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from compiler.build.runtime import runtime_kernels
+from compiler.build.runtime import runtime_kernels, runtime_library
 from synthetic import TinySpec, write_tiny_model
 
 STAGES = ("fetch", "plan", "generate", "cc", "pack")
@@ -48,11 +48,15 @@ def test_lines_per_stage_off_a_terminal(fresh):
 
 
 def test_spinners_and_bars_on_a_terminal(smollm2, tmp_path):
-    """SmolLM2 in a cache that holds only its GGUF: compiled and packed (92 MiB, long enough for a bar)."""
+    """SmolLM2 in a cache that holds only its GGUF and the runtime (this suite's own build; the test
+    above watches a runtime being built): compiled and packed (92 MiB, long enough for a bar)."""
     pexpect = pytest.importorskip("pexpect", reason="pexpect (a dev dependency) drives the pseudo-terminal")
     cache = tmp_path / "cache"
     (cache / "models").mkdir(parents=True)
     (cache / "models" / smollm2.name).symlink_to(smollm2)
+    runtime, _ = runtime_library()
+    (cache / "build").mkdir()
+    (cache / "build" / runtime.parent.name).symlink_to(runtime.parent)
     child = pexpect.spawn(sys.executable, ["-m", "compiler", "compile", "smollm2-135m", "--ctx", "64"], encoding="utf-8",
                           timeout=300, env={**os.environ, "KILN_CACHE": str(cache), "TERM": "xterm-256color"},
                           dimensions=(40, 160))
