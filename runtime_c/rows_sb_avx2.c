@@ -183,7 +183,7 @@ INLINE void rows_decode(const int type, int nb, const uint8_t *w, size_t w_row, 
 
 /* -- prefill: interleaved tiles, T rows a vector ---------------------------------------------- */
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && !defined(KILN_SB_YMM)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define T 16
 #define V(op) _mm512_##op
 typedef __m512i vi;

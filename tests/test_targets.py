@@ -292,12 +292,13 @@ def test_x8_kernels_of_each_target_give_the_reference_dots(target):
                                                                             n_in, xs, rows, y, scratch))
 
 
-@pytest.mark.parametrize("target", ["x86-64-v3", "native"])
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v4", "native"])
 def test_gguf_layout_kernels_of_each_target_give_the_reference_dots(target):
-    """Every weight type's matmul on the GGUF layout (rows_avx2.c, rows_sb_avx2.c: vpmaddubsw on
-    x86-64-v3, VNNI's vpdpbusd natively), on random and extreme blocks, one activation row and steps
-    that take the unpack-once tile (3 or more rows): the scalar reference dot's bits for every pair.
-    (The native build's are also test_kernels.py's; x86-64-v3 is the one VNNI-less x86 path here.)"""
+    """Every weight type's matmul on the GGUF layout (rows_avx2.c, rows_sb_avx2.c: vpmaddubsw in
+    tiles of 8 rows, by 4 activation rows on x86-64-v3 and 8 on x86-64-v4; natively VNNI's vpdpbusd
+    in tiles of 16), on random and extreme blocks, one activation row and steps that take the
+    interleaved tile (3 or more rows, every remainder of a pass): the scalar reference dot's bits
+    for every pair. (The native build's are also test_kernels.py's.)"""
     runnable(target)
     from test_kernels import extreme_blocks, quantized
 
@@ -310,7 +311,7 @@ def test_gguf_layout_kernels_of_each_target_give_the_reference_dots(target):
     for t in (d.value for d in RUNTIME_DTYPES):
         block = GGML_QUANT_SIZES[t][0]
         n_in = 512
-        for n_out, rows in [(8, 1), (13, 2), (21, 5)]:
+        for n_out, rows in [(8, 1), (13, 2), (21, 5), (19, 10), (17, 7)]:
             rng = np.random.default_rng(1900 + int(t) + n_out + rows)
             _, w = quantized(rng, n_out, n_in, t)
             if rows == 5 and t not in (Q.F32, Q.F16, Q.BF16):

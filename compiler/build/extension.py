@@ -105,7 +105,7 @@ def _compile(ext: Extension, modname: str, out: Path, log) -> None:
     """The extension's own C compiled, then linked with its kind's wrapper and the runtime library:
     one compiler call, no setuptools."""
     wrapper = _wrapper(ext, log)
-    log.work(f"compiling {modname}: {', '.join(s.name for s in ext.sources) or 'the cffi wrapper'} for {ext.target}"
+    log.work(f"compiling {modname}: {', '.join(s.name for s in ext.sources) or 'nothing of its own'} for {ext.target}"
              + (f", linking {', '.join(p.name for p in ext.libraries)}" if ext.libraries else ""))
     built = out / f"{modname}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     run(cc(ext.target) + ext.flags() + ["-shared", *_includes(ext), *map(str, ext.sources), str(wrapper),
