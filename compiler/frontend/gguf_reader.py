@@ -1,8 +1,8 @@
 """Read a GGUF file into a typed ModelSpec (spec.py): hyperparameters, tensor table, tokenizer data
 (vocab.py); read_vocab reads only the tokenizer, of any GGUF, vocab-only files included.
 
-Parsing is done by the `gguf` package. Everything kiln relies on is checked here, so the
-later stages can trust the spec: a foreign or truncated file, an architecture without a
+The header is read by gguf_header.py in one checked pass. Everything kiln relies on is checked
+here, so the later stages can trust the spec: a foreign or truncated file, an architecture without a
 template, a missing hyperparameter or an unsupported quant type stops with a message that
 names the file and the culprit.
 """
@@ -15,26 +15,16 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
+from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
-from .gguf_check import check_layout
+from .gguf_header import Header, read_header
 from .metadata import check_unimplemented, read_experts, read_rope_scaling, read_scalars
 from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
 from .vocab import read_tokenizer
 from ..core.errors import ModelFileError
 from .architecture import ROPE_FACTOR_TENSORS, Architecture
 from .architecture_file import available_archs, load_architecture
-
-
-class _Reader(GGUFReader):
-    # GGUFReader slices a np.memmap once per metadata element; memmap's per-slice subclass
-    # bookkeeping makes a 262k-token vocabulary take ~10 s. A plain ndarray view of the same
-    # mapping parses identically in ~3 s.
-    def _get(self, offset, dtype, count=1, override_order=None):
-        if type(self.data) is np.memmap:
-            self.data = self.data.view(np.ndarray)
-        return super()._get(offset, dtype, count, override_order)
 
 
 def read_model(path: str | os.PathLike[str]) -> ModelSpec:
@@ -58,15 +48,9 @@ def _stat(path: str | os.PathLike[str]) -> tuple[Path, os.stat_result]:
         raise ModelFileError(f"{path}: cannot open model file ({e.strerror})") from None
 
 
-def _open(path: Path, size: int) -> GGUFReader:
+def _open(path: Path, size: int) -> Header:
     _check_magic(path, size)
-    check_layout(path)  # every length, count, type and offset, before gguf-py trusts them
-    try:
-        return _Reader(path)
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
-        raise ModelFileError(
-            f"{path}: cannot parse the GGUF ({e}); the file ({size:,} bytes) is truncated or corrupt, fetch it again"
-        ) from None
+    return read_header(path)
 
 
 @lru_cache(maxsize=8)
@@ -76,8 +60,8 @@ def _read_vocab_cached(path: Path, size: int, _mtime_ns: int) -> TokenizerData:
 
 @lru_cache(maxsize=8)
 def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
-    reader = _open(path, size)
-    meta = _Metadata(path, reader)
+    header = _open(path, size)
+    meta = _Metadata(path, header)
     arch = meta.text("general.architecture")
     if arch not in available_archs():
         raise ModelFileError(
@@ -85,20 +69,20 @@ def _read_cached(path: Path, size: int, _mtime_ns: int) -> ModelSpec:
             f"(supported: {', '.join(available_archs())}); add templates/{arch}.json to support it"
         )
     tokenizer = read_tokenizer(meta)
-    tensors = _read_tensors(path, reader, size)
+    tensors = _read_tensors(path, header, size)
     template = load_architecture(arch)
     hparams = _read_hparams(meta, template, tokenizer)
     _check_tensors_fit(path, tensors, hparams, template)
     with open(path, "rb") as f:
-        header = f.read(reader.data_offset)
+        head = f.read(header.data_offset)
     return ModelSpec(
         path=path,
         arch=arch,
         name=meta.text("general.name", default=path.stem),
         file_size=size,
-        data_offset=int(reader.data_offset),
-        header_sha256=hashlib.sha256(header).hexdigest(),
-        header_crc32=zlib.crc32(header),
+        data_offset=header.data_offset,
+        header_sha256=hashlib.sha256(head).hexdigest(),
+        header_crc32=zlib.crc32(head),
         hparams=hparams,
         tensors=tensors,
         tokenizer=tokenizer,
@@ -123,9 +107,9 @@ _MISSING = object()
 class _Metadata:
     """Typed access to GGUF key/values; a missing required key names the file and the key."""
 
-    def __init__(self, path: Path, reader: GGUFReader):
+    def __init__(self, path: Path, header: Header):
         self.path = path
-        self.fields = reader.fields
+        self.fields = header.fields
 
     def get(self, key: str):
         f = self.fields.get(key)
@@ -172,7 +156,7 @@ class _Metadata:
         f = self.fields.get(key)
         if f is None:
             return None
-        if f.types[0] != GGUFValueType.ARRAY:
+        if f.type != GGUFValueType.ARRAY:
             raise ModelFileError(f"{self.path}: metadata key '{key}' should be an array")
         return self._contents(key, f)
 
@@ -249,17 +233,22 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
     return hp
 
 
-def _read_tensors(path: Path, reader: GGUFReader, size: int) -> dict[str, TensorInfo]:
+def _read_tensors(path: Path, header: Header, size: int) -> dict[str, TensorInfo]:
     tensors: dict[str, TensorInfo] = {}
-    for t in reader.tensors:
-        dtype = weight_dtype(t.tensor_type)
+    for t in header.tensors:
+        dtype = weight_dtype(t.type_id)
         if dtype is None:
+            try:
+                kind = GGMLQuantizationType(t.type_id).name
+            except ValueError:
+                raise ModelFileError(f"{path}: tensor '{t.name}' has type id {t.type_id}, which GGML does not define; "
+                                     "the file is corrupt, or newer than kiln's gguf package") from None
             raise ModelFileError(
-                f"{path}: tensor '{t.name}' has quant type {t.tensor_type.name}, which kiln does not support "
+                f"{path}: tensor '{t.name}' has quant type {kind}, which kiln does not support "
                 f"(supported: {', '.join(d.name for d in WEIGHT_DTYPES)}); re-quantize the model, e.g. to Q4_K_M or Q8_0"
             )
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        offset = int(t.data_offset)
+        shape = tuple(reversed(t.dims))
+        offset = t.offset
         nbytes = dtype.nbytes(int(np.prod(shape)))
         if offset + nbytes > size:
             raise ModelFileError(
