@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -59,9 +58,15 @@ def _cases(name: str) -> list[tuple[str, list[int]]]:
     return [(text, [int(t) for t in out.split()]) for text, out in zip(inputs, outs)]
 
 
-@lru_cache(maxsize=None)
+@pytest.fixture(scope="module")
+def tok(request):
+    """kiln's tokenizer for the vocabulary named by the test's parameter, or None for one kiln refuses
+    (after checking the refusal). Module-scoped and parametrized indirectly, so that pytest runs a
+    vocabulary's tests together and holds one tokenizer at a time (Gemma 4's alone is 400 MB)."""
+    return _tokenizer(request.param)
+
+
 def _tokenizer(name: str):
-    """kiln's tokenizer for the vocabulary, or None for one kiln refuses (after checking the refusal)."""
     if name in UNSUPPORTED:
         with pytest.raises(ModelFileError) as err:
             make_tokenizer(read_vocab(_gguf(name)), str(_gguf(name)))
@@ -80,9 +85,9 @@ def test_suites_found():
     assert not missing, f"no suite for {sorted(missing)} in {SUITES}"
 
 
-@pytest.mark.parametrize("name", SUITE_NAMES)
-def test_suite_every_string(name):
-    tok = _tokenizer(name)
+@pytest.mark.parametrize("tok", SUITE_NAMES, indirect=True)
+def test_suite_every_string(tok, request):
+    name = request.node.callspec.params["tok"]
     if tok is None:
         return
     cases = _cases(name)
@@ -91,13 +96,13 @@ def test_suite_every_string(name):
     assert not bad, f"{name}: {len(bad)} of {len(cases)} strings differ, first: {bad[:3]}"
 
 
-@pytest.mark.parametrize("name", VOCAB_NAMES)
-def test_corpus_matches_llamacpp(name):
+@pytest.mark.parametrize("tok", VOCAB_NAMES, indirect=True)
+def test_corpus_matches_llamacpp(tok, request):
+    name = request.node.callspec.params["tok"]
     try:
         import llama_cpp
     except ImportError:
         skip_for_want_of("llama-cpp-python", "`make dev` builds it", apt=False)
-    tok = _tokenizer(name)
     if tok is None:
         return
     ref = llama_cpp.Llama(model_path=str(_gguf(name)), vocab_only=True, verbose=False)
