@@ -533,12 +533,13 @@ def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_out,rows", [(1, 1), (7, 1), (12, 3), (21, 6), (37, 7), (37, 9), (29, 10), (40, 19)])
+@pytest.mark.parametrize("n_out,rows", [(1, 1), (7, 1), (13, 2), (12, 3), (21, 6), (37, 7), (37, 9), (29, 10),
+                                        (40, 19)])
 def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     """The matmul (tiles of 8 or 16 weight rows, passes of up to 8 activation rows, where built)
     against the scalar reference dot of every (row, output) pair, on shapes that leave partial
     tiles on both sides and every remainder of a pass (6 = 4 + 2, 7 = 4 + 2 + 1, 10 = 8 + 2,
-    19 = 8 + 8 + 2 + 1)."""
+    19 = 8 + 8 + 2 + 1); 1 and 2 rows are decode's passes (the super-block types' rows_decode)."""
     rng = np.random.default_rng(400 + int(t) + n_out)
     n_in = 512
     _, w = quantized(rng, n_out, n_in, t)

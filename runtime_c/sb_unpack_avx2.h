@@ -1,0 +1,321 @@
+/* sb_unpack_avx2.h: the fast unpackers of the super-block types with AVX2, inline, so that the
+ * decode dots (rows_sb_avx2.c) take a block's weights from registers, not from a copy in memory;
+ * sb_unpack_avx2.c hands them out by type (sb_unpack.c says which build takes which). Each writes
+ * its reference's kiln_sb (ref_sblock.c) bit for bit: the same integers, and d and dmin by the same
+ * float expressions.
+ *
+ * 32 weights a vector. The i-quants' grid rows are fetched by scalar loads where an index is a
+ * field read as it is, by gathers where a sub-block's indexes are computed in one vector (each the
+ * faster there, measured); their signs are made in bulk: the 7-bit sign indexes of IQ2_XXS/IQ2_XS/
+ * IQ3_XXS take their eighth bit (the parity, as kiln_ksigns_iq2xs holds it) by shifts and xors, all
+ * 32 at once; a group's sign byte then becomes byte masks m (0xFF where minus) and q = (g ^ m) - m.
+ * Scales are made in vectors too: a vector load of bytes just written one at a time would wait on
+ * the stores (no store forwarding), which cost more than the unpacking itself.
+ */
+#ifndef KILN_SB_UNPACK_AVX2_H
+#define KILN_SB_UNPACK_AVX2_H
+
+#include <string.h>
+
+#include "fp16.h"
+#include "quant_impl.h"
+
+#ifdef KILN_HAVE_AVX2
+#include <immintrin.h>
+
+#ifndef INLINE
+#define INLINE static inline __attribute__((always_inline))
+#endif
+
+INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INLINE void store32(void *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
+INLINE uint32_t u32_at(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* 4 sign bytes (one per group of 8 weights) -> 32 byte masks, 0xFF where the weight is negated */
+INLINE __m256i sign_masks(uint32_t signs) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+/* rows i0..i3 of a table of 8-byte rows, by scalar loads */
+INLINE __m256i rows4(const void *table, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
+    const uint64_t *t = table;
+    return _mm256_set_epi64x((long long)t[i3], (long long)t[i2], (long long)t[i1], (long long)t[i0]);
+}
+
+/* the same, from indexes in a vector */
+INLINE __m256i gather4(const void *table, __m128i idx) {
+    return _mm256_i32gather_epi64((const long long *)table, idx, 8);
+}
+
+INLINE __m256i apply_signs(__m256i g, __m256i m) { return _mm256_sub_epi8(_mm256_xor_si256(g, m), m); }
+
+/* each byte's parity in its top bit (the byte's bit 7 clear): kiln_ksigns_iq2xs of every byte */
+INLINE __m256i with_parity(__m256i s) {
+    __m256i t = _mm256_xor_si256(s, _mm256_srli_epi32(s, 4));
+    t = _mm256_xor_si256(t, _mm256_srli_epi32(t, 2));
+    t = _mm256_xor_si256(t, _mm256_srli_epi32(t, 1));
+    return _mm256_or_si256(s, _mm256_slli_epi32(_mm256_and_si256(t, _mm256_set1_epi8(1)), 7));
+}
+
+/* 8 uint32 of four 7-bit fields each (bits 0..27) -> their four sign bytes, parity included */
+INLINE __m256i signs_of_7bit_fields(__m256i a) {
+    const __m256i s = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7F)),
+                        _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_set1_epi32(0x7F00))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(a, 2), _mm256_set1_epi32(0x7F0000)),
+                        _mm256_and_si256(_mm256_slli_epi32(a, 3), _mm256_set1_epi32(0x7F000000))));
+    return with_parity(s);
+}
+
+/* 16 int8 -> kiln_sb's 16 int16 scales, 2 v + 1 */
+INLINE void odd_scales(int16_t *sc, __m128i v) {
+    const __m256i w = _mm256_cvtepu8_epi16(v);
+    store32(sc, _mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)));
+}
+
+/* bytes of nibbles -> twice as many bytes, low nibble first */
+INLINE __m128i nibbles(__m128i v) {
+    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15));
+    return _mm_unpacklo_epi8(lo, hi);
+}
+
+/* weights of 2-bit fields: 64 bytes of qs, halves of 128 weights in 32 bytes, 2 bits a quarter */
+INLINE void two_bits(const uint8_t *qs, int8_t *q, __m256i offset) {
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = load32(qs + 32 * h);
+        store32(q + 128 * h, _mm256_sub_epi8(_mm256_and_si256(v, three), offset));
+        store32(q + 128 * h + 32, _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 2), three), offset));
+        store32(q + 128 * h + 64, _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), three), offset));
+        store32(q + 128 * h + 96, _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 6), three), offset));
+    }
+}
+
+INLINE void sb_unpack_q2_K(const void *block, kiln_sb *u) {
+    const block_q2_K *x = block;
+    two_bits(x->qs, u->q, _mm256_setzero_si256());
+    const __m128i s = _mm_loadu_si128((const __m128i *)x->scales);
+    store32(u->sc, _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(15))));
+    store32(u->m, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(15))));
+    u->d = kiln_fp16_to_fp32(x->d), u->dmin = kiln_fp16_to_fp32(x->dmin);
+}
+
+INLINE void sb_unpack_tq2_0(const void *block, kiln_sb *u) {
+    const block_tq2_0 *x = block;
+    two_bits(x->qs, u->q, _mm256_set1_epi8(1));
+    store32(u->sc, _mm256_set1_epi16(1));
+    u->d = kiln_fp16_to_fp32(x->d);
+}
+
+INLINE void sb_unpack_q3_K(const void *block, kiln_sb *u) {
+    const block_q3_K *x = block;
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4), hm = load32(x->hmask);
+    for (int k = 0; k < 8; k++) { /* chunk k of 32: 2 bits from qs, and 4 where hmask's bit k is set, less 4 */
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(load32(x->qs + 32 * (k / 4)), 2 * (k % 4)), three);
+        const __m256i bit_k = k < 2 ? _mm256_slli_epi16(hm, 2 - k) : _mm256_srli_epi16(hm, k - 2); /* to bit 2 */
+        const __m256i high = _mm256_and_si256(bit_k, four);
+        store32(u->q + 32 * k, _mm256_sub_epi8(_mm256_or_si256(low, high), four));
+    }
+    /* 6-bit scales: the low 4 bits from nibbles of bytes 0..7, the high 2 from bit pairs of 8..11 */
+    const __m128i s = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)x->scales), (int)u32_at(x->scales + 8), 2);
+    const __m128i low = _mm_and_si128(_mm_unpacklo_epi64(s, _mm_srli_epi16(s, 4)), _mm_set1_epi8(15));
+    const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(s, 0xAA), _mm_setr_epi32(0, 2, 4, 6)),
+                                       _mm_set1_epi8(3));
+    const __m256i sc = _mm256_cvtepu8_epi16(_mm_or_si128(low, _mm_slli_epi16(high, 4)));
+    store32(u->sc, _mm256_sub_epi16(sc, _mm256_set1_epi16(32)));
+    u->d = kiln_fp16_to_fp32(x->d), u->dmin = 0.0f;
+}
+
+INLINE void sb_unpack_iq4_xs(const void *block, kiln_sb *u) {
+    const block_iq4_xs *x = block;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int k = 0; k < 4; k++) { /* two sub-blocks of 32: 16 bytes each, low nibbles first */
+        const __m256i v = load32(x->qs + 32 * k);
+        const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+        const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        store32(u->q + 64 * k, _mm256_permute2x128_si256(lo, hi, 0x20));
+        store32(u->q + 64 * k + 32, _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    /* 6-bit scales, one a sub-block of 32: 4 bits from scales_l's nibbles, 2 from scales_h, whose
+       bit pair ib the multiply moves to the top of int16 lane ib */
+    const __m128i low = _mm_cvtepu8_epi16(nibbles(_mm_cvtsi32_si128((int)u32_at(x->scales_l))));
+    const __m128i high = _mm_srli_epi16(_mm_mullo_epi16(_mm_set1_epi16((short)x->scales_h),
+                                                        _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6,
+                                                                       1 << 4, 1 << 2, 1)), 14);
+    const __m128i l = _mm_sub_epi16(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi16(32));
+    store32(u->sc, _mm256_set_m128i(_mm_unpackhi_epi16(l, l), _mm_unpacklo_epi16(l, l)));
+    u->d = kiln_fp16_to_fp32(x->d), u->dmin = 0.0f;
+}
+
+/* IQ2_XXS and IQ3_XXS keep a sub-block's four sign indexes and scale in one uint32: the 32 sign
+   bytes to sgn, the 16 scales (2 ls + 1, each twice) to sc */
+INLINE void xxs_signs_scales(__m256i aux, uint32_t sgn[8], int16_t *sc) {
+    store32(sgn, signs_of_7bit_fields(aux));
+    const __m256i ls = _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
+    store32(sc, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)));
+}
+
+INLINE void sb_unpack_iq2_xxs(const void *block, kiln_sb *u) {
+    const block_iq2_xxs *x = block;
+    const uint8_t *qs = (const uint8_t *)x->qs;
+    /* the sub-blocks' uint32 pairs: grid indexes, then signs and scale */
+    const __m256 a = _mm256_castsi256_ps(load32(qs)), b = _mm256_castsi256_ps(load32(qs + 32));
+    const __m256i aux = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))),
+                                                 _MM_SHUFFLE(3, 1, 2, 0));
+    uint32_t sgn[8];
+    xxs_signs_scales(aux, sgn, u->sc);
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *i = qs + 8 * ib;
+        const __m256i g = rows4(kiln_iq2xxs_grid, i[0], i[1], i[2], i[3]);
+        store32(u->q + 32 * ib, apply_signs(g, sign_masks(sgn[ib])));
+    }
+    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+
+INLINE void sb_unpack_iq2_xs(const void *block, kiln_sb *u) {
+    const block_iq2_xs *x = block;
+    /* each uint16: a 9-bit grid index, then a 7-bit sign index */
+    const __m256i v0 = load32(x->qs), v1 = load32(x->qs + 16);
+    const __m256i s = _mm256_packus_epi16(_mm256_srli_epi16(v0, 9), _mm256_srli_epi16(v1, 9));
+    uint32_t sgn[8];
+    store32(sgn, with_parity(_mm256_permute4x64_epi64(s, _MM_SHUFFLE(3, 1, 2, 0))));
+    for (int ib = 0; ib < 8; ib++) {
+        const uint16_t *i = x->qs + 4 * ib;
+        const __m256i g = rows4(kiln_iq2xs_grid, i[0] & 511, i[1] & 511, i[2] & 511, i[3] & 511);
+        store32(u->q + 32 * ib, apply_signs(g, sign_masks(sgn[ib])));
+    }
+    odd_scales(u->sc, nibbles(_mm_loadl_epi64((const __m128i *)x->scales)));
+    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+
+INLINE void sb_unpack_iq2_s(const void *block, kiln_sb *u) {
+    const block_iq2_s *x = block;
+    const uint8_t *signs = x->qs + QK_K / 8;
+    const __m128i shifts = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi32(3);
+    for (int ib = 0; ib < 8; ib++) { /* a group's index: 8 bits in qs, 2 in qh (a pair of bits a group) */
+        const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(x->qh[ib]), shifts), three);
+        const __m128i idx = _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(x->qs + 4 * ib))),
+                                         _mm_slli_epi32(high, 8));
+        const __m256i g = gather4(kiln_iq2s_grid, idx);
+        store32(u->q + 32 * ib, apply_signs(g, sign_masks(u32_at(signs + 4 * ib))));
+    }
+    odd_scales(u->sc, nibbles(_mm_loadl_epi64((const __m128i *)x->scales)));
+    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+
+INLINE void sb_unpack_iq3_xxs(const void *block, kiln_sb *u) {
+    const block_iq3_xxs *x = block;
+    uint32_t sgn[8];
+    xxs_signs_scales(load32(x->qs + QK_K / 4), sgn, u->sc);
+    for (int ib = 0; ib < 8; ib++) { /* 8 grid rows of 4 */
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib)));
+        const __m256i g = _mm256_i32gather_epi32((const int *)kiln_iq3xxs_grid, idx, 4);
+        store32(u->q + 32 * ib, apply_signs(g, sign_masks(sgn[ib])));
+    }
+    u->d = kiln_fp16_to_fp32(x->d) * 0.25f;
+}
+
+INLINE void sb_unpack_iq3_s(const void *block, kiln_sb *u) {
+    const block_iq3_s *x = block;
+    const __m256i shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(1);
+    for (int ib = 0; ib < 8; ib++) { /* 8 grid rows of 4: 8 bits in qs, the ninth bit k of qh[ib] */
+        const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x->qh[ib]), shifts), one);
+        const __m256i idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib))),
+                                            _mm256_slli_epi32(high, 8));
+        const __m256i g = _mm256_i32gather_epi32((const int *)kiln_iq3s_grid, idx, 4);
+        store32(u->q + 32 * ib, apply_signs(g, sign_masks(u32_at(x->signs + 4 * ib))));
+    }
+    const __m128i n = nibbles(_mm_cvtsi32_si128((int)u32_at(x->scales))); /* 8 nibbles, each for 32 weights: doubled */
+    odd_scales(u->sc, _mm_unpacklo_epi8(n, n));
+    u->d = kiln_fp16_to_fp32(x->d);
+}
+
+/* IQ1: 4 groups of 8 from 4 11-bit indexes (8 bits in qs, 3 bits of h at each of the 4 shifts),
+   q = 8 grid + delta (delta +-1 a group) */
+INLINE __m256i iq1_groups(const uint8_t *qs, unsigned h, __m128i shifts, __m256i delta) {
+    const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h), shifts), _mm_set1_epi32(7));
+    const __m128i idx = _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(qs))), _mm_slli_epi32(high, 8));
+    const __m256i g = gather4(kiln_iq1s_grid, idx);
+    const __m256i g8 = _mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8((char)0xF8));
+    return _mm256_add_epi8(g8, delta);
+}
+
+INLINE void sb_unpack_iq1_s(const void *block, kiln_sb *u) {
+    const block_iq1_s *x = block;
+    const __m128i shifts = _mm_setr_epi32(0, 3, 6, 9);
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned qh = x->qh[ib];
+        store32(u->q + 32 * ib, iq1_groups(x->qs + 4 * ib, qh, shifts, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1)));
+    }
+    const __m128i ls = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)x->qh), 12), _mm_set1_epi16(7));
+    const __m128i l = _mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1));
+    store32(u->sc, _mm256_set_m128i(_mm_unpackhi_epi16(l, l), _mm_unpacklo_epi16(l, l)));
+    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+
+INLINE void sb_unpack_iq1_m(const void *block, kiln_sb *u) {
+    const block_iq1_m *x = block;
+    uint16_t sc[4];
+    memcpy(sc, x->scales, sizeof sc);
+    const kiln_half d = (kiln_half)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+    const __m128i shifts = _mm_setr_epi32(0, 4, 8, 12), eight = _mm_set1_epi32(8);
+    for (int ib = 0; ib < 8; ib++) { /* a nibble of qh a group: index bits 8..10, then the delta's sign */
+        const unsigned qh = x->qh[2 * ib] | x->qh[2 * ib + 1] << 8;
+        /* delta: 1, or -1 where bit 3 is set, spread from each group's dword to its 8 bytes */
+        const __m128i h = _mm_srlv_epi32(_mm_set1_epi32((int)qh), shifts);
+        const __m256i minus = _mm256_cvtepi32_epi64(_mm_cmpeq_epi32(_mm_and_si128(h, eight), eight));
+        store32(u->q + 32 * ib, iq1_groups(x->qs + 4 * ib, qh, shifts, _mm256_or_si256(minus, _mm256_set1_epi8(1))));
+    }
+    /* 3-bit scales, four a uint16: each uint16 in 4 lanes, whose multipliers move field j % 4 to bits 9..11 */
+    const __m256i w = _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)x->scales)),
+        _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
+    const __m256i by = _mm256_setr_epi16(512, 64, 8, 1, 512, 64, 8, 1, 512, 64, 8, 1, 512, 64, 8, 1);
+    const __m256i ls = _mm256_srli_epi16(_mm256_and_si256(_mm256_mullo_epi16(w, by), _mm256_set1_epi16(7 << 9)), 9);
+    store32(u->sc, _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1)));
+    u->d = kiln_fp16_to_fp32(d) * 0.125f;
+}
+
+/* TQ1_0: byte b's trit n is t = (m * 3) >> 8 for m = b 3^n mod 256: 0 below 86, 2 from 171. As a
+   signed byte m - 128, q = t - 1 is -1 below -42, 1 above 42 (compares give -1 for true) */
+INLINE __m256i trits(__m256i m) {
+    const __m256i s = _mm256_xor_si256(m, _mm256_set1_epi8((char)0x80));
+    return _mm256_sub_epi8(_mm256_cmpgt_epi8(_mm256_set1_epi8(-42), s), _mm256_cmpgt_epi8(s, _mm256_set1_epi8(42)));
+}
+INLINE __m256i times3(__m256i m) { return _mm256_add_epi8(_mm256_add_epi8(m, m), m); }
+INLINE __m128i times3x(__m128i m) { return _mm_add_epi8(_mm_add_epi8(m, m), m); }
+
+INLINE void sb_unpack_tq1_0(const void *block, kiln_sb *u) {
+    const block_tq1_0 *x = block;
+    __m256i m = load32(x->qs); /* 32 bytes of 5 trits: weights 32 n + j */
+    for (int n = 0; n < 5; n++, m = times3(m)) store32(u->q + 32 * n, trits(m));
+    /* 16 bytes of 5 trits (weights 160 + 16 n + j), two n a store; the third store pairs n = 4 with
+       qh's 4 bytes of 4 trits (240 + 4 n + j): qh in four dwords, dword n times 3^n */
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)(x->qs + 32)), b1 = times3x(b0), b2 = times3x(b1);
+    const __m128i b3 = times3x(b2), b4 = times3x(b3);
+    const __m128i h = _mm_set1_epi32((int)u32_at(x->qh)), h3 = times3x(h), h9 = times3x(h3), h27 = times3x(h9);
+    const __m128i hn = _mm_blend_epi32(_mm_blend_epi32(h, h3, 2), _mm_blend_epi32(h9, h27, 8), 12);
+    store32(u->q + 160, trits(_mm256_set_m128i(b1, b0)));
+    store32(u->q + 192, trits(_mm256_set_m128i(b3, b2)));
+    store32(u->q + 224, trits(_mm256_set_m128i(hn, b4)));
+    store32(u->sc, _mm256_set1_epi16(1));
+    u->d = kiln_fp16_to_fp32(x->d);
+}
+
+/* the unpacker of a type known where this is inlined */
+INLINE void sb_unpack(const int type, const void *block, kiln_sb *u) {
+#define SB_CASE(name, t) case t: sb_unpack_##name(block, u); break;
+    switch (type) { KILN_SB_TYPES(SB_CASE) default: break; }
+#undef SB_CASE
+}
+#endif
+#endif
