@@ -4,7 +4,7 @@ Every length, count, type and offset is checked against the bytes that are reall
 no allocation sized by a field before that check, so that a truncated or corrupted file is
 refused with one message naming the file and the place. gguf-py's reader trusts what it reads (a
 count of 2^40 makes it loop or allocate for that many elements) and slices a numpy view per
-element: Gemma 3's 262k-token vocabulary took it 5 s, this walk a tenth of that. A numeric
+element: Gemma 3's 262k-token vocabulary took it 5 s, this walk 0.3 s. A numeric
 array is one np.frombuffer; a string array is a loop over lengths, the one thing GGUF's layout
 leaves sequential.
 """
@@ -40,6 +40,8 @@ class Field:
 
     def contents(self):
         """The value; a string that is not UTF-8 raises UnicodeDecodeError."""
+        if self.elem in _SCALAR:
+            return self.raw  # numbers: nothing to decode, and a vocabulary's scores are 262k of them
         return _decode(self.raw)
 
 
