@@ -122,13 +122,14 @@ INLINE int32_t sb_msum(const kiln_sb *u, const block_q8_K *y) {
     return _mm_cvtsi128_si32(t);
 }
 
-/* rows [0, n_w) against activation rows [0, n_a), BUFFER_A at a time: 8 rows a pass (past the last,
-   the last row again), each row's block unpacked inline and dotted at once, from registers */
 /* Blocks ahead that decode prefetches in each of its 8 rows. The 8 streams, each advancing a block
    at a time, are more than the hardware prefetcher follows: without it a core read a 230 MB
    Q3_K matrix at 4.5 GB/s, with it at 6.4 (2 ahead 6.0, 4 ahead 6.2, 8 ahead 4.6; into L2 only,
    6 or 12 ahead, 5.8 and 4.8). */
 #define PF 3
+
+/* rows [0, n_w) against activation rows [0, n_a), BUFFER_A at a time: 8 rows a pass (past the last,
+   the last row again), each row's block unpacked inline and dotted at once, from registers */
 INLINE void rows_decode(const int type, int nb, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act,
                         size_t a_row, int n_a, float *y, size_t y_row) {
     const size_t bb = kiln_row_bytes(type, QK_K);
