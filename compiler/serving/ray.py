@@ -225,6 +225,7 @@ def build_app(args: dict):
 def serve_forever(s: Settings, host: str, port: int, address: str | None, say=print) -> None:
     """Start a Ray cluster on this machine (address None) or join one, deploy, and serve until
     Ctrl-C or SIGTERM; then take the app down (and the cluster, if this started it)."""
+    import faulthandler
     import signal
 
     import ray
@@ -232,6 +233,8 @@ def serve_forever(s: Settings, host: str, port: int, address: str | None, say=pr
     def stop(signum, frame):
         raise KeyboardInterrupt
 
+    # `kill -USR1` prints every thread's stack: where a shutdown that does not end is waiting
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ray.init(address=address or "local", logging_level=logging.WARNING)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -241,14 +244,20 @@ def serve_forever(s: Settings, host: str, port: int, address: str | None, say=pr
         say(f"serving '{s.server.model_name}' on http://{host}:{port}/v1 through Ray Serve: {scale} replicas of "
             f"{s.threads_per_replica} thread(s), {s.options.n_seq} sequences each, the {s.router} router"
             + (f" (cluster {address})" if address else " (a cluster of this machine)"))
-        threading.Event().wait()
+        # Timed waits: a signal's Python handler runs in the main thread only when it next runs
+        # bytecode, and the kernel may hand SIGINT to one of Ray's threads, which does not end an
+        # untimed wait (kiln serve --ray then slept through Ctrl-C)
+        while True:
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
         try:
+            say(f"deleting the app '{APP_NAME}' from the cluster" if address else "shutting Ray Serve down")
             delete_app() if address else serve.shutdown()
         finally:
+            say("leaving the cluster" if address else "stopping the cluster")
             ray.shutdown()
 
 
