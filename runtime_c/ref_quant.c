@@ -71,16 +71,32 @@ float kiln_ref_dot_bf16(int n, const void *w, const void *act) { return dot16_bf
 
 /* ==== 32-weight block weights =============================================================== */
 
-/* Weight j (0..31) of a block as its integer q = u - offset: w = d * q, or d * q + m. The 4-bit
- * types keep weight j in the low nibble of qs[j % 16] (j < 16) or the high one; the 5-bit types
- * take bit j of qh as the fifth bit; Q8_0 stores q itself. Q8_0's bytes are read through an int8_t
- * pointer: GCC 12 vectorizes a dot of (int8_t)-converted uint8_t loads into vpdpbusd, which takes
- * them as unsigned, wherever the target has VNNI. */
-static inline int weight_q(const kiln_b32 *f, const uint8_t *blk, int j) {
-    if (f->bits == 8) return ((const int8_t *)(blk + f->qs_at))[j];
-    int u = (blk[f->qs_at + j % 16] >> (j < 16 ? 0 : 4)) & 0x0F;
-    if (f->qh_at) u |= ((blk[f->qh_at + j / 8] >> (j % 8)) & 1) << 4;
-    return u - f->offset;
+/* A block's 32 weights as integers q = u - offset: w = d * q, or d * q + m. The 4-bit types keep
+ * weight j in the low nibble of qs[j % 16] (j < 16) or the high one; the 5-bit types take bit j of
+ * qh as the fifth bit; Q8_0 stores q itself, copied as signed bytes (GCC 12
+ * vectorizes a dot of (int8_t)-converted uint8_t loads into vpdpbusd, which takes them as unsigned,
+ * wherever the target has VNNI). Whole-block passes, which the compiler vectorizes even for plain
+ * x86-64, where this is the kernel. */
+static inline __attribute__((always_inline)) void block_q(const kiln_b32 *f, const uint8_t *blk, int8_t q[32]) {
+    if (f->bits == 8) {
+        memcpy(q, blk + f->qs_at, 32);
+        return;
+    }
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(blk[f->qs_at + j] & 0x0F);
+        q[j + 16] = (int8_t)(blk[f->qs_at + j] >> 4);
+    }
+    /* eight fifth bits at a time: the qh byte copied into every byte of a word, byte i keeping bit
+     * i, which adding 0x7F carries into that byte's top bit, shifted down to 0x10 */
+    for (int k = 0; f->qh_at && k < 4; k++) {
+        const uint64_t spread = (uint64_t)blk[f->qh_at + k] * 0x0101010101010101ull;
+        const uint64_t fifth = (((spread & 0x8040201008040201ull) + 0x7F7F7F7F7F7F7F7Full) & 0x8080808080808080ull) >> 3;
+        uint64_t word;
+        memcpy(&word, q + 8 * k, sizeof word);
+        word |= fifth;
+        memcpy(q + 8 * k, &word, sizeof word);
+    }
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)(q[j] - f->offset);
 }
 
 static inline float block_d(const uint8_t *blk) {
@@ -97,8 +113,10 @@ static inline __attribute__((always_inline)) void dequant_b32(const int type, co
     const uint8_t *blk = src;
     for (int b = 0; b < n / 32; b++, blk += f.block_bytes, dst += 32) {
         const float d = block_d(blk), m = f.has_min ? block_m(blk) : 0.0f;
+        int8_t q[32];
+        block_q(&f, blk, q);
         for (int j = 0; j < 32; j++) {
-            const float v = d * (float)weight_q(&f, blk, j);
+            const float v = d * (float)q[j];
             dst[j] = f.has_min ? v + m : v;
         }
     }
@@ -113,8 +131,10 @@ static inline __attribute__((always_inline)) float dot_b32(const int type, int n
     float acc = 0.0f, mins = 0.0f;
     for (int b = 0; b < n / 32; b++, blk += f.block_bytes, a += a_bytes) {
         const int8_t *y = (const int8_t *)(a + q_at);
-        int isum = 0;
-        for (int j = 0; j < 32; j++) isum += weight_q(&f, blk, j) * y[j];
+        int8_t q[32];
+        block_q(&f, blk, q);
+        int isum = 0; /* an integer sum: its order cannot change it */
+        for (int j = 0; j < 32; j++) isum += q[j] * y[j];
         acc = fmaf((float)isum, block_d(blk) * block_d(a), acc);
         if (f.has_min) mins = fmaf(block_m(blk), block_m(a), mins);
     }
