@@ -181,6 +181,22 @@ def test_a_target_this_cpu_lacks_is_refused_by_name(monkeypatch, golden_model):
         compiler.load(golden_model, ctx=64, target="x86-64-v4")
 
 
+@pytest.mark.parametrize("target", [SCALAR, "x86-64-v2", "x86-64-v3"])
+def test_every_half_widens_as_numpy_widens_it(target):
+    """f16 to f32 through the target's own conversion (fp16.h: placed fields where the CPU has no
+    F16C, vcvtph2ps where it has), for all 65536 halves: the same floats as numpy's, NaNs quiet."""
+    loadable(target)
+    K = runtime_kernels(target=target)
+    halves = np.arange(65536, dtype=np.uint16)
+    got = np.zeros(65536, np.float32)
+    K.lib.kiln_dequantize_row_ref(int(Q.F16), K.ffi.from_buffer(halves), K.ffi.cast("float *", K.ffi.from_buffer(got)),
+                                  65536)
+    want = halves.view(np.float16).astype(np.float32)  # numpy keeps a signalling NaN signalling; IEEE's widening quiets it
+    want = (want.view(np.uint32) | np.where(np.isnan(want), np.uint32(0x00400000), np.uint32(0))).view(np.float32)
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert not bad.size, f"{target}: halves {[hex(h) for h in bad[:8]]} widen to {got[bad[:8]]}, numpy's {want[bad[:8]]}"
+
+
 def test_an_unknown_target_is_refused_by_name(golden_model):
     with pytest.raises(BuildError, match=r"unknown target 'pentium4'.*x86-64-v3"):
         compiler.load(golden_model, ctx=64, target="pentium4")
