@@ -62,6 +62,10 @@ static inline const int8_t *kiln_lut_b32(int type) {
     return type == KILN_IQ4_NL ? kiln_kvalues_iq4nl : type == KILN_MXFP4 ? kiln_kvalues_mxfp4 : 0;
 }
 static inline int kiln_is_lut_b32(int type) { return type == KILN_IQ4_NL || type == KILN_MXFP4; }
+/* their prefill in interleaved tiles (rows_lut_avx2.c): 1 if it took the call, 0 where the build
+   has no VNNI or no memory for a tile */
+int kiln_rows_lut_tiles(int type, int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
+                        float *y, size_t y_row);
 /* their geometry in kiln_b32's terms (no offset, no minimum, 4 bits), for the rows kernels; the x8
    layout does not hold them (kiln_b32_of says 0) */
 static inline void kiln_lut_b32_of(int type, kiln_b32 *f) {

@@ -18,6 +18,7 @@
 #ifdef KILN_HAVE_AVX2
 #define INLINE static inline __attribute__((always_inline))
 #define TILE_A 2 /* activation rows a tile takes with its 8 weight rows */
+#define LUT_TILES_A 3 /* activation rows from which the table types' prefill interleaves its tiles */
 
 /* 8 int32: each the sum of 4 adjacent products of unsigned bytes u and signed bytes s */
 INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
@@ -216,6 +217,8 @@ INLINE void tile_k(const int type, int nb, const uint8_t *w, size_t w_row, int n
 /* every (weight row, activation row) pair: tiles of 8 weight rows, TILE_A activation rows */
 INLINE void rows(const int type, int n, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act, size_t a_row,
                  int n_a, float *y, size_t y_row) {
+    if (kiln_is_lut_b32(type) && n_a >= LUT_TILES_A && kiln_rows_lut_tiles(type, n, w, w_row, n_w, act, a_row, n_a, y, y_row))
+        return;
     for (int r = 0; r < n_w; r += 8) {
         const int nw = n_w - r < 8 ? n_w - r : 8;
         const uint8_t *wr = w + r * w_row;

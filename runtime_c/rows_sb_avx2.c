@@ -20,16 +20,10 @@
 
 #include "quant_impl.h"
 #include "sb_unpack_avx2.h"
+#include "tile_avx2.h"
 
 #ifdef KILN_HAVE_AVX2
-#include <immintrin.h>
-
-#define INLINE static inline __attribute__((always_inline))
 #define BUFFER_A 3 /* activation rows from which a tile is interleaved once for all of them */
-
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-#define SB_VNNI 1
-#endif
 
 /* -- decode: 8 rows, each dotted alone and the 8 sums reduced across lanes ------------------- */
 
@@ -40,7 +34,7 @@ INLINE __m256i reduce8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-#ifdef SB_VNNI
+#ifdef TILE_VNNI
 /* vpdpbusd takes the byte products, q + 128 (unsigned) times y, 4 to an int32; the 128 y this
    adds is taken off a sub-block at a time as 128 bsums[j]. The 8 sums of a sub-block pair of
    each 32 bytes (2k low, 2k + 1 high) are added by vphaddd into the order [0 2 4 6 | 1 3 5 7] of
@@ -182,33 +176,6 @@ INLINE void rows_decode(const int type, int nb, const uint8_t *w, size_t w_row, 
 
 /* -- prefill: interleaved tiles, T rows a vector ---------------------------------------------- */
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-#define T 16
-#define V(op) _mm512_##op
-typedef __m512i vi;
-typedef __m512 vf;
-#define vload(p) _mm512_loadu_si512(p)
-#define vzero() _mm512_setzero_si512()
-#else
-#define T 8
-#define V(op) _mm256_##op
-typedef __m256i vi;
-typedef __m256 vf;
-#define vload(p) _mm256_loadu_si256((const __m256i *)(p))
-#define vzero() _mm256_setzero_si256()
-#endif
-#if T == 8 && !defined(__AVX512VL__)
-#define vdpbusd _mm256_dpbusd_avx_epi32
-#define vdpwssd _mm256_dpwssd_avx_epi32
-#else
-#define vdpbusd V(dpbusd_epi32)
-#define vdpwssd V(dpwssd_epi32)
-#endif
-#ifdef __AVX512F__
-#define A_MAX 8 /* activation rows a pass: their sums, partial sums and accumulators fill 32 registers */
-#else
-#define A_MAX 4
-#endif
 
 /* One super-block of a tile's T rows, interleaved: row r's weights 4k..4k+3 at q[k][4r..4r+4)
  * (with VNNI as unsigned bytes: q ^ 0x80 = q + 128, but Q2_K's), its scale of sub-block j at
@@ -226,7 +193,7 @@ _Static_assert(sizeof(sb_tile) % 64 == 0, "tiles stay 64-byte aligned in their b
    0..45 (Q2_K), and -q sc in -128..124 (Q3_K, negated since q sc reaches +128), so their blocks
    take no vpmulld; the tile's sc are then 1, and Q3_K's sum is negated back. */
 static inline int premultiplied(int type) {
-#ifdef SB_VNNI
+#ifdef TILE_VNNI
     return type == KILN_Q2_K || type == KILN_Q3_K;
 #endif
     return (void)type, 0;
@@ -240,24 +207,6 @@ static inline int scale_span(int type) {
     const int by_32 = type == KILN_IQ4_XS || type == KILN_IQ2_XXS || type == KILN_IQ3_XXS || type == KILN_IQ3_S ||
                       type == KILN_IQ1_S;
     return unscaled(type) ? 4 : by_32 ? 2 : 1;
-}
-
-INLINE int32_t ld32(const void *p) { /* 4 activation bytes, for a broadcast */
-    int32_t v;
-    return memcpy(&v, p, sizeof v), v;
-}
-
-/* v[e] = the 8 int32 of v[0..8)'s lane e (an 8 x 8 transpose) */
-INLINE void transpose8(__m256i v[8]) {
-    __m256i t[8], s[8];
-    for (int i = 0; i < 8; i += 2)
-        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
-    for (int i = 0; i < 8; i += 4) {
-        s[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]), s[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-        s[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), s[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 4; i++)
-        v[i] = _mm256_permute2x128_si256(s[i], s[i + 4], 0x20), v[i + 4] = _mm256_permute2x128_si256(s[i], s[i + 4], 0x31);
 }
 
 /* one block of rows [0, nw) (w, w_row apart; past nw the last row again) into t */
@@ -279,7 +228,7 @@ INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, 
             }
         p[r] = &u[r < nw ? r : nw - 1];
     }
-#ifdef SB_VNNI
+#ifdef TILE_VNNI
     const __m256i flip = _mm256_set1_epi8(has_min ? 0 : (char)0x80);
 #else
     const __m256i flip = _mm256_setzero_si256();
@@ -296,7 +245,7 @@ INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, 
             for (int i = 0; i < 8; i++) v[i] = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(ph[i]->sc + j0)));
             transpose8(v);
             for (int j = 0; j < 8; j++) {
-#ifndef SB_VNNI
+#ifndef TILE_VNNI
                 v[j] = _mm256_or_si256(_mm256_and_si256(v[j], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v[j], 16));
 #endif
                 _mm256_storeu_si256((__m256i *)(t->sc[j0 + j] + 8 * h), v[j]);
@@ -311,7 +260,7 @@ INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, 
     for (int r = 0; r < T; r++) t->d[r] = p[r]->d, t->dmin[r] = has_min ? p[r]->dmin : 0.0f;
 }
 
-#ifdef SB_VNNI
+#ifdef TILE_VNNI
 /* The partial sums' starting values: -128 times the activations' sum over each span of sub-blocks,
  * which takes off the 128 y that the weights' q + 128 adds. Stored, for broadcasts. seed_at(j) is
  * where the span that begins at sub-block j finds its own. */
@@ -340,7 +289,7 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
         const block_q8_K *yb[A_MAX];
         vi isum[A_MAX];
         for (int c = 0; c < A; c++) yb[c] = (const block_q8_K *)(act + (size_t)c * a_row) + b, isum[c] = vzero();
-#ifdef SB_VNNI
+#ifdef TILE_VNNI
         _Alignas(32) int32_t seed[A_MAX][QK_K / 16];
         if (!has_min)
             for (int c = 0; c < A; c++) store_seeds(span, yb[c]->bsums, seed[c]);
@@ -384,7 +333,7 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
                 vi msum = vzero();
                 for (int p = 0; p < QK_K / 32; p++) {
                     const vi bs = V(set1_epi32)(ld32(yb[c]->bsums + 2 * p));
-#ifdef SB_VNNI
+#ifdef TILE_VNNI
                     msum = vdpwssd(msum, vload(t->mp[p]), bs);
 #else
                     msum = V(add_epi32)(msum, _mm256_madd_epi16(vload(t->mp[p]), bs));
