@@ -76,6 +76,8 @@ def test_compile_prints_the_kernel_of_each_weight_type(capsys, mixed):
         assert "rows on the GGUF layout" in kernel, (d, kernel)  # the new types keep the GGUF rows
         assert ("no x8 layout for this type" in kernel) == x8, (d, kernel)
         assert ("unpacked once per tile" in kernel) == (d.block_elems == 256), (d, kernel)
+        lut_tiles = d in (DType.IQ4_NL, DType.MXFP4) and "KILN_HAVE_AVX2" in paths and "KILN_HAVE_VNNI" in paths
+        assert ("interleaved once per tile in prefill" in kernel) == lut_tiles, (d, kernel)
     # BF16 runs AVX2/NEON rows where the build has them (the scalar reference on a scalar build)
     assert ("scalar reference" in lines["BF16"][2]) == (not simd), lines["BF16"][2]
     q4k = lines["Q4_K"][2]
@@ -98,6 +100,9 @@ def test_each_path_is_described_from_its_facts(mixed):
     assert "AVX2 on the x8 layout" in avx2["Q4_K"] and "AMX" not in avx2["Q4_K"]
     assert avx2["IQ1_M"].endswith("AVX2 rows on the GGUF layout (unpacked once per tile; no x8 layout for this type)")
     assert avx2["IQ4_NL"].endswith("AVX2 rows on the GGUF layout (no x8 layout for this type)")
+    vnni = lines(("KILN_HAVE_AVX2", "KILN_HAVE_VNNI", "KILN_HAVE_AVX512"), lambda d: True)
+    assert vnni["MXFP4"].endswith("AVX2 rows on the GGUF layout (interleaved once per tile in prefill; no x8 layout "
+                                  "for this type)"), vnni["MXFP4"]
     assert avx2["BF16"].endswith("the scalar reference (this build has no SIMD dot for BF16)")
     arm = lines(("KILN_HAVE_NEON", "KILN_HAVE_DOTPROD"), None, "aarch64")
     assert "NEON rows on the GGUF layout" in arm["Q4_K"] and "x8" not in arm["Q4_K"]

@@ -97,6 +97,9 @@ def _route(t: TensorInfo, how: str, paths: Collection[str], simd_dot) -> str:
     # scales are unpacked to bytes once for all the tile's activation rows
     if t.dtype.block_elems == 256 and t.dtype not in X8_DTYPES:
         why.append("unpacked once per tile")
+    # the table types' prefill interleaves its tiles only with vpdpbusd (rows_lut_avx2.c)
+    if t.dtype in (DType.IQ4_NL, DType.MXFP4) and simd == "KILN_HAVE_AVX2" and "KILN_HAVE_VNNI" in paths:
+        why.append("interleaved once per tile in prefill")
     if x8:
         why.append("no x8 layout for this type" if t.dtype not in X8_DTYPES else "this shape has no x8 copy")
     rows += f" ({'; '.join(why)})" if why else ""
