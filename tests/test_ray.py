@@ -196,13 +196,17 @@ def _concurrently(client, requests) -> list:
 
 
 def interrupt_a_side_thread(pid: int) -> None:
-    """SIGINT to one thread of the process other than its main one (tgkill). A process-wide signal
-    goes to whichever thread the kernel picks; Python runs its handler in the main thread alone,
-    and only once that thread next runs bytecode."""
+    """SIGINT to one thread of the process other than its main one (tgkill), of those the kernel
+    could pick for a process-wide SIGINT: threads that do not block it. Python runs its handler in
+    the main thread alone, and only once that thread next runs bytecode."""
     import ctypes
 
-    side = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
-    assert side, f"process {pid} has no thread besides its main one"
+    def blocks_sigint(tid: int) -> bool:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        return bool(int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.M).group(1), 16) >> (signal.SIGINT - 1) & 1)
+
+    side = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid and not blocks_sigint(int(t)))
+    assert side, f"process {pid} has no thread besides its main one that takes SIGINT"
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.tgkill(pid, side[-1], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
 
