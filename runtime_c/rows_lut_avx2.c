@@ -8,7 +8,6 @@
  * tile_b32, which decode keeps). The integer sums are exact, and the floats are the reference's
  * (ref_sblock.c's dot_lut), lane by lane: acc = fma(isum, d * y.d, acc).
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "fp16.h"
@@ -82,22 +81,10 @@ INLINE void lut_gemm(const int A, const lut_tile *tile, int nb, const uint8_t *a
     }
 }
 
-/* a thread's tile buffer, kept (and grown) across its matmuls: no allocation a call */
-static _Thread_local struct { lut_tile *p; size_t n; } tiles;
-
-static lut_tile *tile_buffer(int nb) {
-    if ((size_t)nb > tiles.n) {
-        free(tiles.p);
-        tiles.p = aligned_alloc(64, sizeof(lut_tile) * (size_t)nb);
-        tiles.n = tiles.p ? (size_t)nb : 0;
-    }
-    return tiles.p;
-}
-
 int kiln_rows_lut_tiles(int type, int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
                         float *y, size_t y_row) {
     const int nb = n / QK4_0;
-    lut_tile *tile = kiln_is_lut_b32(type) ? tile_buffer(nb) : NULL;
+    lut_tile *tile = kiln_is_lut_b32(type) ? tile_buffer(sizeof(lut_tile) * (size_t)nb) : NULL;
     if (!tile) return 0;
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_lut_b32(type)));
     const size_t bb = type == KILN_MXFP4 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
@@ -105,15 +92,10 @@ int kiln_rows_lut_tiles(int type, int n, const void *w, size_t w_row, int n_w, c
     for (int r0 = 0; r0 < n_w; r0 += T) {
         const int nw = n_w - r0 < T ? n_w - r0 : T;
         for (int b = 0; b < nb; b++) build_tile(type, table, wb + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, tile + b);
-        int c = 0;
-#define GEMM(A) lut_gemm(A, tile, nb, ab + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
-        while (c + A_MAX <= n_a) GEMM(A_MAX);
-#if A_MAX > 4
-        if (n_a - c >= 4) GEMM(4); /* the rest by 4, 2 and 1: no pass computes rows it does not store */
-#endif
-        if (n_a - c >= 2) GEMM(2);
-        if (n_a - c >= 1) GEMM(1);
-#undef GEMM
+        int c;
+#define PASS(A) lut_gemm(A, tile, nb, ab + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
+        TILE_PASSES(n_a, c, PASS);
+#undef PASS
     }
     return 1;
 }

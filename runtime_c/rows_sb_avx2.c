@@ -15,7 +15,6 @@
  * The integer sums are exact; then each block's floats are the reference's (ref_sblock.c), lane by
  * lane: acc = fma(isum, d * y.d, acc), mins = fma(msum, dmin * y.d, mins), the value acc - mins.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "quant_impl.h"
@@ -350,23 +349,11 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
     }
 }
 
-/* a thread's tile buffer, kept (and grown) across its matmuls: no allocation a call */
-static _Thread_local struct { sb_tile *p; size_t n; } tiles;
-
-static sb_tile *tile_buffer(int nb) {
-    if ((size_t)nb > tiles.n) {
-        free(tiles.p);
-        tiles.p = aligned_alloc(64, sizeof(sb_tile) * (size_t)nb);
-        tiles.n = tiles.p ? (size_t)nb : 0;
-    }
-    return tiles.p;
-}
-
 /* inlined into each type's entry point, so that every per-type choice above is a constant */
 INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     const int nb = n / QK_K;
-    sb_tile *tile = n_a >= BUFFER_A ? tile_buffer(nb) : NULL;
+    sb_tile *tile = n_a >= BUFFER_A ? tile_buffer(sizeof(sb_tile) * (size_t)nb) : NULL;
     if (!tile) { /* decode, or no memory for a tile */
         rows_decode(type, nb, w, w_row, n_w, act, a_row, n_a, y, y_row);
         return;
@@ -377,15 +364,10 @@ INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n
         const int nw = n_w - r0 < T ? n_w - r0 : T;
         for (int b = 0; b < nb; b++)
             build_tile(type, unpack, w + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, tile + b);
-        int c = 0;
-#define GEMM(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
-        while (c + A_MAX <= n_a) GEMM(A_MAX);
-#if A_MAX > 4
-        if (n_a - c >= 4) GEMM(4); /* the rest by 4, 2 and 1: no pass computes rows it does not store */
-#endif
-        if (n_a - c >= 2) GEMM(2);
-        if (n_a - c >= 1) GEMM(1);
-#undef GEMM
+        int c;
+#define PASS(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
+        TILE_PASSES(n_a, c, PASS);
+#undef PASS
     }
 }
 

@@ -4,6 +4,7 @@
 #ifndef KILN_TILE_AVX2_H
 #define KILN_TILE_AVX2_H
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "isa.h"
@@ -44,6 +45,37 @@ typedef __m256 vf;
 #else
 #define A_MAX 4
 #endif
+
+/* Activation rows [0, n_a) in passes of A_MAX, then by 4, 2 and 1, so that no pass computes rows
+   it does not store: PASS(A) takes A rows from row c and moves c on. */
+#if A_MAX > 4
+#define TILE_PASSES(n_a, c, PASS)                                                                             \
+    do {                                                                                                      \
+        for (c = 0; c + A_MAX <= (n_a);) PASS(A_MAX);                                                         \
+        if ((n_a) - c >= 4) PASS(4);                                                                          \
+        if ((n_a) - c >= 2) PASS(2);                                                                          \
+        if ((n_a) - c >= 1) PASS(1);                                                                          \
+    } while (0)
+#else
+#define TILE_PASSES(n_a, c, PASS)                                                                             \
+    do {                                                                                                      \
+        for (c = 0; c + A_MAX <= (n_a);) PASS(A_MAX);                                                         \
+        if ((n_a) - c >= 2) PASS(2);                                                                          \
+        if ((n_a) - c >= 1) PASS(1);                                                                          \
+    } while (0)
+#endif
+
+/* a thread's buffer of tiles (64-byte multiples), kept and grown across its matmuls so that a call
+   allocates nothing; each file that includes this has its own */
+static void *tile_buffer(size_t bytes) {
+    static _Thread_local struct { void *p; size_t n; } buffer;
+    if (bytes > buffer.n) {
+        free(buffer.p);
+        buffer.p = aligned_alloc(64, bytes);
+        buffer.n = buffer.p ? bytes : 0;
+    }
+    return buffer.p;
+}
 
 INLINE int32_t ld32(const void *p) { /* 4 activation bytes, for a broadcast */
     int32_t v;
