@@ -236,7 +236,9 @@ def serve_forever(s: Settings, host: str, port: int, address: str | None, say=pr
     # `kill -USR1` prints every thread's stack: where a shutdown that does not end is waiting
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     ray.init(address=address or "local", logging_level=logging.WARNING)
-    previous = signal.signal(signal.SIGTERM, stop)
+    # SIGINT as well as SIGTERM, whatever the process inherited: a shell starts a background job
+    # with SIGINT ignored, and Python then leaves it ignored (kiln serve, through uvicorn, stops on both)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app_of(s), name=APP_NAME, route_prefix="/")
@@ -252,7 +254,8 @@ def serve_forever(s: Settings, host: str, port: int, address: str | None, say=pr
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         try:
             say(f"deleting the app '{APP_NAME}' from the cluster" if address else "shutting Ray Serve down")
             delete_app() if address else serve.shutdown()
