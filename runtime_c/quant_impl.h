@@ -28,7 +28,8 @@ void kiln_rows(int type, int n, const void *w, size_t w_row, int n_w, const void
 
 /* The 32-weight block types as the SIMD kernels read them: each weight as an unsigned byte u,
  * w = d * (u - offset), or w = d * u + m for the types with a minimum. Every block begins with d
- * (then m); Q8_0's signed q is read as u = q + 128 (q ^ 0x80), offset 128. */
+ * (then m); Q8_0's signed q is read as u = q + 128 (q ^ 0x80), offset 128. The table types fill
+ * the same struct (kiln_lut_b32_of, kiln_x8_b32_of). */
 typedef struct {
     size_t block_bytes;
     int offset;    /* 8 (Q4_0), 16 (Q5_0), 128 (Q8_0), 0 (Q4_1, Q5_1) */
@@ -36,6 +37,8 @@ typedef struct {
     int bits;      /* bits of u stored in qs: 4 (nibbles, low then high), or 8 */
     size_t qh_at;  /* offset of the fifth bits (Q5_0, Q5_1), 0 when there are none */
     size_t qs_at;  /* offset of the nibbles, or of Q8_0's bytes */
+    const int8_t *lut; /* the table types (IQ4_NL, MXFP4): the signed value each nibble indexes */
+    int e8m0;      /* MXFP4: the scale is one E8M0 byte (kiln_e8m0_half), not an f16 */
 } kiln_b32;
 
 /* 0 for a type that is not one of them; constant-folds for a constant type */
@@ -66,11 +69,20 @@ static inline int kiln_is_lut_b32(int type) { return type == KILN_IQ4_NL || type
    has no VNNI or no memory for a tile */
 int kiln_rows_lut_tiles(int type, int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
                         float *y, size_t y_row);
-/* their geometry in kiln_b32's terms (no offset, no minimum, 4 bits), for the rows kernels; the x8
-   layout does not hold them (kiln_b32_of says 0) */
+/* their geometry in kiln_b32's terms (signed values, no offset, no minimum, 4 bits), for the rows
+   kernels */
 static inline void kiln_lut_b32_of(int type, kiln_b32 *f) {
-    *f = type == KILN_MXFP4 ? (kiln_b32){sizeof(block_mxfp4), 0, 0, 4, 0, offsetof(block_mxfp4, qs)}
-                            : (kiln_b32){sizeof(block_iq4_nl), 0, 0, 4, 0, offsetof(block_iq4_nl, qs)};
+    *f = type == KILN_MXFP4 ? (kiln_b32){sizeof(block_mxfp4), 0, 0, 4, 0, offsetof(block_mxfp4, qs), kiln_kvalues_mxfp4, 1}
+                            : (kiln_b32){sizeof(block_iq4_nl), 0, 0, 4, 0, offsetof(block_iq4_nl, qs), kiln_kvalues_iq4nl, 0};
+}
+/* The 32-weight types the x8 layout holds (x8_pack.c), as its kernels read them: kiln_b32_of's, and
+   the table types, whose nibbles the unsigned kernels map to u = value + 128 (offset 128) */
+static inline __attribute__((always_inline)) int kiln_x8_b32_of(int type, kiln_b32 *f) {
+    if (kiln_b32_of(type, f)) return 1;
+    if (!kiln_is_lut_b32(type)) return 0;
+    kiln_lut_b32_of(type, f);
+    f->offset = 128;
+    return 1;
 }
 /* MXFP4's scale: 2^(e - 128), the half that matches its doubled values (gguf-py's e8m0_to_fp32_half) */
 static inline float kiln_e8m0_half(uint8_t e) {

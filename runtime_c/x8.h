@@ -21,6 +21,8 @@
     case KILN_Q5_0: gemm(KILN_Q5_0, __VA_ARGS__); break;                                          \
     case KILN_Q5_1: gemm(KILN_Q5_1, __VA_ARGS__); break;                                          \
     case KILN_Q8_0: gemm(KILN_Q8_0, __VA_ARGS__); break;                                          \
+    case KILN_IQ4_NL: gemm(KILN_IQ4_NL, __VA_ARGS__); break;                                      \
+    case KILN_MXFP4: gemm(KILN_MXFP4, __VA_ARGS__); break;                                        \
     case KILN_Q4_K: gemm(KILN_Q4_K, __VA_ARGS__); break;                                          \
     case KILN_Q5_K: gemm(KILN_Q5_K, __VA_ARGS__); break;                                          \
     case KILN_Q6_K: gemm(KILN_Q6_K, __VA_ARGS__); break;                                          \
@@ -38,14 +40,36 @@ static inline size_t kiln_kx8_bytes(int type) {
                                                                         : 0;
 }
 
+/* An x8 block of a 32-weight type begins with its 8 rows' scales: d[8] f16 (then m[8] f16), or
+   MXFP4's e[8] E8M0 bytes; its fifth bits or values follow */
+static inline size_t kiln_x8_scale_bytes(const kiln_b32 *f) { return f->e8m0 ? 8 : f->has_min ? 32 : 16; }
+
 #ifdef KILN_HAVE_X8
+#include <immintrin.h>
+
+/* MXFP4's 8 E8M0 scales as kiln_e8m0_half's floats: 2^(e - 128), below 2^-126 (e < 2) denormal */
+INLINE __m256i x8_e8m0_bits(__m128i e8) {
+    const __m256i e = _mm256_cvtepu8_epi32(e8), one = _mm256_set1_epi32(1);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_blendv_epi8(tiny, normal, _mm256_cmpgt_epi32(e, one));
+}
+
+INLINE __m256i x8_scales_bits(const uint8_t *blk) { return x8_e8m0_bits(_mm_loadl_epi64((const __m128i *)blk)); }
+
+/* the 8 rows' scales d of an x8 block as floats */
+INLINE __m256 x8_scales(const kiln_b32 *f, const uint8_t *blk) {
+    if (f->e8m0) return _mm256_castsi256_ps(x8_scales_bits(blk));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+}
+
 /* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
  * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
  * + offset; each array holds (c, b) at c * c_step + b * b_step. */
 INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int rows, int nb, float *yd, float *ys,
                        int32_t *seed, int c_step, int b_step) {
     kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
+    kiln_x8_b32_of(type, &f);
     const size_t a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = f.has_min ? 4 : 2;
     for (int c = 0; c < rows; c++)
         for (int b = 0; b < nb; b++) {
@@ -77,7 +101,14 @@ INLINE __m512 x16_half(const uint8_t *a, size_t apart) { /* 8 f16 of each block,
                                                    _mm_loadu_si128((const __m128i *)(a + apart)), 1));
 }
 
-/* The 8 weight vectors of two x8 blocks as unsigned bytes: u[k] holds weights 4k..4k+3 of each row */
+INLINE __m512 x16_scales(const kiln_b32 *f, const uint8_t *a, size_t apart) { /* x8_scales of each block */
+    if (f->e8m0)
+        return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(x8_scales_bits(a)), x8_scales_bits(a + apart), 1));
+    return x16_half(a, apart);
+}
+
+/* The 8 weight vectors of two x8 blocks as unsigned bytes: u[k] holds weights 4k..4k+3 of each row;
+   the table types' nibbles become value + 128 */
 INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, size_t apart, __m512i u[8]) {
     if (type == KILN_Q8_0) {
         for (int k = 0; k < 8; k++) u[k] = x16_join(qs + 32 * k, apart);
@@ -92,6 +123,11 @@ INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, si
         if (type == KILN_Q5_0 || type == KILN_Q5_1)
             for (int k = 2 * v; k < 2 * v + 2; k++)
                 u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(qh[k] | (uint64_t)qh2[k] << 32, five));
+    }
+    if (kiln_is_lut_b32(type)) {
+        const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_lut_b32(type))),
+                                               _mm512_set1_epi8((char)0x80));
+        for (int k = 0; k < 8; k++) u[k] = _mm512_shuffle_epi8(table, u[k]);
     }
 }
 

@@ -87,7 +87,7 @@ static void amx_begin(void) {
 INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                      int n_a, float *y, size_t y_row) {
     kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
+    kiln_x8_b32_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2;
     _Alignas(64) uint8_t wt[AMX_MAX_BLOCKS][8][64]; /* the pair's blocks as weight tiles */
@@ -110,11 +110,11 @@ INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, c
             const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
             const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
             for (int b = 0; b < nb; b++, blk += x8_bytes) {
-                const uint8_t *p = blk + (f.has_min ? 32 : 16);
+                const uint8_t *p = blk + kiln_x8_scale_bytes(&f);
                 __m512i u[8];
                 x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
                 for (int k = 0; k < 8; k++) _mm512_store_si512(wt[b][k], u[k]);
-                _mm512_store_ps(wd[b], x16_half(blk, apart));
+                _mm512_store_ps(wd[b], x16_scales(&f, blk, apart));
                 if (f.has_min) _mm512_store_ps(wm[b], x16_half(blk + 16, apart));
             }
             for (int c0 = 0; c0 < nr; c0 += AMX_M) {
@@ -153,6 +153,7 @@ int kiln_amx_rows(int type, const uint8_t *w, int g0, int g1, int nb, const uint
     if (n_a < AMX_M || nb > AMX_MAX_BLOCKS || kiln_is_kquant(type) || !amx_on()) return 0;
     switch (type) { /* each type its own copy of the kernel, the type a constant in it */
         AMX_CASE(KILN_Q4_0) AMX_CASE(KILN_Q4_1) AMX_CASE(KILN_Q5_0) AMX_CASE(KILN_Q5_1) AMX_CASE(KILN_Q8_0)
+        AMX_CASE(KILN_IQ4_NL) AMX_CASE(KILN_MXFP4)
     default: return 0;
     }
     return n_a - n_a % AMX_M;

@@ -7,8 +7,9 @@
  * rows' sums of 4 products at once, with no reduction across lanes. Each unpacked weight block
  * serves X8_ROWS activation rows. The 16-bit pair sums are added as 16-bit numbers only as far as
  * they cannot overflow: with |y| <= 127 a pair is at most 2 * 127 * u_max, so 8 of them for 4-bit
- * weights (u <= 15), 4 for 5-bit (u <= 31), 2 for Q6_K (u <= 63), and Q8_0 takes |q| and y's sign
- * (|q| <= 128) one product pair at a time. The integer block sums are exact; the float steps are
+ * weights (u <= 15), 4 for 5-bit (u <= 31), 2 for Q6_K (u <= 63), and Q8_0 and the table types
+ * (IQ4_NL, MXFP4) take |q| and y's sign one product pair at a time; with VNNI every u goes to
+ * vpdpbusd as it is (q + 128 for those three, the seed taking off 128 sum(y)). The integer block sums are exact; the float steps are
  * the reference dot's (ref_quant.c, ref_kquant.c) in its order, as in x8_vnni.c: a row's value is
  * the same bits on every path.
  */
@@ -41,12 +42,21 @@ INLINE __m256i mask_bytes(uint32_t bits, char bit) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(bit));
 }
 
+/* Whether a 32-weight type's values are dotted signed, |q| against y with q's sign: without VNNI,
+   where a vpmaddubsw pair of u = q + 128 (Q8_0, the table types) could reach 2 * 255 * 127 and
+   overflow its int16. vpdpbusd takes every u as it is, the offset's seed taking off 128 sum(y). */
+#ifdef KILN_HAVE_VNNI
+#define X8_SIGNED(f) 0
+#else
+#define X8_SIGNED(f) ((f).bits == 8 || (f).lut)
+#endif
+
 /* The 8 weight vectors of one x8 chunk of 32 weights (u[k]: weights 4k..4k+3 of each row), as
- * unsigned bytes; Q8_0's as signed q (stored q ^ 0x80) */
+ * unsigned bytes; Q8_0's as signed q (stored q ^ 0x80) where they are dotted signed */
 INLINE void unpack8(const int type, const uint8_t *qs, const uint32_t *qh, __m256i u[8]) {
     if (type == KILN_Q8_0) {
-        for (int k = 0; k < 8; k++)
-            u[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * k)), _mm256_set1_epi8((char)0x80));
+        const __m256i flip = _mm256_set1_epi8(X8_SIGNED((kiln_b32){.bits = 8}) ? (char)0x80 : 0);
+        for (int k = 0; k < 8; k++) u[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * k)), flip);
         return;
     }
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -89,10 +99,14 @@ INLINE __m256i dot_signed(const __m256i u[8], const uint8_t *y) {
 INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                     size_t a_row, float *y, size_t y_row) {
     kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
+    kiln_x8_b32_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2;
     const int run = f.bits == 8 ? 1 : f.qh_at ? 4 : 8;
+    const int is_signed = X8_SIGNED(f);
+    const __m256i lut = f.lut ? _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f.lut)),
+                                                 _mm256_set1_epi8(is_signed ? 0 : (char)0x80))
+                              : _mm256_setzero_si256();
     float yd[X8_ROWS][X8_MAX_BLOCKS], ys[X8_ROWS][X8_MAX_BLOCKS];
     int32_t seed[X8_ROWS][X8_MAX_BLOCKS];
     act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS, 1);
@@ -101,15 +115,17 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
         __m256 acc[X8_ROWS], mins[X8_ROWS];
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++, blk += x8_bytes) {
-            const uint8_t *p = blk + (f.has_min ? 32 : 16);
+            const uint8_t *p = blk + kiln_x8_scale_bytes(&f);
             for (size_t at = 0; at < x8_bytes; at += 64) __builtin_prefetch(blk + X8_AHEAD + at);
             __m256i u[8];
             unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? (const uint32_t *)p : NULL, u);
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            if (f.lut) /* the nibbles index the table: value + 128 for vpdpbusd, else the signed value */
+                for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(lut, u[k]);
+            const __m256 d = x8_scales(&f, blk);
             for (int c = 0; c < C; c++) {
                 const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
-                __m256i sum = f.bits == 8 ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
-                if (f.offset && f.bits != 8) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[c][b]));
+                __m256i sum = is_signed ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
+                if (f.offset && !is_signed) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[c][b]));
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(yd[c][b])), acc[c]);
             }
         }

@@ -10,11 +10,12 @@
  *
  * Layout of a matrix of n_out rows (n_out % 8 == 0): groups of 8 rows, each a run of x8
  * blocks, one per 32-weight block of the row. An x8 block holds, in order:
- *   d[8]          f16, the rows' scales
+ *   d[8]          f16, the rows' scales (MXFP4: e[8], its E8M0 bytes)
  *   m[8]          f16, the rows' minimums (Q4_1, Q5_1)
  *   qh[8]         u32, 5-bit types: bit 4r+j of qh[c] is the fifth bit of weight 4c+j of row r
  *   qs            4-bit types: 4 vectors of 32 bytes; byte 4r+j of vector v has weight 8v+j of
- *                 row r in its low nibble and weight 8v+4+j in its high nibble
+ *                 row r in its low nibble and weight 8v+4+j in its high nibble (IQ4_NL and
+ *                 MXFP4: the GGUF's nibbles, the indexes into their tables)
  *                 Q8_0: 8 vectors of 32 bytes; byte 4r+j of vector c is weight 4c+j of row r,
  *                 stored as q ^ 0x80 (unsigned, offset 128)
  * which is exactly as many bytes as the eight GGUF blocks it replaces. The compiler packs with
@@ -46,7 +47,7 @@ size_t kiln_x8_bytes(int type, int n_out, int n_in) {
 int kiln_x8_packs(int type, int n_out, int n_in) {
     kiln_b32 f;
     if (n_out % 8 != 0 || n_in > KILN_X8_MAX_IN) return 0;
-    return kiln_is_kquant(type) ? n_in % QK_K == 0 : kiln_b32_of(type, &f) && n_in % 32 == 0;
+    return kiln_is_kquant(type) ? n_in % QK_K == 0 : kiln_x8_b32_of(type, &f) && n_in % 32 == 0;
 }
 
 int kiln_x8_kernels(void) {
@@ -178,7 +179,7 @@ void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
         pack_kx8(type, src_, dst_, n_out, n_in);
         return;
     }
-    if (!kiln_b32_of(type, &f) || n_out % 8 != 0) return;
+    if (!kiln_x8_b32_of(type, &f) || n_out % 8 != 0) return;
     const uint8_t *src = src_;
     uint8_t *dst = dst_;
     const int nb = n_in / 32;
@@ -188,12 +189,12 @@ void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
             uint8_t *out = dst + ((size_t)g * nb + b) * x8_bytes, u[8][32];
             const uint8_t *row[8];
             memset(out, 0, x8_bytes);
-            kiln_half *d = (kiln_half *)out, *m = d + 8;
-            uint8_t *p = out + (f.has_min ? 32 : 16);
+            const size_t d_bytes = f.e8m0 ? 1 : sizeof(kiln_half);
+            uint8_t *p = out + kiln_x8_scale_bytes(&f);
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * f.block_bytes;
-                memcpy(&d[r], blk, sizeof(kiln_half)); /* every block type begins with d, the _1 types then m */
-                if (f.has_min) memcpy(&m[r], blk + sizeof(kiln_half), sizeof(kiln_half));
+                memcpy(out + d_bytes * r, blk, d_bytes); /* every block type begins with d, the _1 types then m */
+                if (f.has_min) memcpy(out + 16 + 2 * r, blk + sizeof(kiln_half), sizeof(kiln_half));
                 b32_values(&f, blk, u[r]);
                 row[r] = u[r];
             }

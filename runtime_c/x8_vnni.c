@@ -27,7 +27,7 @@
 INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                     size_t a_row, float *y, size_t y_row) {
     kiln_b32 f = {0};
-    kiln_b32_of(type, &f);
+    kiln_x8_b32_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
     float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
@@ -42,10 +42,10 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
         for (int b = 0; b < nb; b++, blk += x8_bytes) {
             for (size_t at = 0; at < x8_bytes; at += 64)
                 __builtin_prefetch(blk + X8_AHEAD + at), __builtin_prefetch(blk + apart + X8_AHEAD + at);
-            const uint8_t *p = blk + (f.has_min ? 32 : 16);
+            const uint8_t *p = blk + kiln_x8_scale_bytes(&f);
             __m512i u[8];
             x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
-            const __m512 d = x16_half(blk, apart), m = f.has_min ? x16_half(blk + 16, apart) : d;
+            const __m512 d = x16_scales(&f, blk, apart), m = f.has_min ? x16_half(blk + 16, apart) : d;
             for (int c = 0; c < C; c++) {
                 /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
                 const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;

@@ -26,10 +26,11 @@ from compiler.tools.synthetic_models import SHAPES, WTYPES, synthetic_spec
 from synthetic import TinySpec, write_tiny_model
 
 # layer 0 of the new types, one a tensor; layer 1 Q4_K (an x8 type) but for a BF16 matrix, whose dot
-# has no SIMD twin; the tied embedding Q4_K with 259 rows, which no x8 copy takes (not 8 a group)
+# has no SIMD twin; the tied embedding IQ4_NL (an x8 type, as attn_v is) with 259 rows, which no x8
+# copy takes (not 8 a group)
 MIXED = {"blk.0.attn_q.weight": Q.IQ2_XXS, "blk.0.attn_k.weight": Q.Q2_K, "blk.0.attn_v.weight": Q.IQ4_NL,
          "blk.0.attn_output.weight": Q.MXFP4, "blk.0.ffn_gate.weight": Q.TQ2_0, "blk.0.ffn_up.weight": Q.IQ3_S,
-         "blk.0.ffn_down.weight": Q.IQ1_M, "blk.1.attn_q.weight": Q.BF16}
+         "blk.0.ffn_down.weight": Q.IQ1_M, "blk.1.attn_q.weight": Q.BF16, "token_embd.weight": Q.IQ4_NL}
 SHAPE = dict(arch="llama", wtype=Q.Q4_K, n_embd=256, n_head=4, n_head_kv=2, n_ff=512)  # rows of whole super-blocks
 LINE = re.compile(r"^kiln:   (\w+): (\d+) tensors?, ([\d.]+ [KM]iB): (.*)$", re.M)
 
@@ -80,9 +81,13 @@ def test_compile_prints_the_kernel_of_each_weight_type(capsys, mixed):
         assert ("interleaved once per tile in prefill" in kernel) == lut_tiles, (d, kernel)
     # BF16 runs AVX2/NEON rows where the build has them (the scalar reference on a scalar build)
     assert ("scalar reference" in lines["BF16"][2]) == (not simd), lines["BF16"][2]
-    q4k = lines["Q4_K"][2]
-    if x8:  # six matrices packed; the embedding's 259 rows are not whole groups of 8
-        assert "6 tensors: " in q4k and "on the x8 layout" in q4k and "this shape has no x8 copy" in q4k, q4k
+    q4k, iq4nl = lines["Q4_K"][2], lines["IQ4_NL"][2]
+    if x8:  # six matrices packed; of IQ4_NL's, attn_v, not the embedding's 259 rows (not 8 a group)
+        assert q4k.endswith("on the x8 layout"), q4k
+        lut_tiles = "KILN_HAVE_AVX2" in paths and "KILN_HAVE_VNNI" in paths
+        assert "1 tensor: " in iq4nl and "on the x8 layout" in iq4nl and (
+            f"rows on the GGUF layout ({'interleaved once per tile in prefill; ' if lut_tiles else ''}this shape "
+            "has no x8 copy)") in iq4nl, iq4nl
 
 
 def test_each_path_is_described_from_its_facts(mixed):
@@ -99,10 +104,14 @@ def test_each_path_is_described_from_its_facts(mixed):
     avx2 = lines(("KILN_HAVE_AVX2", "KILN_HAVE_X8_AVX2"), lambda d: d is not DType.BF16)
     assert "AVX2 on the x8 layout" in avx2["Q4_K"] and "AMX" not in avx2["Q4_K"]
     assert avx2["IQ1_M"].endswith("AVX2 rows on the GGUF layout (unpacked once per tile; no x8 layout for this type)")
-    assert avx2["IQ4_NL"].endswith("AVX2 rows on the GGUF layout (no x8 layout for this type)")
+    assert "1 tensor: AVX2 on the x8 layout" in avx2["IQ4_NL"] and (
+        "1 tensor: AVX2 rows on the GGUF layout (this shape has no x8 copy)") in avx2["IQ4_NL"], avx2["IQ4_NL"]
     vnni = lines(("KILN_HAVE_AVX2", "KILN_HAVE_VNNI", "KILN_HAVE_AVX512"), lambda d: True)
-    assert vnni["MXFP4"].endswith("AVX2 rows on the GGUF layout (interleaved once per tile in prefill; no x8 layout "
-                                  "for this type)"), vnni["MXFP4"]
+    assert vnni["MXFP4"].endswith("1 tensor, 34.0 KiB: AVX-512 VNNI on the x8 layout"), vnni["MXFP4"]
+    # the table types' rows without an x8 copy interleave their prefill's tiles where vpdpbusd is
+    assert "1 tensor: AVX-512 VNNI on the x8 layout" in vnni["IQ4_NL"] and ("1 tensor: AVX2 rows on the GGUF layout "
+                                                                           "(interleaved once per tile in prefill; this "
+                                                                           "shape has no x8 copy)") in vnni["IQ4_NL"]
     assert avx2["BF16"].endswith("the scalar reference (this build has no SIMD dot for BF16)")
     arm = lines(("KILN_HAVE_NEON", "KILN_HAVE_DOTPROD"), None, "aarch64")
     assert "NEON rows on the GGUF layout" in arm["Q4_K"] and "x8" not in arm["Q4_K"]

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType as Q
 import compiler
 from compiler.build import targets as build
 from compiler.build.runtime import runtime_kernels
+from compiler.core.dtypes import X8_DTYPES
 from compiler.core.errors import BuildError
 from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
 from synthetic import TinySpec, write_tiny_model
@@ -264,15 +265,18 @@ def test_an_unknown_isa_switch_is_refused_by_name(golden_model, monkeypatch):
         compiler.load(golden_model, ctx=64)
 
 
-X8_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# each GGUF block's bytes that hold values (not the f16 scales): (block bytes, value ranges, fill)
+X8_TYPES = [d.value for d in X8_DTYPES]
+# each GGUF block's bytes that hold values (not the scales): (block bytes, value ranges, fill);
+# IQ4_NL's index 0 is -127, MXFP4's 15 is -12
 VALUE_BYTES = {Q.Q4_0: (18, [(2, 18)], 0xFF), Q.Q4_1: (20, [(4, 20)], 0xFF), Q.Q5_0: (22, [(2, 22)], 0xFF),
-               Q.Q5_1: (24, [(4, 24)], 0xFF), Q.Q8_0: (34, [(2, 34)], 0x80), Q.Q4_K: (144, [(4, 144)], 0xFF),
-               Q.Q5_K: (176, [(4, 176)], 0xFF), Q.Q6_K: (210, [(0, 192)], 0xFF)}
+               Q.Q5_1: (24, [(4, 24)], 0xFF), Q.Q8_0: (34, [(2, 34)], 0x80), Q.IQ4_NL: (18, [(2, 18)], 0x00),
+               Q.MXFP4: (17, [(1, 17)], 0xFF), Q.Q4_K: (144, [(4, 144)], 0xFF), Q.Q5_K: (176, [(4, 176)], 0xFF),
+               Q.Q6_K: (210, [(0, 192)], 0xFF)}
 
 
 def _extreme(w: np.ndarray, t: Q) -> np.ndarray:
-    """Weights of the largest magnitude each type holds: u = 15, 31 or 63 (K-quants with scales 63), q = -128."""
+    """Weights of the largest magnitude each type holds: u = 15, 31 or 63 (K-quants with scales 63), q = -128,
+    the tables' -127 and -12."""
     size, ranges, fill = VALUE_BYTES[t]
     blocks = w.reshape(w.shape[0], -1, size).copy()
     for a, b in ranges:
