@@ -26,18 +26,22 @@
     case KILN_Q4_K: gemm(KILN_Q4_K, __VA_ARGS__); break;                                          \
     case KILN_Q5_K: gemm(KILN_Q5_K, __VA_ARGS__); break;                                          \
     case KILN_Q6_K: gemm(KILN_Q6_K, __VA_ARGS__); break;                                          \
+    case KILN_IQ4_XS: gemm(KILN_IQ4_XS, __VA_ARGS__); break;                                      \
     }
 
-/* A kx8 block (a K-quant super-block of 8 rows): its head (d, Q4_K/Q5_K's dmin, the scales and
-   minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits and Q6_K's fifth and sixth
-   as planes before the nibbles) */
-static inline size_t kiln_kx8_head(int type) { return type == KILN_Q6_K ? 16 + 128 : 32 + 128; }
+/* A kx8 block (a K-quant or IQ4_XS super-block of 8 rows): its head (d, Q4_K/Q5_K's dmin, the
+   scales and minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits and Q6_K's fifth
+   and sixth as planes before the nibbles; IQ4_XS's nibbles index kvalues_iq4nl) */
+static inline int kiln_is_kx8(int type) { return kiln_is_kquant(type) || type == KILN_IQ4_XS; }
+static inline size_t kiln_kx8_head(int type) {
+    return type == KILN_Q6_K ? 16 + 128 : type == KILN_IQ4_XS ? 16 + 64 : 32 + 128;
+}
+static inline size_t kiln_kx8_sc_at(int type) { return type == KILN_IQ4_XS ? 16 : 32; } /* sc[8][8] (not Q6_K) */
 static inline size_t kiln_kx8_chunk(int type) {
     return type == KILN_Q6_K ? 64 + 128 : type == KILN_Q5_K ? 32 + 128 : 128;
 }
 static inline size_t kiln_kx8_bytes(int type) {
-    return type == KILN_Q4_K || type == KILN_Q5_K || type == KILN_Q6_K ? kiln_kx8_head(type) + 8 * kiln_kx8_chunk(type)
-                                                                        : 0;
+    return kiln_is_kx8(type) ? kiln_kx8_head(type) + 8 * kiln_kx8_chunk(type) : 0;
 }
 
 /* An x8 block of a 32-weight type begins with its 8 rows' scales: d[8] f16 (then m[8] f16), or

@@ -150,7 +150,7 @@ INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, c
     case type: amx_rows(type, w, g0, g1, nb, act, a_row, n_a, y, y_row); break;
 int kiln_amx_rows(int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row) {
-    if (n_a < AMX_M || nb > AMX_MAX_BLOCKS || kiln_is_kquant(type) || !amx_on()) return 0;
+    if (n_a < AMX_M || nb > AMX_MAX_BLOCKS || kiln_is_kx8(type) || !amx_on()) return 0;
     switch (type) { /* each type its own copy of the kernel, the type a constant in it */
         AMX_CASE(KILN_Q4_0) AMX_CASE(KILN_Q4_1) AMX_CASE(KILN_Q5_0) AMX_CASE(KILN_Q5_1) AMX_CASE(KILN_Q8_0)
         AMX_CASE(KILN_IQ4_NL) AMX_CASE(KILN_MXFP4)

@@ -149,8 +149,13 @@ INLINE __m256i bytes32(const uint8_t *a, int is_signed) { /* 8 bytes as 8 int32 
 INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
-    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K;
-    const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type);
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, xs = type == KILN_IQ4_XS, has_min = !q6 && !xs;
+    const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
+    /* IQ4_XS's nibbles index kvalues_iq4nl: value + 128 for vpdpbusd (its sub-block's sum seeded with
+       -128 sum(y)), else the signed value, dotted signed */
+    const int xs_signed = X8_SIGNED(((kiln_b32){.bits = 4, .lut = kiln_kvalues_iq4nl}));
+    const __m256i table = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl)),
+                                           _mm256_set1_epi8(xs_signed ? 0 : (char)0x80));
     for (int g = g0; g < g1; g++) {
         const uint8_t *blk = w + (size_t)g * nb * kb;
         __m256 acc[X8_ROWS], mins[X8_ROWS];
@@ -164,6 +169,8 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 __m256i u[8];
                 const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
                 unpack8(KILN_Q4_0, qs, q5 ? (const uint32_t *)chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
+                if (xs)
+                    for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(table, u[k]);
                 if (q6) {
                     const uint32_t *h4 = (const uint32_t *)chunk, *h5 = h4 + 8;
                     for (int k = 0; k < 8; k++)
@@ -180,10 +187,16 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                                                                              _mm256_mullo_epi32(s1, sb)));
                     }
                 } else {
-                    const __m256i sc = bytes32(blk + 32 + 8 * j, 0);
+                    const __m256i sc = bytes32(blk + sc_at + 8 * j, xs);
                     for (int c = 0; c < C; c++) {
-                        const uint8_t *y4 = (const uint8_t *)((const block_q8_K *)(act + c * a_row) + b)->qs + 32 * j;
-                        isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_run(u, y4, 0, 8, q5 ? 4 : 8), sc));
+                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+                        const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
+                        __m256i s;
+                        if (xs && xs_signed) s = dot_signed(u, y4);
+                        else if (xs) s = _mm256_add_epi32(dot_run(u, y4, 0, 8, 8), _mm256_set1_epi32(
+                                                              -128 * (yb->bsums[2 * j] + yb->bsums[2 * j + 1])));
+                        else s = dot_run(u, y4, 0, 8, q5 ? 4 : 8);
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc));
                     }
                 }
             }
@@ -191,7 +204,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
             for (int c = 0; c < C; c++) {
                 const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d, _mm256_set1_ps(yb->d)), acc[c]);
-                if (!q6) { /* sum over sub-blocks of m_j x (y's sum over sub-block j) */
+                if (has_min) { /* sum over sub-blocks of m_j x (y's sum over sub-block j) */
                     __m256i msum = _mm256_setzero_si256();
                     for (int p = 0; p < 4; p++) {
                         const uint8_t *m = blk + 96 + 16 * p;
@@ -214,7 +227,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
 INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     int c = 0;
-    if (kiln_is_kquant(type)) {
+    if (kiln_is_kx8(type)) {
         for (; c + X8_ROWS <= n_a; c += X8_ROWS)
             kx8_rows(type, X8_ROWS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
         for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);

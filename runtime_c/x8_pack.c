@@ -28,6 +28,8 @@
  *               (32 bytes a group more than GGUF's: the 6-bit scales as bytes)
  *   Q6_K:       d[8] f16; sc[16][8] i8; 8 x (qh4[8] u32, qh5[8] u32, qs[128]), u = q + 32 in
  *               0..63, its fifth and sixth bits as two planes (exactly GGUF's bytes)
+ *   IQ4_XS:     d[8] f16; sc[8][8] i8 (ls - 32); 8 x qs[128], the GGUF's nibbles, indexes into
+ *               kvalues_iq4nl (16 bytes a group more than GGUF's: the 6-bit scales as bytes)
  * Their integer sums are the references' (ref_kquant.c): sum over sub-blocks of scale x sum(u * y),
  * Q4_K's minimum from q8_K's sums, Q6_K's -32 offset seeding each sub-block's sum.
  *
@@ -40,14 +42,14 @@
 #include "x8.h"
 
 size_t kiln_x8_bytes(int type, int n_out, int n_in) {
-    if (kiln_is_kquant(type)) return (size_t)(n_out / 8) * (size_t)(n_in / QK_K) * kiln_kx8_bytes(type);
+    if (kiln_is_kx8(type)) return (size_t)(n_out / 8) * (size_t)(n_in / QK_K) * kiln_kx8_bytes(type);
     return (size_t)n_out * kiln_row_bytes(type, n_in);
 }
 
 int kiln_x8_packs(int type, int n_out, int n_in) {
     kiln_b32 f;
     if (n_out % 8 != 0 || n_in > KILN_X8_MAX_IN) return 0;
-    return kiln_is_kquant(type) ? n_in % QK_K == 0 : kiln_x8_b32_of(type, &f) && n_in % 32 == 0;
+    return kiln_is_kx8(type) ? n_in % QK_K == 0 : kiln_x8_b32_of(type, &f) && n_in % 32 == 0;
 }
 
 int kiln_x8_kernels(void) {
@@ -128,8 +130,7 @@ static void put_chunk(const uint8_t *const u[8], int bits, uint32_t *qh4, uint32
 
 static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int n_in) {
     const int nb = n_in / QK_K;
-    const size_t block = type == KILN_Q4_K ? sizeof(block_q4_K) : type == KILN_Q5_K ? sizeof(block_q5_K)
-                                                                                      : sizeof(block_q6_K);
+    const size_t block = kiln_row_bytes(type, QK_K);
     const size_t row_bytes = (size_t)nb * block, out_bytes = kiln_kx8_bytes(type);
     for (int g = 0; g < n_out / 8; g++)
         for (int b = 0; b < nb; b++) {
@@ -138,6 +139,25 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
             const uint8_t *blk[8];
             for (int r = 0; r < 8; r++) blk[r] = src + (size_t)(8 * g + r) * row_bytes + (size_t)b * block;
             const uint8_t *row[8];
+            if (type == KILN_IQ4_XS) { /* the nibbles as they are, the scales ls - 32 as signed bytes */
+                kiln_sb v;
+                for (int r = 0; r < 8; r++) {
+                    const block_iq4_xs *x = (const block_iq4_xs *)blk[r];
+                    memcpy(out + 2 * r, &x->d, 2);
+                    kiln_unpack_iq4_xs(x, &v);
+                    for (int j = 0; j < 8; j++) out[16 + 8 * j + r] = (uint8_t)(int8_t)v.sc[2 * j];
+                    for (int i = 0; i < QK_K; i++) {
+                        const uint8_t byte = x->qs[16 * (i / 32) + i % 16];
+                        u[r][i] = (i % 32) < 16 ? byte & 15 : byte >> 4;
+                    }
+                }
+                uint8_t *chunk = out + kiln_kx8_head(type);
+                for (int c = 0; c < 8; c++, chunk += 128) {
+                    for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
+                    put_chunk(row, 4, NULL, NULL, chunk);
+                }
+                continue;
+            }
             for (int r = 0; r < 8; r++) kiln_kquant_values(type, blk[r], u[r]);
             if (type == KILN_Q6_K) {
                 uint8_t *sc = out + 16, *chunk = out + 16 + 128;
@@ -175,7 +195,7 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
 
 void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
     kiln_b32 f;
-    if (kiln_is_kquant(type) && n_out % 8 == 0 && n_in % QK_K == 0) {
+    if (kiln_is_kx8(type) && n_out % 8 == 0 && n_in % QK_K == 0) {
         pack_kx8(type, src_, dst_, n_out, n_in);
         return;
     }

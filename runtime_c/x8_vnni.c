@@ -71,15 +71,18 @@ INLINE __m512i x16_bytes32(const uint8_t *a, size_t apart, int is_signed) {
 
 /* The kx8 twin of x8_rows: C activation rows of q8_K super-blocks against groups [g0, g1).
  * Per super-block and row lane: isum = sum_j sc_j * sum(u * y) over its sub-blocks (Q6_K's
- * sums seeded with -32 * sum(y)), and for Q4_K/Q5_K msum = sum_j m_j * (y's sum over sub-block
+ * sums seeded with -32 * sum(y), IQ4_XS's with -128 * sum(y)), and for Q4_K/Q5_K msum = sum_j m_j * (y's sum over sub-block
  * j) by vpdpwssd on (m_2p, m_2p+1) pairs; then acc += isum * (d * y.d), mins += msum * (dmin * y.d). */
 INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
-    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K;
-    const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type);
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, xs = type == KILN_IQ4_XS, has_min = !q6 && !xs;
+    const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
+    /* IQ4_XS: value + 128 for each nibble, its sub-block's sum seeded with -128 sum(y) */
+    const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl)),
+                                           _mm512_set1_epi8((char)0x80));
     int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][4]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
-    for (int c = 0; c < C; c++)
+    for (int c = 0; c < C && has_min; c++)
         for (int b = 0; b < nb; b++) {
             const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
             for (int p = 0; p < 4; p++) {
@@ -103,6 +106,8 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 __m512i u[8];
                 const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
                 x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
+                if (xs)
+                    for (int k = 0; k < 8; k++) u[k] = _mm512_shuffle_epi8(table, u[k]);
                 if (q5 || q6) {
                     const uint32_t *h4 = (const uint32_t *)chunk, *h4b = (const uint32_t *)(chunk + apart);
                     const __m512i five = _mm512_set1_epi8(0x10), six = _mm512_set1_epi8(0x20);
@@ -128,16 +133,17 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                                                                              _mm512_mullo_epi32(s1, sb)));
                     }
                 } else {
-                    const __m512i sc = x16_bytes32(blk + 32 + 8 * j, apart, 0);
+                    const __m512i sc = x16_bytes32(blk + sc_at + 8 * j, apart, xs);
                     for (int c = 0; c < C; c++) {
-                        const uint8_t *y4 = (const uint8_t *)((const block_q8_K *)(act + c * a_row) + b)->qs + 32 * j;
-                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, y4, _mm512_setzero_si512()), sc));
+                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
+                        const __m512i seed = _mm512_set1_epi32(xs ? -128 * (yb->bsums[2 * j] + yb->bsums[2 * j + 1]) : 0);
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, (const uint8_t *)yb->qs + 32 * j, seed), sc));
                     }
                 }
             }
             const __m512 d = x16_half(blk, apart);
             __m512i mp[4];
-            if (!q6) /* (m_2p, m_2p+1) of each row lane as two int16 */
+            if (has_min) /* (m_2p, m_2p+1) of each row lane as two int16 */
                 for (int p = 0; p < 4; p++) {
                     const uint8_t *m = blk + 96 + 16 * p;
                     const __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)m),
@@ -149,7 +155,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
             for (int c = 0; c < C; c++) {
                 const float yd = ((const block_q8_K *)(act + c * a_row) + b)->d;
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(yd)), acc[c]);
-                if (!q6) {
+                if (has_min) {
                     __m512i msum = _mm512_setzero_si512();
                     for (int p = 0; p < 4; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[c][b][p]));
                     mins[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum),
@@ -169,7 +175,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
 INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     int c = 0;
-    if (kiln_is_kquant(type)) {
+    if (kiln_is_kx8(type)) {
         for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
             kx8_rows(type, X8_TOKENS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
         for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);

@@ -267,11 +267,11 @@ def test_an_unknown_isa_switch_is_refused_by_name(golden_model, monkeypatch):
 
 X8_TYPES = [d.value for d in X8_DTYPES]
 # each GGUF block's bytes that hold values (not the scales): (block bytes, value ranges, fill);
-# IQ4_NL's index 0 is -127, MXFP4's 15 is -12
+# IQ4_NL's index 0 is -127, MXFP4's 15 is -12; IQ4_XS's zero scale bits are ls - 32 = -32
 VALUE_BYTES = {Q.Q4_0: (18, [(2, 18)], 0xFF), Q.Q4_1: (20, [(4, 20)], 0xFF), Q.Q5_0: (22, [(2, 22)], 0xFF),
                Q.Q5_1: (24, [(4, 24)], 0xFF), Q.Q8_0: (34, [(2, 34)], 0x80), Q.IQ4_NL: (18, [(2, 18)], 0x00),
                Q.MXFP4: (17, [(1, 17)], 0xFF), Q.Q4_K: (144, [(4, 144)], 0xFF), Q.Q5_K: (176, [(4, 176)], 0xFF),
-               Q.Q6_K: (210, [(0, 192)], 0xFF)}
+               Q.Q6_K: (210, [(0, 192)], 0xFF), Q.IQ4_XS: (136, [(2, 136)], 0x00)}
 
 
 def _extreme(w: np.ndarray, t: Q) -> np.ndarray:
@@ -300,7 +300,7 @@ def test_x8_kernels_of_each_target_give_the_reference_dots(target):
     def ptr(a, t="void *"):
         return ffi.cast(t, ffi.from_buffer(a))
     for t in X8_TYPES:
-        n_in = 768 if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 576
+        n_in = 768 if GGML_QUANT_SIZES[t][0] == 256 else 576
         for n_out, rows in [(8, 1), (48, 1), (48, 6), (24, 19)]:
             rng = np.random.default_rng(900 + int(t) + n_out + rows)
             _, w = quantized(rng, n_out, n_in, t)
