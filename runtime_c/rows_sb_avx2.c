@@ -20,6 +20,7 @@
 #include "quant_impl.h"
 #include "sb_unpack_avx2.h"
 #include "tile_avx2.h"
+#include "x8.h"
 
 #ifdef KILN_HAVE_AVX2
 #define BUFFER_A 3 /* activation rows from which a tile is interleaved once for all of them */
@@ -368,6 +369,106 @@ INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n
 #define PASS(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
         TILE_PASSES(n_a, c, PASS);
 #undef PASS
+    }
+}
+
+/* -- the same tiles from a packed matrix (Q3_K and IQ4_XS, x8_pack.c's kx8 blocks) --------------- */
+
+/* a kx8 chunk of 32 weights of 8 rows as signed q: v[k] holds weights 4k..4k+3 of each row */
+INLINE void kx8_chunk_q(const int type, const uint8_t *chunk, __m256i v[8]) {
+    if (type == KILN_Q3_K) { /* 2-bit fields u[4h + s] at bits 2s of vector h, the third bit from its plane */
+        uint32_t plane[8];
+        memcpy(plane, chunk, sizeof plane);
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(chunk + 32 + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), _mm256_set1_epi8(3));
+                const __m256i high = _mm256_and_si256(sign_masks(plane[4 * h + s]), _mm256_set1_epi8(4));
+                v[4 * h + s] = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(4));
+            }
+        }
+        return;
+    }
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl));
+    for (int h = 0; h < 4; h++) { /* nibbles: u[2h] low, u[2h + 1] high */
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(chunk + 32 * h)), m4 = _mm256_set1_epi8(15);
+        v[2 * h] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+        v[2 * h + 1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+    }
+}
+
+/* a * b for signed bytes whose products fit a byte, by their 16-bit products' low bytes */
+INLINE __m256i mul_bytes(__m256i a, __m256i b) {
+    const __m256i even = _mm256_mullo_epi16(a, b);
+    const __m256i odd = _mm256_mullo_epi16(_mm256_srli_epi16(a, 8), _mm256_srli_epi16(b, 8));
+    return _mm256_or_si256(_mm256_and_si256(even, _mm256_set1_epi16(0xFF)), _mm256_slli_epi16(odd, 8));
+}
+
+/* A tile's super-block from the kx8 blocks of its T / 8 groups (w, group bytes apart; past the
+ * last of n_groups, the last again): the bytes build_tile writes from the GGUF rows, the kx8
+ * layout's 8 rows already interleaved as the tile's are, with no unpacking a row at a time. */
+INLINE void build_tile_kx8(const int type, const uint8_t *w, size_t group, int n_groups, sb_tile *t) {
+    const int q3 = type == KILN_Q3_K;
+#ifdef TILE_VNNI
+    const __m256i flip = _mm256_set1_epi8((char)0x80); /* unsigned for vpdpbusd: q + 128, or -q sc + 128 */
+#else
+    const __m256i flip = _mm256_setzero_si256();
+#endif
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5,
+                                            6, 6, 6, 6, 7, 7, 7, 7);
+    for (int h = 0; h < T / 8; h++) {
+        const uint8_t *blk = w + (size_t)(h < n_groups ? h : n_groups - 1) * group, *sc = blk + 16;
+        for (int r = 0; r < 8; r++) {
+            kiln_half d;
+            memcpy(&d, blk + 2 * r, sizeof d);
+            t->d[8 * h + r] = kiln_fp16_to_fp32(d), t->dmin[8 * h + r] = 0.0f;
+        }
+        for (int j = 0; j < QK_K / 16; j++) { /* the rows' scale of each 16 weights */
+            const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * (q3 ? j : j / 2))));
+#ifdef TILE_VNNI
+            _mm256_storeu_si256((__m256i *)(t->sc[j] + 8 * h), v);
+#else
+            _mm256_storeu_si256((__m256i *)(t->sc[j] + 8 * h),
+                                _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16)));
+#endif
+        }
+        const uint8_t *chunk = blk + kiln_kx8_head(type);
+        for (int c = 0; c < 8; c++, chunk += kiln_kx8_chunk(type)) {
+            __m256i v[8];
+            kx8_chunk_q(type, chunk, v);
+            for (int k = 0; k < 8; k++) {
+                if (premultiplied(type)) { /* -q sc: sub-block 2c + k / 4's scale of row r in bytes 4r..4r+3 */
+                    const __m256i s8 = _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)(sc + 8 * (2 * c + k / 4))));
+                    v[k] = mul_bytes(v[k], _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_shuffle_epi8(s8, spread)));
+                }
+                _mm256_storeu_si256((__m256i *)(t->q[8 * c + k] + 32 * h), _mm256_xor_si256(v[k], flip));
+            }
+        }
+    }
+}
+
+/* groups [g0, g1) of 8 rows: a tile's T / 8 groups at a time */
+INLINE void rows_sb_kx8(const int type, sb_tile *tile, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
+                        size_t a_row, int n_a, float *y, size_t y_row) {
+    const size_t kb = kiln_kx8_bytes(type), group = (size_t)nb * kb;
+    for (int g = g0; g < g1; g += T / 8) {
+        const int n_groups = g1 - g < T / 8 ? g1 - g : T / 8, r0 = 8 * g;
+        for (int b = 0; b < nb; b++) build_tile_kx8(type, w + (size_t)g * group + (size_t)b * kb, group, n_groups, tile + b);
+        int c;
+#define PASS(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, 8 * n_groups), c += A
+        TILE_PASSES(n_a, c, PASS);
+#undef PASS
+    }
+}
+
+int kiln_rows_sb_kx8(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+                     float *y, size_t y_row) {
+    sb_tile *tile = n_a >= BUFFER_A ? tile_buffer(sizeof(sb_tile) * (size_t)(n_in / QK_K)) : NULL;
+    if (!tile) return 0;
+    switch (type) { /* each type its own copy, the type a constant in it */
+    case KILN_Q3_K: rows_sb_kx8(KILN_Q3_K, tile, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row); return 1;
+    case KILN_IQ4_XS: rows_sb_kx8(KILN_IQ4_XS, tile, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row); return 1;
+    default: return 0;
     }
 }
 

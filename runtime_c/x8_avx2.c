@@ -33,8 +33,12 @@ INLINE __m256i sum_pairs(__m256i s16) { /* 16 x int16 -> 8 x int32: each lane's 
     return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
 }
 
-/* bit j of a 32-bit mask -> `bit` in byte j, else 0 */
+/* bit j of a 32-bit mask -> `bit` in byte j, else 0: one masked move where AVX-512 has them (the
+   VNNI builds' decode), five instructions on AVX2 */
 INLINE __m256i mask_bytes(uint32_t bits, char bit) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(bit));
+#endif
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
                                                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                                 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
@@ -149,7 +153,8 @@ INLINE __m256i bytes32(const uint8_t *a, int is_signed) { /* 8 bytes as 8 int32 
 INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
-    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, xs = type == KILN_IQ4_XS, has_min = !q6 && !xs;
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, xs = type == KILN_IQ4_XS;
+    const int has_min = type == KILN_Q4_K || q5, by16 = q6 || q3, offset = q6 ? 32 : 4; /* by16: a scale a 16 */
     const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
     /* IQ4_XS's nibbles index kvalues_iq4nl: value + 128 for vpdpbusd (its sub-block's sum seeded with
        -128 sum(y)), else the signed value, dotted signed */
@@ -167,22 +172,31 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
             const uint8_t *chunk = blk + head;
             for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
                 __m256i u[8];
-                const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
-                unpack8(KILN_Q4_0, qs, q5 ? (const uint32_t *)chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
+                const uint8_t *qs = chunk + (q6 ? 64 : q5 || q3 ? 32 : 0);
+                if (q3) /* two bits a weight: u[4v + s] at bits 2s of vector v, the third from its plane */
+                    for (int v = 0; v < 2; v++) {
+                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
+                        for (int s = 0; s < 4; s++)
+                            u[4 * v + s] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), _mm256_set1_epi8(3)),
+                                                           mask_bytes(((const uint32_t *)chunk)[4 * v + s], 0x04));
+                    }
+                else unpack8(KILN_Q4_0, qs, q5 ? (const uint32_t *)chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(table, u[k]);
-                if (q6) {
+                if (by16) {
                     const uint32_t *h4 = (const uint32_t *)chunk, *h5 = h4 + 8;
-                    for (int k = 0; k < 8; k++)
+                    for (int k = 0; k < 8 && q6; k++)
                         u[k] = _mm256_or_si256(_mm256_or_si256(u[k], mask_bytes(h4[k], 0x10)), mask_bytes(h5[k], 0x20));
-                    /* two sub-blocks of 16, each with its own scale, their sums seeded with -32 sum(y) */
+                    /* two sub-blocks of 16, each with its own scale, their sums seeded with -offset sum(y);
+                       Q6_K's u <= 63 adds its pairs 2 at a time, Q3_K's u <= 7 all 4 */
                     const __m256i sa = bytes32(blk + 16 + 8 * (2 * j), 1), sb = bytes32(blk + 16 + 8 * (2 * j + 1), 1);
                     for (int c = 0; c < C; c++) {
                         const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
                         const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
-                        const __m256i s0 = _mm256_add_epi32(_mm256_set1_epi32(-32 * yb->bsums[2 * j]), dot_run(u, y4, 0, 4, 2));
-                        const __m256i s1 = _mm256_add_epi32(_mm256_set1_epi32(-32 * yb->bsums[2 * j + 1]),
-                                                            dot_run(u, y4, 4, 4, 2));
+                        const __m256i s0 = _mm256_add_epi32(_mm256_set1_epi32(-offset * yb->bsums[2 * j]),
+                                                            dot_run(u, y4, 0, 4, q6 ? 2 : 4));
+                        const __m256i s1 = _mm256_add_epi32(_mm256_set1_epi32(-offset * yb->bsums[2 * j + 1]),
+                                                            dot_run(u, y4, 4, 4, q6 ? 2 : 4));
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_mullo_epi32(s0, sa),
                                                                              _mm256_mullo_epi32(s1, sb)));
                     }
@@ -227,6 +241,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
 INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     int c = 0;
+    if (kiln_kx8_tiles(type) && kiln_rows_sb_kx8(type, w, g0, g1, nb * 32, act, a_row, n_a, y, y_row)) return;
     if (kiln_is_kx8(type)) {
         for (; c + X8_ROWS <= n_a; c += X8_ROWS)
             kx8_rows(type, X8_ROWS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);

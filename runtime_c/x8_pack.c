@@ -30,6 +30,8 @@
  *               0..63, its fifth and sixth bits as two planes (exactly GGUF's bytes)
  *   IQ4_XS:     d[8] f16; sc[8][8] i8 (ls - 32); 8 x qs[128], the GGUF's nibbles, indexes into
  *               kvalues_iq4nl (16 bytes a group more than GGUF's: the 6-bit scales as bytes)
+ *   Q3_K:       d[8] f16; sc[16][8] i8 (sc - 32); 8 x (qh4[8] u32, qs[64]), u = q + 4 in 0..7 as
+ *               2-bit fields and its third bit as a plane (32 bytes a group more than GGUF's)
  * Their integer sums are the references' (ref_kquant.c): sum over sub-blocks of scale x sum(u * y),
  * Q4_K's minimum from q8_K's sums, Q6_K's -32 offset seeding each sub-block's sum.
  *
@@ -104,10 +106,11 @@ static void b32_values(const kiln_b32 *f, const uint8_t *blk, uint8_t u[32]) {
 }
 
 /* One 32-weight chunk of 8 rows in the x8 layout, row r's 32 values u[r]: 8-bit values as
- * bytes (byte 4r+k of vector c: weight 4c+k); else nibbles in qs (byte 4r+k of vector v: weight
+ * bytes (byte 4r+k of vector c: weight 4c+k); nibbles in qs (byte 4r+k of vector v: weight
  * 8v+k low, 8v+4+k high), bit 4 and bit 5 as planes qh4 and qh5 (bit 4r+k of word c: weight
- * 4c+k), which the caller zeroed; NULL planes are not written. Each output byte is made once,
- * from whole rows, so packing runs near the speed of a copy. */
+ * 4c+k), which the caller zeroed; NULL planes are not written; or 2-bit fields (Q3_K: byte 4r+k
+ * of vector v holds weight 16v+4s+k at bits 2s), bit 2 as plane qh4. Each output byte is made
+ * once, from whole rows, so packing runs near the speed of a copy. */
 static void put_chunk(const uint8_t *const u[8], int bits, uint32_t *qh4, uint32_t *qh5, uint8_t *qs) {
     for (int r = 0; r < 8; r++) {
         const uint8_t *x = u[r];
@@ -115,12 +118,21 @@ static void put_chunk(const uint8_t *const u[8], int bits, uint32_t *qh4, uint32
             for (int c = 0; c < 8; c++) memcpy(qs + 32 * c + 4 * r, x + 4 * c, 4);
             continue;
         }
-        for (int v = 0; v < 4; v++)
-            for (int k = 0; k < 4; k++)
-                qs[32 * v + 4 * r + k] = (uint8_t)((x[8 * v + k] & 0x0F) | (x[8 * v + 4 + k] & 0x0F) << 4);
+        if (bits == 2)
+            for (int v = 0; v < 2; v++)
+                for (int k = 0; k < 4; k++) {
+                    uint8_t byte = 0;
+                    for (int s = 0; s < 4; s++) byte |= (uint8_t)((x[16 * v + 4 * s + k] & 3) << (2 * s));
+                    qs[32 * v + 4 * r + k] = byte;
+                }
+        else
+            for (int v = 0; v < 4; v++)
+                for (int k = 0; k < 4; k++)
+                    qs[32 * v + 4 * r + k] = (uint8_t)((x[8 * v + k] & 0x0F) | (x[8 * v + 4 + k] & 0x0F) << 4);
         if (!qh4 && !qh5) continue;
-        uint32_t b4 = 0, b5 = 0; /* bit j: weight j's bit 4, bit 5 */
-        for (int j = 0; j < 32; j++) b4 |= (uint32_t)((x[j] >> 4) & 1) << j, b5 |= (uint32_t)((x[j] >> 5) & 1) << j;
+        const int high = bits == 2 ? 2 : 4;
+        uint32_t b4 = 0, b5 = 0; /* bit j: weight j's bit `high` (2 or 4), bit 5 */
+        for (int j = 0; j < 32; j++) b4 |= (uint32_t)((x[j] >> high) & 1) << j, b5 |= (uint32_t)((x[j] >> 5) & 1) << j;
         for (int c = 0; c < 8; c++) {
             if (qh4) qh4[c] |= ((b4 >> (4 * c)) & 0x0F) << (4 * r);
             if (qh5) qh5[c] |= ((b5 >> (4 * c)) & 0x0F) << (4 * r);
@@ -155,6 +167,21 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                 for (int c = 0; c < 8; c++, chunk += 128) {
                     for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
                     put_chunk(row, 4, NULL, NULL, chunk);
+                }
+                continue;
+            }
+            if (type == KILN_Q3_K) { /* u = q + 4 in 0..7, the 16 scales sc - 32 as signed bytes */
+                kiln_sb v;
+                for (int r = 0; r < 8; r++) {
+                    memcpy(out + 2 * r, &((const block_q3_K *)blk[r])->d, 2);
+                    kiln_unpack_q3_K(blk[r], &v);
+                    for (int j = 0; j < 16; j++) out[16 + 8 * j + r] = (uint8_t)(int8_t)v.sc[j];
+                    for (int i = 0; i < QK_K; i++) u[r][i] = (uint8_t)(v.q[i] + 4);
+                }
+                uint8_t *chunk = out + kiln_kx8_head(type);
+                for (int c = 0; c < 8; c++, chunk += kiln_kx8_chunk(type)) {
+                    for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
+                    put_chunk(row, 2, (uint32_t *)chunk, NULL, chunk + 32);
                 }
                 continue;
             }

@@ -71,12 +71,13 @@ INLINE __m512i x16_bytes32(const uint8_t *a, size_t apart, int is_signed) {
 
 /* The kx8 twin of x8_rows: C activation rows of q8_K super-blocks against groups [g0, g1).
  * Per super-block and row lane: isum = sum_j sc_j * sum(u * y) over its sub-blocks (Q6_K's
- * sums seeded with -32 * sum(y), IQ4_XS's with -128 * sum(y)), and for Q4_K/Q5_K msum = sum_j m_j * (y's sum over sub-block
+ * sums seeded with -32 * sum(y), Q3_K's with -4 * sum(y), IQ4_XS's with -128 * sum(y)), and for Q4_K/Q5_K msum = sum_j m_j * (y's sum over sub-block
  * j) by vpdpwssd on (m_2p, m_2p+1) pairs; then acc += isum * (d * y.d), mins += msum * (dmin * y.d). */
 INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
-    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, xs = type == KILN_IQ4_XS, has_min = !q6 && !xs;
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, xs = type == KILN_IQ4_XS;
+    const int has_min = type == KILN_Q4_K || q5, by16 = q6 || q3, offset = q6 ? 32 : 4; /* by16: a scale a 16 */
     const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
     /* IQ4_XS: value + 128 for each nibble, its sub-block's sum seeded with -128 sum(y) */
     const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl)),
@@ -104,27 +105,32 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
             const uint8_t *chunk = blk + head;
             for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
                 __m512i u[8];
-                const uint8_t *qs = chunk + (q6 ? 64 : q5 ? 32 : 0);
-                x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
+                const uint8_t *qs = chunk + (q6 ? 64 : q5 || q3 ? 32 : 0);
+                if (q3) /* two bits a weight: u[4v + s] at bits 2s of vector v */
+                    for (int v = 0; v < 2; v++) {
+                        const __m512i raw = x16_join(qs + 32 * v, apart), three = _mm512_set1_epi8(3);
+                        for (int s = 0; s < 4; s++) u[4 * v + s] = _mm512_and_si512(_mm512_srli_epi16(raw, 2 * s), three);
+                    }
+                else x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm512_shuffle_epi8(table, u[k]);
-                if (q5 || q6) {
+                if (q5 || q6 || q3) { /* the planes: Q5_K's fifth bit, Q6_K's fifth and sixth, Q3_K's third */
                     const uint32_t *h4 = (const uint32_t *)chunk, *h4b = (const uint32_t *)(chunk + apart);
-                    const __m512i five = _mm512_set1_epi8(0x10), six = _mm512_set1_epi8(0x20);
+                    const __m512i high = _mm512_set1_epi8(q3 ? 0x04 : 0x10), six = _mm512_set1_epi8(0x20);
                     for (int k = 0; k < 8; k++) {
-                        u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, five));
+                        u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, high));
                         if (q6)
                             u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[8 + k] | (uint64_t)h4b[8 + k] << 32, six));
                     }
                 }
-                if (q6) { /* two sub-blocks of 16, each with its own scale */
+                if (by16) { /* two sub-blocks of 16, each with its own scale */
                     const __m512i sa = x16_bytes32(blk + 16 + 8 * (2 * j), apart, 1);
                     const __m512i sb = x16_bytes32(blk + 16 + 8 * (2 * j + 1), apart, 1);
                     for (int c = 0; c < C; c++) {
                         const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
                         const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
-                        __m512i s0 = _mm512_set1_epi32(-32 * yb->bsums[2 * j]);
-                        __m512i s1 = _mm512_set1_epi32(-32 * yb->bsums[2 * j + 1]);
+                        __m512i s0 = _mm512_set1_epi32(-offset * yb->bsums[2 * j]);
+                        __m512i s1 = _mm512_set1_epi32(-offset * yb->bsums[2 * j + 1]);
                         for (int k = 0; k < 4; k++) {
                             s0 = dpbusd_bcast(s0, u[k], y4 + 4 * k);
                             s1 = dpbusd_bcast(s1, u[4 + k], y4 + 16 + 4 * k);
@@ -175,6 +181,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
 INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     int c = 0;
+    if (kiln_kx8_tiles(type) && kiln_rows_sb_kx8(type, w, g0, g1, nb * 32, act, a_row, n_a, y, y_row)) return;
     if (kiln_is_kx8(type)) {
         for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
             kx8_rows(type, X8_TOKENS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);

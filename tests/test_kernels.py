@@ -644,7 +644,7 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
     """Weights interleaved by eight rows at load, against one activation row (decode) or a
     chunk (8 rows share each unpacked block, then the remainder): the scalar references' bits.
     The packed copy is as large as the GGUF rows, or, for Q4_K and Q5_K, 32 bytes a super-block
-    of 8 rows larger (16 for IQ4_XS; dtypes.x8_bytes)."""
+    of 8 rows larger (Q3_K too, 16 for IQ4_XS; dtypes.x8_bytes)."""
     from compiler.core.dtypes import DType, x8_bytes
 
     n_in = 768 if GGML_QUANT_SIZES[t][0] == 256 else 576
@@ -657,7 +657,7 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
         tiny = (np.arange(n_out) % 2 == 0)[:, None]
         blocks[:, :, 0] = np.where(tiny, rng.integers(0, 4, blocks.shape[:2]), rng.integers(100, 140, blocks.shape[:2]))
     size = lib.kiln_x8_bytes(int(t), n_out, n_in)
-    extra = {Q.Q4_K: 32, Q.Q5_K: 32, Q.IQ4_XS: 16}.get(t, 0)  # a super-block of 8 rows' scales as bytes
+    extra = {Q.Q4_K: 32, Q.Q5_K: 32, Q.IQ4_XS: 16, Q.Q3_K: 32}.get(t, 0)  # a super-block of 8 rows' scales as bytes
     assert size == x8_bytes(DType[t.name], n_out, n_in) == w.size + extra * n_out // 8 * n_in // 256
     packed = np.zeros(size, np.uint8)
     lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
