@@ -65,6 +65,9 @@ int kiln_packed_header_matches(const uint8_t *in, uint64_t gguf_bytes, uint32_t 
    the build (-march with AMX-INT8) and the OS allow it: enable -1 asks, 0 turns AMX off, 1 back on;
    0 on every build without AMX. The sums are exact either way, so the results are the same bits. */
 int kiln_amx(int enable);
+/* whether prefill takes AMX tile multiplies for a type where they are built and allowed (the
+   32-weight x8 types', x8_amx.c; the super-block types' tiles but Q2_K's, rows_sb_avx2.c): any build */
+int kiln_amx_prefill(int type);
 /* kiln_matmul on the packed copy where the build supports it (packed != NULL), else on w */
 void kiln_matmul_x8(int type, const void *packed, const void *w, const float *bias, int n_out, int n_in,
                     const float *x, int n_rows, float *y, void *scratch);

@@ -92,7 +92,7 @@ int kiln_rows_lut_tiles(int type, int n, const void *w, size_t w_row, int n_w, c
     for (int r0 = 0; r0 < n_w; r0 += T) {
         const int nw = n_w - r0 < T ? n_w - r0 : T;
         for (int b = 0; b < nb; b++) build_tile(type, table, wb + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, tile + b);
-        int c;
+        int c = 0;
 #define PASS(A) lut_gemm(A, tile, nb, ab + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
         TILE_PASSES(n_a, c, PASS);
 #undef PASS

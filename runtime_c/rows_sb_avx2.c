@@ -350,6 +350,113 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
     }
 }
 
+/* -- prefill with AMX: the tile's bytes are an AMX weight tile as they are ------------------------ */
+#ifdef KILN_HAVE_AMX
+#define SB_AMX_M 16 /* activation rows a tile multiply */
+#define SB_AMX_LOAD(t, p, stride) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(stride)) : "memory")
+#define SB_AMX_STORE(t, p) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(p)), "r"(64L) : "memory")
+
+/* Tiles 0-3 the sums [activation row][16 weight rows] of successive spans, 4-5 the activations
+ * [row][the span's bytes], 6-7 the weights [4-byte group][16 rows x 4 bytes]: the tile's q[k], k
+ * over the span. */
+static void sb_amx_config(int span) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg = {.palette = 1};
+    for (int t = 0; t < 4; t++) cfg.rows[t] = SB_AMX_M, cfg.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) cfg.rows[t] = SB_AMX_M, cfg.colsb[t] = (uint16_t)(16 * span);
+    for (int t = 6; t < 8; t++) cfg.rows[t] = (uint8_t)(4 * span), cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* Step k of four of a pipeline three spans deep over the (block, span) pairs: span e + 3 is
+ * multiplied into tile k, the tile of the span before it is stored, and the sums of span e, stored
+ * two steps ago, go into the rows' isum, seeded and scaled as sb_gemm's; after a block's last span,
+ * its float step. A tile's store waits for its multiply; coming a step later, it leaves the next
+ * multiply free to start, and the sums are read once the store has long been done. */
+#define SB_AMX_STEP(k, kp, ta, tw)                                                                                \
+    do {                                                                                                        \
+        const int m = s + (k), e = m - 3;                                                                       \
+        if (m < steps) {                                                                                        \
+            const int j = (m % n_spans) * span;                                                                 \
+            SB_AMX_LOAD(ta, ((const block_q8_K *)act + m / n_spans)->qs + 16 * j, a_row);                     \
+            SB_AMX_LOAD(tw, tile[m / n_spans].q[4 * j], 64);                                                    \
+            _tile_zero(k);                                                                                      \
+            _tile_dpbsud(k, ta, tw);                                                                            \
+        }                                                                                                       \
+        if (m >= 1 && m <= steps) SB_AMX_STORE(kp, sums[kp]);                                                  \
+        if (e >= 0 && e < steps) sb_amx_take(type, tile, act, a_row, e / n_spans, e % n_spans, sums[((k) + 1) & 3], \
+                                             isum, seed, accm);                                                  \
+    } while (0)
+
+/* span i of block b's sums into isum; the block's seeds first, its float step last */
+INLINE void sb_amx_take(const int type, const sb_tile *tile, const uint8_t *act, size_t a_row, int b, int i,
+                        const int32_t (*sums)[16], vi isum[SB_AMX_M], int32_t (*seed)[QK_K / 16],
+                        float (*accm)[T]) {
+    const int span = scale_span(type), j = i * span;
+    const sb_tile *t = tile + b;
+    if (i == 0)
+        for (int c = 0; c < SB_AMX_M; c++) {
+            store_seeds(span, ((const block_q8_K *)(act + (size_t)c * a_row) + b)->bsums, seed[c]);
+            isum[c] = vzero();
+        }
+    const vi sc = vload(t->sc[j]);
+    for (int c = 0; c < SB_AMX_M; c++) {
+        const vi v = V(add_epi32)(vload(sums[c]), V(set1_epi32)(seed[c][seed_at(span, j)]));
+        if (type == KILN_Q3_K) isum[c] = V(sub_epi32)(isum[c], v); /* -q sc */
+        else if (unscaled(type)) isum[c] = V(add_epi32)(isum[c], v);
+        else isum[c] = V(add_epi32)(isum[c], V(mullo_epi32)(v, sc));
+    }
+    if (j + span < QK_K / 16) return;
+    const vf d = V(loadu_ps)(t->d);
+    for (int c = 0; c < SB_AMX_M; c++) {
+        const float yd = ((const block_q8_K *)(act + (size_t)c * a_row) + b)->d;
+        V(store_ps)(accm[c], V(fmadd_ps)(V(cvtepi32_ps)(isum[c]), V(mul_ps)(d, V(set1_ps)(yd)), V(load_ps)(accm[c])));
+    }
+}
+
+/* sb_gemm for SB_AMX_M activation rows, the integer sums of each span of sub-blocks from one tile
+ * multiply of the signed activations by the tile's unsigned bytes (q + 128, or Q3_K's -q sc + 128);
+ * every step after the sums is sb_gemm's, so the bits are its bits. Q2_K (its minimums) stays
+ * with sb_gemm. */
+INLINE void sb_gemm_amx(const int type, const sb_tile *tile, int nb, const uint8_t *act, size_t a_row, float *y,
+                        size_t y_row, int nw) {
+    const int span = scale_span(type), n_spans = QK_K / 16 / span, steps = nb * n_spans;
+    _Alignas(64) int32_t sums[4][SB_AMX_M][16], seed[SB_AMX_M][QK_K / 16];
+    _Alignas(64) float accm[SB_AMX_M][T];
+    vi isum[SB_AMX_M];
+    for (int c = 0; c < SB_AMX_M; c++) V(store_ps)(accm[c], V(setzero_ps)()), isum[c] = vzero();
+    for (int s = 0; s < steps + 3; s += 4) {
+        SB_AMX_STEP(0, 3, 4, 6);
+        SB_AMX_STEP(1, 0, 5, 7);
+        SB_AMX_STEP(2, 1, 4, 6);
+        SB_AMX_STEP(3, 2, 5, 7);
+    }
+    for (int c = 0; c < SB_AMX_M; c++) {
+        float v[T];
+        V(storeu_ps)(v, V(sub_ps)(V(load_ps)(accm[c]), V(setzero_ps)()));
+        memcpy(y + (size_t)c * y_row, v, (size_t)nw * sizeof(float));
+    }
+}
+
+/* activation rows [0, n_a - n_a % 16) by AMX where it is built, allowed and taken (not Q2_K);
+   returns the first row it left */
+INLINE int sb_amx_rows(const int type, const sb_tile *tile, int nb, const uint8_t *act, size_t a_row, int n_a,
+                       float *y, size_t y_row, int nw) {
+    if (type == KILN_Q2_K || n_a < SB_AMX_M || !kiln_amx(-1)) return 0;
+    sb_amx_config(scale_span(type));
+    int c = 0;
+    for (; c + SB_AMX_M <= n_a; c += SB_AMX_M)
+        sb_gemm_amx(type, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row, y_row, nw);
+    _tile_release();
+    return c;
+}
+#else
+#define sb_amx_rows(type, tile, nb, act, a_row, n_a, y, y_row, nw) 0
+#endif
+
 /* inlined into each type's entry point, so that every per-type choice above is a constant */
 INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
@@ -365,7 +472,7 @@ INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n
         const int nw = n_w - r0 < T ? n_w - r0 : T;
         for (int b = 0; b < nb; b++)
             build_tile(type, unpack, w + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, tile + b);
-        int c;
+        int c = sb_amx_rows(type, tile, nb, act, a_row, n_a, y + r0, y_row, nw);
 #define PASS(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, nw), c += A
         TILE_PASSES(n_a, c, PASS);
 #undef PASS
@@ -454,7 +561,7 @@ INLINE void rows_sb_kx8(const int type, sb_tile *tile, const uint8_t *w, int g0,
     for (int g = g0; g < g1; g += T / 8) {
         const int n_groups = g1 - g < T / 8 ? g1 - g : T / 8, r0 = 8 * g;
         for (int b = 0; b < nb; b++) build_tile_kx8(type, w + (size_t)g * group + (size_t)b * kb, group, n_groups, tile + b);
-        int c;
+        int c = sb_amx_rows(type, tile, nb, act, a_row, n_a, y + r0, y_row, 8 * n_groups);
 #define PASS(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row + r0, y_row, 8 * n_groups), c += A
         TILE_PASSES(n_a, c, PASS);
 #undef PASS

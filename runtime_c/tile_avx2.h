@@ -46,12 +46,12 @@ typedef __m256 vf;
 #define A_MAX 4
 #endif
 
-/* Activation rows [0, n_a) in passes of A_MAX, then by 4, 2 and 1, so that no pass computes rows
+/* Activation rows [c, n_a) in passes of A_MAX, then by 4, 2 and 1, so that no pass computes rows
    it does not store: PASS(A) takes A rows from row c and moves c on. */
 #if A_MAX > 4
 #define TILE_PASSES(n_a, c, PASS)                                                                             \
     do {                                                                                                      \
-        for (c = 0; c + A_MAX <= (n_a);) PASS(A_MAX);                                                         \
+        for (; c + A_MAX <= (n_a);) PASS(A_MAX);                                                         \
         if ((n_a) - c >= 4) PASS(4);                                                                          \
         if ((n_a) - c >= 2) PASS(2);                                                                          \
         if ((n_a) - c >= 1) PASS(1);                                                                          \
@@ -59,7 +59,7 @@ typedef __m256 vf;
 #else
 #define TILE_PASSES(n_a, c, PASS)                                                                             \
     do {                                                                                                      \
-        for (c = 0; c + A_MAX <= (n_a);) PASS(A_MAX);                                                         \
+        for (; c + A_MAX <= (n_a);) PASS(A_MAX);                                                         \
         if ((n_a) - c >= 2) PASS(2);                                                                          \
         if ((n_a) - c >= 1) PASS(1);                                                                          \
     } while (0)

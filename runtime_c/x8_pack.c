@@ -62,6 +62,11 @@ int kiln_x8_kernels(void) {
 #endif
 }
 
+int kiln_amx_prefill(int type) {
+    kiln_b32 f;
+    return kiln_x8_b32_of(type, &f) || (kiln_is_sb(type) && type != KILN_Q2_K);
+}
+
 int kiln_x8_supported(int type, int n_out, int n_in) { return kiln_x8_kernels() && kiln_x8_packs(type, n_out, n_in); }
 
 /* The packed file: this header, then the packed region. It names the GGUF the region was packed

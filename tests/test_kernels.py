@@ -708,6 +708,35 @@ def test_x8_matmul_takes_the_same_bits_with_amx_on_or_off(t, n_in, rows):
     np.testing.assert_array_equal(y[0], want)
 
 
+@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if GGML_QUANT_SIZES[t][0] == 256 and t not in K_TYPES],
+                         ids=lambda t: t.name)
+def test_super_block_tiles_take_the_same_bits_with_amx_on_or_off(t):
+    """The super-block types' prefill tiles (rows_sb_avx2.c) are AMX weight tiles as they are: where
+    AMX is allowed, 16 activation rows at a time take each span's integer sums from a tile multiply,
+    every step after them sb_gemm's. 41 rows: two tile passes, then 8 + 1 by VNNI; 17 weight rows:
+    a tile of 16 and one of 1. The same bits either way, and the scalar reference's."""
+    if not lib.kiln_amx(-1):
+        pytest.skip("no AMX here (this build, the CPU or the OS)")
+    rng = np.random.default_rng(850 + int(t))
+    n_out, n_in, rows = 17, 1536, 41
+    _, w = quantized(rng, n_out, n_in, t)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    y = np.zeros((2, rows, n_out), np.float32)
+    try:
+        for i, amx in enumerate((1, 0)):
+            lib.kiln_amx(amx)
+            lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y[i], "float *"),
+                            ptr(scratch))
+    finally:
+        lib.kiln_amx(1)
+    assert np.array_equal(y[0], y[1])
+    act = quantized_rows(t, x)
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                     for r in range(rows)], np.float32)
+    np.testing.assert_array_equal(y[0], want)
+
+
 def test_x8_matmul_without_a_packed_copy_reads_the_gguf_rows():
     rng = np.random.default_rng(700)
     n_out, n_in, rows = 16, 256, 3

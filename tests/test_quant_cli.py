@@ -113,6 +113,12 @@ def test_each_path_is_described_from_its_facts(mixed):
                                                                            "(interleaved once per tile in prefill; this "
                                                                            "shape has no x8 copy)") in vnni["IQ4_NL"]
     assert avx2["BF16"].endswith("the scalar reference (this build has no SIMD dot for BF16)")
+    # AMX in prefill: the super-block types' tiles but Q2_K's (its minimums), not the K-quants' kx8 blocks
+    amx = lines(("KILN_HAVE_AVX2", "KILN_HAVE_VNNI", "KILN_HAVE_AVX512", "KILN_HAVE_AMX"), lambda d: True)
+    assert amx["IQ2_XXS"].endswith("AVX2 rows on the GGUF layout (unpacked once per tile, AMX tiles in prefill; no x8 "
+                                   "layout for this type)"), amx["IQ2_XXS"]
+    assert "AMX" not in amx["Q2_K"] and amx["Q4_K"].endswith("AVX-512 VNNI on the x8 layout"), (amx["Q2_K"], amx["Q4_K"])
+    assert amx["MXFP4"].endswith("AVX-512 VNNI on the x8 layout (AMX tiles in prefill, where its rows fit the tiles)")
     arm = lines(("KILN_HAVE_NEON", "KILN_HAVE_DOTPROD"), None, "aarch64")
     assert "NEON rows on the GGUF layout" in arm["Q4_K"] and "x8" not in arm["Q4_K"]
     assert arm["TQ2_0"].endswith("NEON rows on the GGUF layout (unpacked once per tile), if the library has a "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Collection
 
-from ..core.dtypes import X8_DTYPES, DType
+from ..core.dtypes import AMX_DTYPES, X8_DTYPES, DType
 from ..frontend.spec import ModelSpec, TensorInfo
 from ..ir.graph import Graph, Op, ValueKind
 from ..planner.packed import PACKED_OPS, packs
@@ -83,10 +83,10 @@ def _route(t: TensorInfo, how: str, paths: Collection[str], simd_dot) -> str:
     if how == UNREAD:
         return "not read by this architecture's graph"
     x8 = next((p for p in X8_PATHS if p in paths), None)
+    amx = "KILN_HAVE_AMX" in paths and t.dtype in AMX_DTYPES
     if x8 and packs(t):
-        # AMX tiles take the 32-weight blocks (x8_amx.c leaves the K-quants' super-blocks to VNNI),
-        # and rows up to a bound of x8_amx.c's own
-        amx = "KILN_HAVE_AMX" in paths and t.dtype.block_elems == 32
+        # AMX tiles take the 32-weight blocks up to a bound of x8_amx.c's own, and Q3_K's and IQ4_XS's
+        # prefill tiles; the K-quants' kx8 blocks stay with VNNI
         return PATH_WORDS[x8] + (f" ({PATH_WORDS['KILN_HAVE_AMX']}, where its rows fit the tiles)" if amx else "")
     simd = next((p for p in ("KILN_HAVE_AVX2", "KILN_HAVE_NEON") if p in paths), None)
     if simd is None:
@@ -96,7 +96,7 @@ def _route(t: TensorInfo, how: str, paths: Collection[str], simd_dot) -> str:
     # the super-block types with no x8 layout are those rows_sb_*.c serves: a block's weights and
     # scales are unpacked to bytes once for all the tile's activation rows
     if t.dtype.block_elems == 256 and t.dtype not in X8_DTYPES:
-        why.append("unpacked once per tile")
+        why.append("unpacked once per tile" + (f", {PATH_WORDS['KILN_HAVE_AMX']}" if amx else ""))
     # the table types' prefill interleaves its tiles only with vpdpbusd (rows_lut_avx2.c)
     if t.dtype in (DType.IQ4_NL, DType.MXFP4) and simd == "KILN_HAVE_AVX2" and "KILN_HAVE_VNNI" in paths:
         why.append("interleaved once per tile in prefill")

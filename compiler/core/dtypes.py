@@ -81,6 +81,14 @@ X8_DTYPES: tuple[DType, ...] = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, 
 X8_EXTRA_BYTES: dict[DType, int] = {DType.Q4_K: 32, DType.Q5_K: 32, DType.IQ4_XS: 16, DType.Q3_K: 32}
 
 
+# Types whose prefill takes AMX tile multiplies where the build has them and Linux allows them
+# (kiln_amx_prefill): the 32-weight x8 types (x8_amx.c) and the super-block types' interleaved
+# tiles (rows_sb_avx2.c) but Q2_K's, whose minimums stay with VNNI; not the K-quants' kx8 blocks.
+AMX_DTYPES: tuple[DType, ...] = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.IQ4_NL,
+                                 DType.MXFP4, DType.Q3_K, DType.IQ4_XS, DType.IQ3_S, DType.IQ3_XXS, DType.IQ2_S,
+                                 DType.IQ2_XS, DType.IQ2_XXS, DType.IQ1_M, DType.IQ1_S, DType.TQ2_0, DType.TQ1_0)
+
+
 def x8_bytes(dtype: DType, n_out: int, n_in: int) -> int:
     """Bytes of a matrix in the x8 layout (kiln_x8_bytes in x8_pack.c)."""
     extra = X8_EXTRA_BYTES.get(dtype, 0) * (n_out // 8) * (n_in // 256)
@@ -154,6 +162,8 @@ def check_against_runtime(ffi, lib) -> None:
             problems.append(f"{d.name}: x8 layout in Python {d in X8_DTYPES}, in C {bool(lib.kiln_x8_packs(t, 8, n))}")
         elif d in X8_DTYPES and lib.kiln_x8_bytes(t, 8, n) != x8_bytes(d, 8, n):
             problems.append(f"{d.name}: x8 bytes {x8_bytes(d, 8, n)} vs {lib.kiln_x8_bytes(t, 8, n)}")
+        if bool(lib.kiln_amx_prefill(t)) != (d in AMX_DTYPES):
+            problems.append(f"{d.name}: AMX in prefill in Python {d in AMX_DTYPES}, in C {bool(lib.kiln_amx_prefill(t))}")
         if bool(lib.kiln_kv_type_supported(t)) != (d in KV_DTYPES.values()):
             problems.append(f"{d.name}: a KV cache type in Python {d in KV_DTYPES.values()}, in C "
                             f"{bool(lib.kiln_kv_type_supported(t))}")
