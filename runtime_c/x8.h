@@ -28,29 +28,33 @@
     case KILN_Q6_K: gemm(KILN_Q6_K, __VA_ARGS__); break;                                          \
     case KILN_IQ4_XS: gemm(KILN_IQ4_XS, __VA_ARGS__); break;                                      \
     case KILN_Q3_K: gemm(KILN_Q3_K, __VA_ARGS__); break;                                          \
+    case KILN_Q2_K: gemm(KILN_Q2_K, __VA_ARGS__); break;                                          \
     }
 
 /* A kx8 block (a K-quant, Q3_K or IQ4_XS super-block of 8 rows): its head (d, Q4_K/Q5_K's dmin,
    the scales and minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits, Q6_K's fifth
-   and sixth and Q3_K's third as planes before the nibbles, or Q3_K's 2-bit fields; IQ4_XS's
-   nibbles index kvalues_iq4nl) */
-static inline int kiln_is_kx8(int type) { return kiln_is_kquant(type) || type == KILN_IQ4_XS || type == KILN_Q3_K; }
+   and sixth and Q3_K's third as planes before the nibbles, or Q3_K's and Q2_K's 2-bit fields;
+   IQ4_XS's nibbles index kvalues_iq4nl) */
+static inline int kiln_is_kx8(int type) {
+    return kiln_is_kquant(type) || type == KILN_IQ4_XS || type == KILN_Q3_K || type == KILN_Q2_K;
+}
 static inline size_t kiln_kx8_head(int type) {
     return type == KILN_Q6_K || type == KILN_Q3_K ? 16 + 128 : type == KILN_IQ4_XS ? 16 + 64 : 32 + 128;
 }
 static inline size_t kiln_kx8_sc_at(int type) { return type == KILN_IQ4_XS ? 16 : 32; } /* sc[8][8] (a scale a 32) */
 static inline size_t kiln_kx8_chunk(int type) {
-    return type == KILN_Q6_K ? 64 + 128 : type == KILN_Q5_K ? 32 + 128 : type == KILN_Q3_K ? 32 + 64 : 128;
+    return type == KILN_Q6_K ? 64 + 128 : type == KILN_Q5_K ? 32 + 128 : type == KILN_Q3_K ? 32 + 64
+         : type == KILN_Q2_K ? 64 : 128;
 }
 static inline size_t kiln_kx8_bytes(int type) {
     return kiln_is_kx8(type) ? kiln_kx8_head(type) + 8 * kiln_kx8_chunk(type) : 0;
 }
 
-/* The kx8 types that are super-block types too (Q3_K, IQ4_XS): their prefill takes the interleaved
+/* The kx8 types that are super-block types too (Q2_K, Q3_K, IQ4_XS): their prefill takes the interleaved
    tiles of rows_sb_avx2.c, built from the kx8 blocks once for every activation row of a step (the
    GGUF rows' tiles were: Q3_K's bytes hold q times its scale, which a kx8 kernel would make again
    for each X8_TOKENS rows; llama-1b's prefill ran at half the speed in the kx8 kernels) */
-static inline int kiln_kx8_tiles(int type) { return type == KILN_Q3_K || type == KILN_IQ4_XS; }
+static inline int kiln_kx8_tiles(int type) { return type == KILN_Q3_K || type == KILN_IQ4_XS || type == KILN_Q2_K; }
 /* rows_sb_avx2.c: y[c * y_row + 8g + r] for the kx8 groups [g0, g1) and activation rows c < n_a; 1 if
    it took the call, 0 where n_a is too few for a tile or there is no memory for one */
 int kiln_rows_sb_kx8(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,

@@ -153,8 +153,9 @@ INLINE __m256i bytes32(const uint8_t *a, int is_signed) { /* 8 bytes as 8 int32 
 INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
-    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, xs = type == KILN_IQ4_XS;
-    const int has_min = type == KILN_Q4_K || q5, by16 = q6 || q3, offset = q6 ? 32 : 4; /* by16: a scale a 16 */
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, q2 = type == KILN_Q2_K;
+    const int xs = type == KILN_IQ4_XS, has_min = type == KILN_Q4_K || q5 || q2, by16 = q6 || q3 || q2; /* a scale a 16 */
+    const int offset = q6 ? 32 : q3 ? 4 : 0;
     const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
     /* IQ4_XS's nibbles index kvalues_iq4nl: value + 128 for vpdpbusd (its sub-block's sum seeded with
        -128 sum(y)), else the signed value, dotted signed */
@@ -173,12 +174,13 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
             for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
                 __m256i u[8];
                 const uint8_t *qs = chunk + (q6 ? 64 : q5 || q3 ? 32 : 0);
-                if (q3) /* two bits a weight: u[4v + s] at bits 2s of vector v, the third from its plane */
+                if (q3 || q2) /* two bits a weight: u[4v + s] at bits 2s of vector v (Q3_K's third from its plane) */
                     for (int v = 0; v < 2; v++) {
                         const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
-                        for (int s = 0; s < 4; s++)
-                            u[4 * v + s] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), _mm256_set1_epi8(3)),
-                                                           mask_bytes(((const uint32_t *)chunk)[4 * v + s], 0x04));
+                        for (int s = 0; s < 4; s++) {
+                            u[4 * v + s] = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), _mm256_set1_epi8(3));
+                            if (q3) u[4 * v + s] = _mm256_or_si256(u[4 * v + s], mask_bytes(((const uint32_t *)chunk)[4 * v + s], 0x04));
+                        }
                     }
                 else unpack8(KILN_Q4_0, qs, q5 ? (const uint32_t *)chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
                 if (xs)
@@ -188,8 +190,10 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                     for (int k = 0; k < 8 && q6; k++)
                         u[k] = _mm256_or_si256(_mm256_or_si256(u[k], mask_bytes(h4[k], 0x10)), mask_bytes(h5[k], 0x20));
                     /* two sub-blocks of 16, each with its own scale, their sums seeded with -offset sum(y);
-                       Q6_K's u <= 63 adds its pairs 2 at a time, Q3_K's u <= 7 all 4 */
-                    const __m256i sa = bytes32(blk + 16 + 8 * (2 * j), 1), sb = bytes32(blk + 16 + 8 * (2 * j + 1), 1);
+                       Q6_K's u <= 63 adds its pairs 2 at a time, Q3_K's u <= 7 and Q2_K's <= 3 all 4;
+                       Q2_K's scales are its GGUF bytes' low nibbles */
+                    __m256i sa = bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j), !q2), sb = bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j + 1), !q2);
+                    if (q2) sa = _mm256_and_si256(sa, _mm256_set1_epi32(15)), sb = _mm256_and_si256(sb, _mm256_set1_epi32(15));
                     for (int c = 0; c < C; c++) {
                         const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
                         const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
@@ -220,11 +224,13 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d, _mm256_set1_ps(yb->d)), acc[c]);
                 if (has_min) { /* sum over sub-blocks of m_j x (y's sum over sub-block j) */
                     __m256i msum = _mm256_setzero_si256();
-                    for (int p = 0; p < 4; p++) {
-                        const uint8_t *m = blk + 96 + 16 * p;
-                        const __m256i pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
-                            _mm_loadl_epi64((const __m128i *)m), _mm_loadl_epi64((const __m128i *)(m + 8))));
-                        const int lo = yb->bsums[4 * p] + yb->bsums[4 * p + 1], hi = yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
+                    for (int p = 0; p < (q2 ? 8 : 4); p++) { /* Q2_K: a minimum a 16, its GGUF bytes' high nibbles */
+                        const uint8_t *m = blk + (q2 ? 32 : 96) + 16 * p;
+                        __m128i mb = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)m), _mm_loadl_epi64((const __m128i *)(m + 8)));
+                        if (q2) mb = _mm_and_si128(_mm_srli_epi16(mb, 4), _mm_set1_epi8(15));
+                        const __m256i pairs = _mm256_cvtepu8_epi16(mb);
+                        const int lo = q2 ? yb->bsums[2 * p] : yb->bsums[4 * p] + yb->bsums[4 * p + 1];
+                        const int hi = q2 ? yb->bsums[2 * p + 1] : yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
                         msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs, _mm256_set1_epi32(
                                                                            (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16))));
                     }

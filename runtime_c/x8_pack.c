@@ -32,6 +32,8 @@
  *               kvalues_iq4nl (16 bytes a group more than GGUF's: the 6-bit scales as bytes)
  *   Q3_K:       d[8] f16; sc[16][8] i8 (sc - 32); 8 x (qh4[8] u32, qs[64]), u = q + 4 in 0..7 as
  *               2-bit fields and its third bit as a plane (32 bytes a group more than GGUF's)
+ *   Q2_K:       d[8], dmin[8] f16; scales[16][8] u8 (GGUF's bytes, m << 4 | sc); 8 x qs[64], u = q
+ *               in 0..3 as 2-bit fields (exactly GGUF's bytes)
  * Their integer sums are the references' (ref_kquant.c): sum over sub-blocks of scale x sum(u * y),
  * Q4_K's minimum from q8_K's sums, Q6_K's -32 offset seeding each sub-block's sum.
  *
@@ -172,6 +174,23 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                 for (int c = 0; c < 8; c++, chunk += 128) {
                     for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
                     put_chunk(row, 4, NULL, NULL, chunk);
+                }
+                continue;
+            }
+            if (type == KILN_Q2_K) { /* u = q in 0..3; each row's 16 GGUF scale bytes (m << 4 | sc) as they are */
+                kiln_sb v;
+                for (int r = 0; r < 8; r++) {
+                    const block_q2_K *x = (const block_q2_K *)blk[r];
+                    memcpy(out + 2 * r, &x->d, 2);
+                    memcpy(out + 16 + 2 * r, &x->dmin, 2);
+                    for (int j = 0; j < 16; j++) out[32 + 8 * j + r] = x->scales[j];
+                    kiln_unpack_q2_K(x, &v);
+                    for (int i = 0; i < QK_K; i++) u[r][i] = (uint8_t)v.q[i];
+                }
+                uint8_t *chunk = out + kiln_kx8_head(type);
+                for (int c = 0; c < 8; c++, chunk += kiln_kx8_chunk(type)) {
+                    for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
+                    put_chunk(row, 2, NULL, NULL, chunk);
                 }
                 continue;
             }

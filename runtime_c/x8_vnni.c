@@ -76,18 +76,20 @@ INLINE __m512i x16_bytes32(const uint8_t *a, size_t apart, int is_signed) {
 INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
                      size_t a_row, float *y, size_t y_row) {
     const size_t kb = kiln_kx8_bytes(type);
-    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, xs = type == KILN_IQ4_XS;
-    const int has_min = type == KILN_Q4_K || q5, by16 = q6 || q3, offset = q6 ? 32 : 4; /* by16: a scale a 16 */
+    const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, q2 = type == KILN_Q2_K;
+    const int xs = type == KILN_IQ4_XS, has_min = type == KILN_Q4_K || q5 || q2, by16 = q6 || q3 || q2; /* a scale a 16 */
+    const int offset = q6 ? 32 : q3 ? 4 : 0, n_pairs = q2 ? 8 : 4; /* minimums a pair of sub-blocks */
     const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
     /* IQ4_XS: value + 128 for each nibble, its sub-block's sum seeded with -128 sum(y) */
     const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl)),
                                            _mm512_set1_epi8((char)0x80));
-    int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][4]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
+    int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][8]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
     for (int c = 0; c < C && has_min; c++)
         for (int b = 0; b < nb; b++) {
             const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
-            for (int p = 0; p < 4; p++) {
-                const int lo = yb->bsums[4 * p] + yb->bsums[4 * p + 1], hi = yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
+            for (int p = 0; p < n_pairs; p++) { /* sub-blocks of 32 (of 16 for Q2_K) */
+                const int lo = q2 ? yb->bsums[2 * p] : yb->bsums[4 * p] + yb->bsums[4 * p + 1];
+                const int hi = q2 ? yb->bsums[2 * p + 1] : yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
                 mpair[c][b][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
             }
         }
@@ -106,7 +108,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
             for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
                 __m512i u[8];
                 const uint8_t *qs = chunk + (q6 ? 64 : q5 || q3 ? 32 : 0);
-                if (q3) /* two bits a weight: u[4v + s] at bits 2s of vector v */
+                if (q3 || q2) /* two bits a weight: u[4v + s] at bits 2s of vector v */
                     for (int v = 0; v < 2; v++) {
                         const __m512i raw = x16_join(qs + 32 * v, apart), three = _mm512_set1_epi8(3);
                         for (int s = 0; s < 4; s++) u[4 * v + s] = _mm512_and_si512(_mm512_srli_epi16(raw, 2 * s), three);
@@ -124,8 +126,10 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                     }
                 }
                 if (by16) { /* two sub-blocks of 16, each with its own scale */
-                    const __m512i sa = x16_bytes32(blk + 16 + 8 * (2 * j), apart, 1);
-                    const __m512i sb = x16_bytes32(blk + 16 + 8 * (2 * j + 1), apart, 1);
+                    __m512i sa = x16_bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j), apart, !q2);
+                    __m512i sb = x16_bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j + 1), apart, !q2);
+                    if (q2) /* its GGUF bytes' low nibbles */
+                        sa = _mm512_and_si512(sa, _mm512_set1_epi32(15)), sb = _mm512_and_si512(sb, _mm512_set1_epi32(15));
                     for (int c = 0; c < C; c++) {
                         const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
                         const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
@@ -148,22 +152,23 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 }
             }
             const __m512 d = x16_half(blk, apart);
-            __m512i mp[4];
-            if (has_min) /* (m_2p, m_2p+1) of each row lane as two int16 */
-                for (int p = 0; p < 4; p++) {
-                    const uint8_t *m = blk + 96 + 16 * p;
+            __m512i mp[8];
+            if (has_min) /* (m_2p, m_2p+1) of each row lane as two int16 (Q2_K: its bytes' high nibbles) */
+                for (int p = 0; p < n_pairs; p++) {
+                    const uint8_t *m = blk + (q2 ? 32 : 96) + 16 * p;
                     const __m128i a = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)m),
                                                         _mm_loadl_epi64((const __m128i *)(m + 8)));
                     const __m128i bb = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(m + apart)),
                                                          _mm_loadl_epi64((const __m128i *)(m + 8 + apart)));
                     mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(bb, a));
+                    if (q2) mp[p] = _mm512_srli_epi16(mp[p], 4);
                 }
             for (int c = 0; c < C; c++) {
                 const float yd = ((const block_q8_K *)(act + c * a_row) + b)->d;
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(yd)), acc[c]);
                 if (has_min) {
                     __m512i msum = _mm512_setzero_si512();
-                    for (int p = 0; p < 4; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[c][b][p]));
+                    for (int p = 0; p < n_pairs; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[c][b][p]));
                     mins[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum),
                                               _mm512_mul_ps(x16_half(blk + 16, apart), _mm512_set1_ps(yd)), mins[c]);
                 }

@@ -268,12 +268,12 @@ def test_an_unknown_isa_switch_is_refused_by_name(golden_model, monkeypatch):
 X8_TYPES = [d.value for d in X8_DTYPES]
 # each GGUF block's bytes that hold values (not the scales): (block bytes, value ranges, fill);
 # IQ4_NL's index 0 is -127, MXFP4's 15 is -12; IQ4_XS's and Q3_K's zero scale bits are -32, and
-# Q3_K's q = -4 where every bit is clear
+# Q3_K's q = -4 where every bit is clear; Q2_K's q = 3, scale and minimum 15 where every bit is set
 VALUE_BYTES = {Q.Q4_0: (18, [(2, 18)], 0xFF), Q.Q4_1: (20, [(4, 20)], 0xFF), Q.Q5_0: (22, [(2, 22)], 0xFF),
                Q.Q5_1: (24, [(4, 24)], 0xFF), Q.Q8_0: (34, [(2, 34)], 0x80), Q.IQ4_NL: (18, [(2, 18)], 0x00),
                Q.MXFP4: (17, [(1, 17)], 0xFF), Q.Q4_K: (144, [(4, 144)], 0xFF), Q.Q5_K: (176, [(4, 176)], 0xFF),
                Q.Q6_K: (210, [(0, 192)], 0xFF), Q.IQ4_XS: (136, [(2, 136)], 0x00),
-               Q.Q3_K: (110, [(0, 108)], 0x00)}
+               Q.Q3_K: (110, [(0, 108)], 0x00), Q.Q2_K: (84, [(0, 80)], 0xFF)}
 
 
 def _extreme(w: np.ndarray, t: Q) -> np.ndarray:

@@ -74,8 +74,9 @@ RUNTIME_DTYPES: tuple[DType, ...] = WEIGHT_DTYPES
 # Weight types the runtime can interleave by eight rows (runtime_c/x8_pack.c): a matmul on
 # one of these, with a multiple of 8 output rows, reads a packed copy the compiler writes.
 X8_DTYPES: tuple[DType, ...] = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.IQ4_NL,
-                                DType.MXFP4, DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.IQ4_XS, DType.Q3_K)
-# The K-quants', IQ4_XS's and Q3_K's x8 blocks hold a super-block of 8 rows; Q4_K, Q5_K, Q3_K and
+                                DType.MXFP4, DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.IQ4_XS, DType.Q3_K,
+                                DType.Q2_K)
+# The K-quants', IQ4_XS's, Q3_K's and Q2_K's x8 blocks hold a super-block of 8 rows; Q4_K, Q5_K, Q3_K and
 # IQ4_XS keep their 6-bit scales as bytes, 32 (16) bytes a block more than the GGUF rows (x8_pack.c's
 # kx8_bytes).
 X8_EXTRA_BYTES: dict[DType, int] = {DType.Q4_K: 32, DType.Q5_K: 32, DType.IQ4_XS: 16, DType.Q3_K: 32}
