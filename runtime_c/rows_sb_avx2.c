@@ -359,17 +359,7 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
 /* Tiles 0-3 the sums [activation row][16 weight rows] of successive spans, 4-5 the activations
  * [row][the span's bytes], 6-7 the weights [4-byte group][16 rows x 4 bytes]: the tile's q[k], k
  * over the span. */
-static void sb_amx_config(int span) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg = {.palette = 1};
-    for (int t = 0; t < 4; t++) cfg.rows[t] = SB_AMX_M, cfg.colsb[t] = 64;
-    for (int t = 4; t < 6; t++) cfg.rows[t] = SB_AMX_M, cfg.colsb[t] = (uint16_t)(16 * span);
-    for (int t = 6; t < 8; t++) cfg.rows[t] = (uint8_t)(4 * span), cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
-}
+static void sb_amx_config(int span) { kiln_amx_config(16 * span, 4 * span); }
 
 /* Step k of four of a pipeline three spans deep over the (block, span) pairs: span e + 3 is
  * multiplied into tile k, the tile of the span before it is stored, and the sums of span e, stored

@@ -178,6 +178,23 @@ INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
     return _mm512_add_epi32(s0, s1);
 }
 
+#ifdef KILN_HAVE_AMX
+/* Palette 1 with tiles 0-3 of sums (16 rows of 64 bytes), 4-5 of activations (16 rows of a_bytes)
+   and 6-7 of weights (w_rows rows of 64 bytes): the shape of both AMX kernels (x8_amx.c,
+   rows_sb_avx2.c) */
+static inline void kiln_amx_config(int a_bytes, int w_rows) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg = {.palette = 1};
+    for (int t = 0; t < 4; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = (uint16_t)a_bytes;
+    for (int t = 6; t < 8; t++) cfg.rows[t] = (uint8_t)w_rows, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+#endif
+
 /* AMX (x8_amx.c): where the build, the CPU and the OS allow tiles, x8_rows' values for the
  * activation rows [0, n_a - n_a % 16) of a 32-weight type; returns how many rows it did (0 when
  * AMX is off or the rows are too few or too long). */

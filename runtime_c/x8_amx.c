@@ -31,17 +31,7 @@ static int amx_on(void) {
 
 /* Tiles: 0-3 the sums [row][16 lanes] of successive blocks; 4-5 the activations [row][32 bytes];
  * 6-7 the weights [4-byte group k][16 lanes x 4 bytes], which is what x16_unpack's u[k] holds. */
-static void amx_begin(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg = {.palette = 1};
-    for (int t = 0; t < 4; t++) cfg.rows[t] = AMX_M, cfg.colsb[t] = 64;
-    for (int t = 4; t < 6; t++) cfg.rows[t] = AMX_M, cfg.colsb[t] = 32;
-    for (int t = 6; t < 8; t++) cfg.rows[t] = 8, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
-}
+static void amx_begin(void) { kiln_amx_config(32, 8); }
 
 /* GCC's tile load names no memory it reads (nothing orders the unpack's stores before it), and
  * its tile store clobbers all memory (which kept every accumulator on the stack); these name

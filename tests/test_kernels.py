@@ -692,13 +692,19 @@ def test_x8_matmul_takes_the_same_bits_with_amx_on_or_off(t, n_in, rows):
     packed = np.zeros(lib.kiln_x8_bytes(int(t), n_out, n_in), np.uint8)
     lib.kiln_pack_x8(int(t), ptr(w), ptr(packed), n_out, n_in)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    same_bits_with_amx_on_or_off(t, w, x, lambda y, scratch: lib.kiln_matmul_x8(
+        int(t), ptr(packed), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch)))
+
+
+def same_bits_with_amx_on_or_off(t, w, x, matmul):
+    """matmul(y, scratch) with AMX on, then off: the same bits, and the scalar reference's."""
+    rows, n_in, n_out = len(x), x.shape[1], len(w)
     scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
     y = np.zeros((2, rows, n_out), np.float32)
     try:
         for i, amx in enumerate((1, 0)):
             lib.kiln_amx(amx)
-            lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
-                               ptr(y[i], "float *"), ptr(scratch))
+            matmul(y[i], scratch)
     finally:
         lib.kiln_amx(1)
     assert np.array_equal(y[0], y[1])
@@ -721,20 +727,8 @@ def test_super_block_tiles_take_the_same_bits_with_amx_on_or_off(t):
     n_out, n_in, rows = 17, 1536, 41
     _, w = quantized(rng, n_out, n_in, t)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-    y = np.zeros((2, rows, n_out), np.float32)
-    try:
-        for i, amx in enumerate((1, 0)):
-            lib.kiln_amx(amx)
-            lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y[i], "float *"),
-                            ptr(scratch))
-    finally:
-        lib.kiln_amx(1)
-    assert np.array_equal(y[0], y[1])
-    act = quantized_rows(t, x)
-    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
-                     for r in range(rows)], np.float32)
-    np.testing.assert_array_equal(y[0], want)
+    same_bits_with_amx_on_or_off(t, w, x, lambda y, scratch: lib.kiln_matmul(
+        int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch)))
 
 
 def test_x8_matmul_without_a_packed_copy_reads_the_gguf_rows():
