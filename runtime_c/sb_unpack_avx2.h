@@ -160,88 +160,121 @@ INLINE void sb_unpack_iq4_xs(const void *block, kiln_sb *u) {
     u->d = kiln_fp16_to_fp32(x->d), u->dmin = 0.0f;
 }
 
+/* -- the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) -----------------------------------
+   A sub-block of 32 weights is 32 unsigned grid bytes and 32 sign bits. sb_unpack applies the signs
+   to the grid (q = (g ^ m) - m); the decode dot (rows_sb_avx2.c) applies them to the activations
+   instead and takes the grid bytes as they are, as the unsigned side of the byte products. So each
+   type is written once as three parts: grid_signs_scales (a block's 8 sign words, its 16 scales and
+   d), and grid_rows (sub-block k's grid bytes). */
+typedef struct {
+    uint32_t sgn[8]; /* bit i of word k: weight 32 k + i is negated */
+    int16_t sc[16];
+    float d;
+} grid_block;
+
 /* IQ2_XXS and IQ3_XXS keep a sub-block's four sign indexes and scale in one uint32: the 32 sign
    bytes to sgn, the 16 scales (2 ls + 1, each twice) to sc */
-INLINE void xxs_signs_scales(__m256i aux, uint32_t sgn[8], int16_t *sc) {
-    store32(sgn, signs_of_7bit_fields(aux));
+INLINE void xxs_signs_scales(__m256i aux, grid_block *b) {
+    store32(b->sgn, signs_of_7bit_fields(aux));
     const __m256i ls = _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
-    store32(sc, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)));
+    store32(b->sc, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)));
 }
 
-INLINE void sb_unpack_iq2_xxs(const void *block, kiln_sb *u) {
-    const block_iq2_xxs *x = block;
+INLINE void grid_prep_iq2_xxs(const block_iq2_xxs *x, grid_block *b) {
     const uint8_t *qs = (const uint8_t *)x->qs;
     /* the sub-blocks' uint32 pairs: grid indexes, then signs and scale */
-    const __m256 a = _mm256_castsi256_ps(load32(qs)), b = _mm256_castsi256_ps(load32(qs + 32));
-    const __m256i aux = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))),
-                                                 _MM_SHUFFLE(3, 1, 2, 0));
-    uint32_t sgn[8];
-    xxs_signs_scales(aux, sgn, u->sc);
-    for (int ib = 0; ib < 8; ib++) {
-        const uint8_t *i = qs + 8 * ib;
-        const __m256i g = rows4(kiln_iq2xxs_grid, i[0], i[1], i[2], i[3]);
-        store32(u->q + 32 * ib, apply_signs(g, sign_masks(sgn[ib])));
-    }
-    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+    const __m256 lo = _mm256_castsi256_ps(load32(qs)), hi = _mm256_castsi256_ps(load32(qs + 32));
+    xxs_signs_scales(_mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))),
+                                              _MM_SHUFFLE(3, 1, 2, 0)), b);
+    b->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+INLINE __m256i grid_rows_iq2_xxs(const block_iq2_xxs *x, int k) {
+    const uint8_t *i = (const uint8_t *)x->qs + 8 * k;
+    return rows4(kiln_iq2xxs_grid, i[0], i[1], i[2], i[3]);
 }
 
-INLINE void sb_unpack_iq2_xs(const void *block, kiln_sb *u) {
-    const block_iq2_xs *x = block;
+INLINE void grid_prep_iq2_xs(const block_iq2_xs *x, grid_block *b) {
     /* each uint16: a 9-bit grid index, then a 7-bit sign index */
     const __m256i v0 = load32(x->qs), v1 = load32(x->qs + 16);
     const __m256i s = _mm256_packus_epi16(_mm256_srli_epi16(v0, 9), _mm256_srli_epi16(v1, 9));
-    uint32_t sgn[8];
-    store32(sgn, with_parity(_mm256_permute4x64_epi64(s, _MM_SHUFFLE(3, 1, 2, 0))));
-    for (int ib = 0; ib < 8; ib++) {
-        const uint16_t *i = x->qs + 4 * ib;
-        const __m256i g = rows4(kiln_iq2xs_grid, i[0] & 511, i[1] & 511, i[2] & 511, i[3] & 511);
-        store32(u->q + 32 * ib, apply_signs(g, sign_masks(sgn[ib])));
-    }
-    odd_scales(u->sc, nibbles(_mm_loadl_epi64((const __m128i *)x->scales)));
-    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+    store32(b->sgn, with_parity(_mm256_permute4x64_epi64(s, _MM_SHUFFLE(3, 1, 2, 0))));
+    odd_scales(b->sc, nibbles(_mm_loadl_epi64((const __m128i *)x->scales)));
+    b->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+INLINE __m256i grid_rows_iq2_xs(const block_iq2_xs *x, int k) {
+    const uint16_t *i = x->qs + 4 * k;
+    return rows4(kiln_iq2xs_grid, i[0] & 511, i[1] & 511, i[2] & 511, i[3] & 511);
 }
 
-INLINE void sb_unpack_iq2_s(const void *block, kiln_sb *u) {
-    const block_iq2_s *x = block;
-    const uint8_t *signs = x->qs + QK_K / 8;
-    const __m128i shifts = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi32(3);
-    for (int ib = 0; ib < 8; ib++) { /* a group's index: 8 bits in qs, 2 in qh (a pair of bits a group) */
-        const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(x->qh[ib]), shifts), three);
-        const __m128i idx = _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(x->qs + 4 * ib))),
-                                         _mm_slli_epi32(high, 8));
-        const __m256i g = gather4(kiln_iq2s_grid, idx);
-        store32(u->q + 32 * ib, apply_signs(g, sign_masks(u32_at(signs + 4 * ib))));
-    }
-    odd_scales(u->sc, nibbles(_mm_loadl_epi64((const __m128i *)x->scales)));
-    u->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+INLINE void grid_prep_iq2_s(const block_iq2_s *x, grid_block *b) {
+    memcpy(b->sgn, x->qs + QK_K / 8, sizeof b->sgn);
+    odd_scales(b->sc, nibbles(_mm_loadl_epi64((const __m128i *)x->scales)));
+    b->d = kiln_fp16_to_fp32(x->d) * 0.125f;
+}
+INLINE __m256i grid_rows_iq2_s(const block_iq2_s *x, int k) {
+    /* a group's index: 8 bits in qs, 2 in qh (a pair of bits a group) */
+    const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(x->qh[k]), _mm_setr_epi32(0, 2, 4, 6)),
+                                       _mm_set1_epi32(3));
+    const __m128i idx = _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(x->qs + 4 * k))),
+                                     _mm_slli_epi32(high, 8));
+    return gather4(kiln_iq2s_grid, idx);
 }
 
-INLINE void sb_unpack_iq3_xxs(const void *block, kiln_sb *u) {
-    const block_iq3_xxs *x = block;
-    uint32_t sgn[8];
-    xxs_signs_scales(load32(x->qs + QK_K / 4), sgn, u->sc);
-    for (int ib = 0; ib < 8; ib++) { /* 8 grid rows of 4 */
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib)));
-        const __m256i g = _mm256_i32gather_epi32((const int *)kiln_iq3xxs_grid, idx, 4);
-        store32(u->q + 32 * ib, apply_signs(g, sign_masks(sgn[ib])));
-    }
-    u->d = kiln_fp16_to_fp32(x->d) * 0.25f;
+INLINE void grid_prep_iq3_xxs(const block_iq3_xxs *x, grid_block *b) {
+    xxs_signs_scales(load32(x->qs + QK_K / 4), b);
+    b->d = kiln_fp16_to_fp32(x->d) * 0.25f;
+}
+INLINE __m256i grid_rows_iq3_xxs(const block_iq3_xxs *x, int k) { /* 8 grid rows of 4 */
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * k)));
+    return _mm256_i32gather_epi32((const int *)kiln_iq3xxs_grid, idx, 4);
 }
 
-INLINE void sb_unpack_iq3_s(const void *block, kiln_sb *u) {
-    const block_iq3_s *x = block;
-    const __m256i shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(1);
-    for (int ib = 0; ib < 8; ib++) { /* 8 grid rows of 4: 8 bits in qs, the ninth bit k of qh[ib] */
-        const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x->qh[ib]), shifts), one);
-        const __m256i idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib))),
-                                            _mm256_slli_epi32(high, 8));
-        const __m256i g = _mm256_i32gather_epi32((const int *)kiln_iq3s_grid, idx, 4);
-        store32(u->q + 32 * ib, apply_signs(g, sign_masks(u32_at(x->signs + 4 * ib))));
-    }
+INLINE void grid_prep_iq3_s(const block_iq3_s *x, grid_block *b) {
+    memcpy(b->sgn, x->signs, sizeof b->sgn);
     const __m128i n = nibbles(_mm_cvtsi32_si128((int)u32_at(x->scales))); /* 8 nibbles, each for 32 weights: doubled */
-    odd_scales(u->sc, _mm_unpacklo_epi8(n, n));
-    u->d = kiln_fp16_to_fp32(x->d);
+    odd_scales(b->sc, _mm_unpacklo_epi8(n, n));
+    b->d = kiln_fp16_to_fp32(x->d);
 }
+INLINE __m256i grid_rows_iq3_s(const block_iq3_s *x, int k) { /* 8 grid rows of 4: 8 bits in qs, the ninth bit j of qh[k] */
+    const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x->qh[k]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                          _mm256_set1_epi32(1));
+    const __m256i idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * k))),
+                                        _mm256_slli_epi32(high, 8));
+    return _mm256_i32gather_epi32((const int *)kiln_iq3s_grid, idx, 4);
+}
+
+#define KILN_GRID_TYPES(X) X(iq2_xxs, KILN_IQ2_XXS) X(iq2_xs, KILN_IQ2_XS) X(iq2_s, KILN_IQ2_S) \
+    X(iq3_xxs, KILN_IQ3_XXS) X(iq3_s, KILN_IQ3_S)
+
+INLINE int is_grid(const int type) {
+#define GRID_IS(name, t) || type == t
+    return 0 KILN_GRID_TYPES(GRID_IS);
+#undef GRID_IS
+}
+/* a type known where these are inlined */
+INLINE void grid_prep(const int type, const void *block, grid_block *b) {
+#define GRID_CASE(name, t) case t: grid_prep_##name(block, b); break;
+    switch (type) { KILN_GRID_TYPES(GRID_CASE) default: break; }
+#undef GRID_CASE
+}
+INLINE __m256i grid_rows(const int type, const void *block, int k) {
+#define GRID_CASE(name, t) case t: return grid_rows_##name(block, k);
+    switch (type) { KILN_GRID_TYPES(GRID_CASE) default: return _mm256_setzero_si256(); }
+#undef GRID_CASE
+}
+
+/* the unpacked block of a grid type: the signs applied to the grid */
+#define GRID_UNPACK(name, t)                                                              \
+    INLINE void sb_unpack_##name(const void *block, kiln_sb *u) {                         \
+        grid_block b;                                                                     \
+        grid_prep_##name(block, &b);                                                      \
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)                               \
+            store32(u->q + 32 * k, apply_signs(grid_rows_##name(block, k), sign_masks(b.sgn[k]))); \
+        memcpy(u->sc, b.sc, sizeof b.sc);                                                 \
+        u->d = b.d;                                                                       \
+    }
+KILN_GRID_TYPES(GRID_UNPACK)
+#undef GRID_UNPACK
 
 /* IQ1: 4 groups of 8 from 4 11-bit indexes (8 bits in qs, 3 bits of h at each of the 4 shifts),
    q = 8 grid + delta (delta +-1 a group) */
