@@ -236,10 +236,14 @@ INLINE void grid_prep_iq3_s(const block_iq3_s *x, grid_block *b) {
     b->d = kiln_fp16_to_fp32(x->d);
 }
 INLINE __m256i grid_rows_iq3_s(const block_iq3_s *x, int k) { /* 8 grid rows of 4: 8 bits in qs, the ninth bit j of qh[k] */
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * k)));
+#if defined(__AVX512VL__)
+    const __m256i idx = _mm256_mask_or_epi32(low, (__mmask8)x->qh[k], low, _mm256_set1_epi32(256)); /* qh[k] a mask as it is */
+#else
     const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x->qh[k]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
                                           _mm256_set1_epi32(1));
-    const __m256i idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * k))),
-                                        _mm256_slli_epi32(high, 8));
+    const __m256i idx = _mm256_or_si256(low, _mm256_slli_epi32(high, 8));
+#endif
     return _mm256_i32gather_epi32((const int *)kiln_iq3s_grid, idx, 4);
 }
 
