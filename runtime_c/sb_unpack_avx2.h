@@ -49,6 +49,12 @@ INLINE __m256i sign_masks(uint32_t signs) {
    spent three shuffle-port instructions of the decode's scarcest port */
 INLINE __m256i rows4(const void *table, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
     const long long *t = table;
+#if defined(__AVX512VL__) /* the blends ride on the loads: merge-masked broadcasts */
+    __m256i v = _mm256_set1_epi64x(t[i0]);
+    v = _mm256_mask_broadcastq_epi64(v, 0x2, _mm_loadl_epi64((const __m128i *)(t + i1)));
+    v = _mm256_mask_broadcastq_epi64(v, 0x4, _mm_loadl_epi64((const __m128i *)(t + i2)));
+    return _mm256_mask_broadcastq_epi64(v, 0x8, _mm_loadl_epi64((const __m128i *)(t + i3)));
+#endif
     const __m256i a = _mm256_blend_epi32(_mm256_set1_epi64x(t[i0]), _mm256_set1_epi64x(t[i1]), 0x0C);
     const __m256i b = _mm256_blend_epi32(_mm256_set1_epi64x(t[i2]), _mm256_set1_epi64x(t[i3]), 0xC0);
     return _mm256_blend_epi32(a, b, 0xF0);
@@ -63,6 +69,9 @@ INLINE __m256i apply_signs(__m256i g, __m256i m) { return _mm256_sub_epi8(_mm256
 
 /* each byte's parity in its top bit (the byte's bit 7 clear): kiln_ksigns_iq2xs of every byte */
 INLINE __m256i with_parity(__m256i s) {
+#if defined(__AVX512BITALG__) && defined(__AVX512VL__)
+    return _mm256_or_si256(s, _mm256_slli_epi16(_mm256_and_si256(_mm256_popcnt_epi8(s), _mm256_set1_epi8(1)), 7));
+#endif
     __m256i t = _mm256_xor_si256(s, _mm256_srli_epi32(s, 4));
     t = _mm256_xor_si256(t, _mm256_srli_epi32(t, 2));
     t = _mm256_xor_si256(t, _mm256_srli_epi32(t, 1));
@@ -71,6 +80,11 @@ INLINE __m256i with_parity(__m256i s) {
 
 /* 8 uint32 of four 7-bit fields each (bits 0..27) -> their four sign bytes, parity included */
 INLINE __m256i signs_of_7bit_fields(__m256i a) {
+#if defined(__AVX512VBMI__) && defined(__AVX512VL__)
+    /* vpmultishiftqb: byte j of a qword from its bits 7 (j % 4) + 32 (j / 4) on */
+    const __m256i at = _mm256_set1_epi64x(0x352E2720150E0700LL);
+    return with_parity(_mm256_and_si256(_mm256_multishift_epi64_epi8(at, a), _mm256_set1_epi8(0x7F)));
+#endif
     const __m256i s = _mm256_or_si256(
         _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7F)),
                         _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_set1_epi32(0x7F00))),
