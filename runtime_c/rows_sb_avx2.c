@@ -34,6 +34,16 @@ INLINE __m256i reduce8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* sub-block k's two scales of 16 as vpmaddwd's int16 multipliers: sc[2k] across the low 128 bits,
+   sc[2k + 1] across the high, a byte shuffle of the 8 scales of k's half of the block (half, in
+   both lanes) */
+INLINE __m256i scale_pairs(__m256i half, int k) {
+    const char lo = (char)(4 * (k % 4)), hi = (char)(4 * (k % 4) + 2);
+    return _mm256_shuffle_epi8(half, _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+                                                      lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi,
+                                                      hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1));
+}
+
 #ifdef TILE_VNNI
 /* vpdpbusd takes the byte products, q + 128 (unsigned) times y, 4 to an int32; the 128 y this
    adds is taken off a sub-block at a time as 128 bsums[j]. The 8 sums of a sub-block pair of
@@ -87,8 +97,6 @@ INLINE void sb_act_of(const block_q8_K *y, sb_act *a) { a->y = y; }
    pair into int16 (|q|, |y| <= 127: at most 32258), then scale and pair into int32. */
 INLINE __m256i sb_isum(const kiln_sb *u, const sb_act *a) {
     const block_q8_K *y = a->y;
-    /* sub-block 2k's scale in the low 128 bits, 2k + 1's in the high: a byte shuffle of the 8
-       scales of its half of the block, in both lanes */
     const __m256i half[2] = {_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u->sc)),
                              _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(u->sc + 8)))};
     __m256i isum = _mm256_setzero_si256();
@@ -96,11 +104,7 @@ INLINE __m256i sb_isum(const kiln_sb *u, const sb_act *a) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(u->q + 32 * k));
         const __m256i yk = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k));
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yk, q));
-        const char lo = (char)(4 * (k % 4)), hi = (char)(4 * (k % 4) + 2);
-        const __m256i pick = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
-                                              lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
-                                              hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(half[k / 4], pick)));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, scale_pairs(half[k / 4], k)));
     }
     return isum;
 }
@@ -144,11 +148,7 @@ INLINE void grid_isums(const int type, const void *block, const grid_block *g, c
         const __m256i s = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g->sc + 8 * h)));
 #pragma GCC unroll 4
         for (int k = 4 * h; k < 4 * h + 4; k++) {
-            const char lo = (char)(4 * (k % 4)), hi = (char)(4 * (k % 4) + 2);
-            const __m256i pick = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
-                                                  lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
-                                                  hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
-            const __m256i rows = grid_rows(type, block, k), sc = _mm256_shuffle_epi8(s, pick);
+            const __m256i rows = grid_rows(type, block, k), sc = scale_pairs(s, k);
 #pragma GCC unroll 4
             for (int c = 0; c < BUFFER_A; c++) {
                 if (c >= A) break;

@@ -178,8 +178,8 @@ INLINE void sb_unpack_iq4_xs(const void *block, kiln_sb *u) {
    A sub-block of 32 weights is 32 unsigned grid bytes and 32 sign bits. sb_unpack applies the signs
    to the grid (q = (g ^ m) - m); the decode dot (rows_sb_avx2.c) applies them to the activations
    instead and takes the grid bytes as they are, as the unsigned side of the byte products. So each
-   type is written once as three parts: grid_signs_scales (a block's 8 sign words, its 16 scales and
-   d), and grid_rows (sub-block k's grid bytes). */
+   type is written once as two parts: grid_prep (a block's 8 sign words, its 16 scales and d) and
+   grid_rows (sub-block k's grid bytes), which both build on. */
 typedef struct {
     uint32_t sgn[8]; /* bit i of word k: weight 32 k + i is negated */
     int16_t sc[16];
