@@ -16,7 +16,11 @@
 
 /* A worker's stack: the kernels keep per-thread buffers there (the x8 matmuls up to 450 KB), so
  * the size is set rather than left to the platform's default (128 KB on musl). */
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_WORKER_STACK_BYTES (16u << 20) /* redzones, and no stack slot shared, grow frames several-fold */
+#else
 #define KILN_WORKER_STACK_BYTES (4u << 20)
+#endif
 #define KILN_WAKE_SPINS (1u << 13) /* pauses a worker waits for the next region before it sleeps: ~0.1-0.3 ms */
 
 struct kiln_pool {
