@@ -228,7 +228,8 @@ INLINE void rows_decode(const int type, int nb, const uint8_t *w, size_t w_row, 
 /* -- prefill: the tile from the GGUF rows ---------------------------------------------------- */
 
 /* one block of rows [0, nw) (w, w_row apart; past nw the last row again) into t */
-INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, size_t w_row, int nw, sb_tile *t) {
+INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, size_t w_row, int nw, uint8_t flip_byte,
+                       sb_tile *t) {
     const int has_min = type == KILN_Q2_K;
     kiln_sb u[T];
     const kiln_sb *p[T];
@@ -246,11 +247,7 @@ INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, 
             }
         p[r] = &u[r < nw ? r : nw - 1];
     }
-#ifdef TILE_VNNI
-    const __m256i flip = _mm256_set1_epi8(has_min ? 0 : (char)0x80);
-#else
-    const __m256i flip = _mm256_setzero_si256();
-#endif
+    const __m256i flip = _mm256_set1_epi8((char)flip_byte);
     for (int h = 0; h < T / 8; h++) {
         const kiln_sb *const *ph = p + 8 * h;
         __m256i v[8];
@@ -282,19 +279,21 @@ INLINE void build_tile(const int type, kiln_unpack_fn unpack, const uint8_t *w, 
 INLINE void rows_sb(const int type, int n, const uint8_t *w, size_t w_row, int n_w, const uint8_t *act, size_t a_row,
                     int n_a, float *y, size_t y_row) {
     const int nb = n / QK_K;
-    sb_tile *tile = n_a >= BUFFER_A ? tile_buffer(sizeof(sb_tile) * (size_t)nb) : NULL;
-    if (!tile) { /* decode, or no memory for a tile */
+    sb_prefill p;
+    if (n_a < BUFFER_A || !sb_prefill_begin(type, nb, act, a_row, n_a, &p)) { /* decode, or no memory for a tile */
         rows_decode(type, nb, w, w_row, n_w, act, a_row, n_a, y, y_row);
         return;
     }
     const kiln_unpack_fn unpack = kiln_unpack_fast(type);
     const size_t bb = kiln_row_bytes(type, QK_K);
+    const uint8_t flip = sb_tile_flip(type, &p);
     for (int r0 = 0; r0 < n_w; r0 += T) {
         const int nw = n_w - r0 < T ? n_w - r0 : T;
         for (int b = 0; b < nb; b++)
-            build_tile(type, unpack, w + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, tile + b);
-        sb_tile_rows(type, tile, nb, act, a_row, n_a, y + r0, y_row, nw);
+            build_tile(type, unpack, w + (size_t)r0 * w_row + (size_t)b * bb, w_row, nw, flip, p.tile + b);
+        sb_tile_rows(type, &p, nb, act, a_row, n_a, y + r0, y_row, nw);
     }
+    sb_prefill_end(&p);
 }
 
 #define ROWS_SB(name, type)                                                                                      \

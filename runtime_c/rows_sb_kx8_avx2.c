@@ -49,13 +49,10 @@ INLINE __m256i mul_bytes(__m256i a, __m256i b) {
 /* A tile's super-block from the kx8 blocks of its T / 8 groups (w, group bytes apart; past the
  * last of n_groups, the last again): the bytes build_tile writes from the GGUF rows, the kx8
  * layout's 8 rows already interleaved as the tile's are, with no unpacking a row at a time. */
-INLINE void build_tile_kx8(const int type, const uint8_t *w, size_t group, int n_groups, sb_tile *t) {
+INLINE void build_tile_kx8(const int type, const uint8_t *w, size_t group, int n_groups, uint8_t flip_byte,
+                           sb_tile *t) {
     const int q3 = type == KILN_Q3_K, q2 = type == KILN_Q2_K;
-#ifdef TILE_VNNI /* unsigned for vpdpbusd: q + 128, -q sc + 128 (Q3_K), q sc (Q2_K, 0..45) */
-    const __m256i flip = _mm256_set1_epi8(q2 ? 0 : (char)0x80);
-#else
-    const __m256i flip = _mm256_setzero_si256();
-#endif
+    const __m256i flip = _mm256_set1_epi8((char)flip_byte);
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5,
                                             6, 6, 6, 6, 7, 7, 7, 7);
     for (int h = 0; h < T / 8; h++) {
@@ -101,24 +98,28 @@ INLINE void build_tile_kx8(const int type, const uint8_t *w, size_t group, int n
 }
 
 /* groups [g0, g1) of 8 rows: a tile's T / 8 groups at a time */
-INLINE void rows_sb_kx8(const int type, sb_tile *tile, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
-                        size_t a_row, int n_a, float *y, size_t y_row) {
+INLINE int rows_sb_kx8(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
+                       int n_a, float *y, size_t y_row) {
+    sb_prefill p;
+    if (n_a < BUFFER_A || !sb_prefill_begin(type, nb, act, a_row, n_a, &p)) return 0;
     const size_t kb = kiln_kx8_bytes(type), group = (size_t)nb * kb;
+    const uint8_t flip = sb_tile_flip(type, &p);
     for (int g = g0; g < g1; g += T / 8) {
         const int n_groups = g1 - g < T / 8 ? g1 - g : T / 8, r0 = 8 * g;
-        for (int b = 0; b < nb; b++) build_tile_kx8(type, w + (size_t)g * group + (size_t)b * kb, group, n_groups, tile + b);
-        sb_tile_rows(type, tile, nb, act, a_row, n_a, y + r0, y_row, 8 * n_groups);
+        for (int b = 0; b < nb; b++)
+            build_tile_kx8(type, w + (size_t)g * group + (size_t)b * kb, group, n_groups, flip, p.tile + b);
+        sb_tile_rows(type, &p, nb, act, a_row, n_a, y + r0, y_row, 8 * n_groups);
     }
+    sb_prefill_end(&p);
+    return 1;
 }
 
 int kiln_rows_sb_kx8(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                      float *y, size_t y_row) {
-    sb_tile *tile = n_a >= BUFFER_A ? tile_buffer(sizeof(sb_tile) * (size_t)(n_in / QK_K)) : NULL;
-    if (!tile) return 0;
     switch (type) { /* each type its own copy, the type a constant in it */
-    case KILN_Q3_K: rows_sb_kx8(KILN_Q3_K, tile, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row); return 1;
-    case KILN_IQ4_XS: rows_sb_kx8(KILN_IQ4_XS, tile, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row); return 1;
-    case KILN_Q2_K: rows_sb_kx8(KILN_Q2_K, tile, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row); return 1;
+    case KILN_Q3_K: return rows_sb_kx8(KILN_Q3_K, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row);
+    case KILN_IQ4_XS: return rows_sb_kx8(KILN_IQ4_XS, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row);
+    case KILN_Q2_K: return rows_sb_kx8(KILN_Q2_K, w, g0, g1, n_in / QK_K, act, a_row, n_a, y, y_row);
     default: return 0;
     }
 }

@@ -145,65 +145,85 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
 #define SB_AMX_LOAD(t, p, stride) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(stride)) : "memory")
 #define SB_AMX_STORE(t, p) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(p)), "r"(64L) : "memory")
 
+/* AMX takes every activation row of a matmul of 16 rows or more (not Q2_K, for its minimums) */
+INLINE int sb_amx_takes(const int type, int n_a) { return type != KILN_Q2_K && n_a >= SB_AMX_M && kiln_amx(-1); }
+
 /* Tiles 0-3 the sums [activation row][16 weight rows] of successive spans, 4-5 the activations
  * [row][the span's bytes], 6-7 the weights [4-byte group][16 rows x 4 bytes]: the tile's q[k], k
  * over the span. */
 static void sb_amx_config(int span) { kiln_amx_config(16 * span, 4 * span); }
 
+/* The activation rows as the tile multiplies take them, copied once a matmul (not once a tile of
+ * weight rows): groups of 16 rows (the last padded with zero rows), and in each group, span after
+ * span, the 16 rows' bytes of the span as one contiguous tile; beside them each block's d of the
+ * 16 rows. The weight tiles are signed q then (no + 128), multiplied signed by signed, so a span's
+ * sums are exact as they come and need no seed. */
+static inline size_t sb_amx_act_bytes(int n_a, int nb) {
+    return (size_t)(n_a + SB_AMX_M - 1) / SB_AMX_M * SB_AMX_M * (size_t)nb * (QK_K + sizeof(float));
+}
+INLINE void sb_amx_pack(const int span, const uint8_t *act, size_t a_row, int n_a, int nb, uint8_t *buf) {
+    const int groups = (n_a + SB_AMX_M - 1) / SB_AMX_M, n_spans = QK_K / 16 / span, w = 16 * span;
+    float *d = (float *)(buf + (size_t)groups * nb * SB_AMX_M * QK_K);
+    for (int g = 0; g < groups; g++)
+        for (int r = 0; r < SB_AMX_M; r++) {
+            const int row = SB_AMX_M * g + r;
+            for (int b = 0; b < nb; b++) {
+                const block_q8_K *yb = (const block_q8_K *)(act + (size_t)row * a_row) + b;
+                uint8_t *q = buf + ((size_t)g * nb + b) * SB_AMX_M * QK_K + (size_t)r * w;
+                for (int i = 0; i < n_spans; i++, q += SB_AMX_M * w) {
+                    if (row < n_a) memcpy(q, yb->qs + w * i, (size_t)w);
+                    else memset(q, 0, (size_t)w);
+                }
+                d[((size_t)g * nb + b) * SB_AMX_M + r] = row < n_a ? yb->d : 0.0f;
+            }
+        }
+}
+
 /* Step k of four of a pipeline three spans deep over the (block, span) pairs: span e + 3 is
  * multiplied into tile k, the tile of the span before it is stored, and the sums of span e, stored
- * two steps ago, go into the rows' isum, seeded and scaled as sb_gemm's; after a block's last span,
- * its float step. A tile's store waits for its multiply; coming a step later, it leaves the next
- * multiply free to start, and the sums are read once the store has long been done. */
+ * two steps ago, go into the rows' isum, scaled as sb_gemm's; after a block's last span, its float
+ * step. A tile's store waits for its multiply; coming a step later, it leaves the next multiply free
+ * to start, and the sums are read once the store has long been done. */
 #define SB_AMX_STEP(k, kp, ta, tw)                                                                                \
     do {                                                                                                        \
         const int m = s + (k), e = m - 3;                                                                       \
         if (m < steps) {                                                                                        \
-            const int j = (m % n_spans) * span;                                                                 \
-            SB_AMX_LOAD(ta, ((const block_q8_K *)act + m / n_spans)->qs + 16 * j, a_row);                     \
-            SB_AMX_LOAD(tw, tile[m / n_spans].q[4 * j], 64);                                                    \
+            SB_AMX_LOAD(ta, aq + (size_t)m * SB_AMX_M * 16 * span, 16 * span);                                  \
+            SB_AMX_LOAD(tw, tile[m / n_spans].q[4 * (m % n_spans) * span], 64);                                 \
             _tile_zero(k);                                                                                      \
-            _tile_dpbsud(k, ta, tw);                                                                            \
+            _tile_dpbssd(k, ta, tw);                                                                            \
         }                                                                                                       \
         if (m >= 1 && m <= steps) SB_AMX_STORE(kp, sums[kp]);                                                  \
-        if (e >= 0 && e < steps) sb_amx_take(type, tile, act, a_row, e / n_spans, e % n_spans, sums[((k) + 1) & 3], \
-                                             isum, seed, accm);                                                  \
+        if (e >= 0 && e < steps) sb_amx_take(type, tile, ad, e / n_spans, e % n_spans, sums[((k) + 1) & 3], isum, accm); \
     } while (0)
 
-/* span i of block b's sums into isum; the block's seeds first, its float step last */
-INLINE void sb_amx_take(const int type, const sb_tile *tile, const uint8_t *act, size_t a_row, int b, int i,
-                        const int32_t (*sums)[16], vi isum[SB_AMX_M], int32_t (*seed)[QK_K / 16],
-                        float (*accm)[T]) {
+/* span i of block b's sums into isum; the block's float step after its last */
+INLINE void sb_amx_take(const int type, const sb_tile *tile, const float *ad, int b, int i, const int32_t (*sums)[16],
+                        vi isum[SB_AMX_M], float (*accm)[T]) {
     const int span = scale_span(type), j = i * span;
     const sb_tile *t = tile + b;
-    if (i == 0)
-        for (int c = 0; c < SB_AMX_M; c++) {
-            store_seeds(span, ((const block_q8_K *)(act + (size_t)c * a_row) + b)->bsums, seed[c]);
-            isum[c] = vzero();
-        }
     const vi sc = vload(t->sc[j]);
     for (int c = 0; c < SB_AMX_M; c++) {
-        const vi v = V(add_epi32)(vload(sums[c]), V(set1_epi32)(seed[c][seed_at(span, j)]));
-        if (type == KILN_Q3_K) isum[c] = V(sub_epi32)(isum[c], v); /* -q sc */
-        else if (unscaled(type)) isum[c] = V(add_epi32)(isum[c], v);
-        else isum[c] = V(add_epi32)(isum[c], V(mullo_epi32)(v, sc));
+        const vi v = vload(sums[c]);
+        if (type == KILN_Q3_K) isum[c] = V(sub_epi32)(i ? isum[c] : vzero(), v); /* -q sc */
+        else if (unscaled(type)) isum[c] = i ? V(add_epi32)(isum[c], v) : v;
+        else isum[c] = i ? V(add_epi32)(isum[c], V(mullo_epi32)(v, sc)) : V(mullo_epi32)(v, sc);
     }
     if (j + span < QK_K / 16) return;
     const vf d = V(loadu_ps)(t->d);
-    for (int c = 0; c < SB_AMX_M; c++) {
-        const float yd = ((const block_q8_K *)(act + (size_t)c * a_row) + b)->d;
-        V(store_ps)(accm[c], V(fmadd_ps)(V(cvtepi32_ps)(isum[c]), V(mul_ps)(d, V(set1_ps)(yd)), V(load_ps)(accm[c])));
-    }
+    for (int c = 0; c < SB_AMX_M; c++)
+        V(store_ps)(accm[c], V(fmadd_ps)(V(cvtepi32_ps)(isum[c]), V(mul_ps)(d, V(set1_ps)(ad[SB_AMX_M * b + c])),
+                                         V(load_ps)(accm[c])));
 }
 
-/* sb_gemm for SB_AMX_M activation rows, the integer sums of each span of sub-blocks from one tile
- * multiply of the signed activations by the tile's unsigned bytes (q + 128, or Q3_K's -q sc + 128);
- * every step after the sums is sb_gemm's, so the bits are its bits. Q2_K (its minimums) stays
- * with sb_gemm. */
-INLINE void sb_gemm_amx(const int type, const sb_tile *tile, int nb, const uint8_t *act, size_t a_row, float *y,
-                        size_t y_row, int nw) {
+/* sb_gemm for a group of SB_AMX_M packed activation rows (aq, ad), the integer sums of each span
+ * of sub-blocks from one tile multiply of the signed activations by the tile's signed bytes (q, or
+ * Q3_K's -q sc); every step after the sums is sb_gemm's, so the bits are its bits. The group's
+ * first n_rows rows are stored. */
+INLINE void sb_gemm_amx(const int type, const sb_tile *tile, int nb, const uint8_t *aq, const float *ad, float *y,
+                        size_t y_row, int n_rows, int nw) {
     const int span = scale_span(type), n_spans = QK_K / 16 / span, steps = nb * n_spans;
-    _Alignas(64) int32_t sums[4][SB_AMX_M][16], seed[SB_AMX_M][QK_K / 16];
+    _Alignas(64) int32_t sums[4][SB_AMX_M][16];
     _Alignas(64) float accm[SB_AMX_M][T];
     vi isum[SB_AMX_M];
     for (int c = 0; c < SB_AMX_M; c++) V(store_ps)(accm[c], V(setzero_ps)()), isum[c] = vzero();
@@ -213,35 +233,74 @@ INLINE void sb_gemm_amx(const int type, const sb_tile *tile, int nb, const uint8
         SB_AMX_STEP(2, 1, 4, 6);
         SB_AMX_STEP(3, 2, 5, 7);
     }
-    for (int c = 0; c < SB_AMX_M; c++) {
+    for (int c = 0; c < n_rows; c++) {
         float v[T];
         V(storeu_ps)(v, V(sub_ps)(V(load_ps)(accm[c]), V(setzero_ps)()));
         memcpy(y + (size_t)c * y_row, v, (size_t)nw * sizeof(float));
     }
 }
-
-/* activation rows [0, n_a - n_a % 16) by AMX where it is built, allowed and taken (not Q2_K);
-   returns the first row it left */
-INLINE int sb_amx_rows(const int type, const sb_tile *tile, int nb, const uint8_t *act, size_t a_row, int n_a,
-                       float *y, size_t y_row, int nw) {
-    if (type == KILN_Q2_K || n_a < SB_AMX_M || !kiln_amx(-1)) return 0;
-    sb_amx_config(scale_span(type));
-    int c = 0;
-    for (; c + SB_AMX_M <= n_a; c += SB_AMX_M)
-        sb_gemm_amx(type, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row, y_row, nw);
-    _tile_release();
-    return c;
-}
 #else
-#define sb_amx_rows(type, tile, nb, act, a_row, n_a, y, y_row, nw) 0
+#define sb_amx_takes(type, n_a) 0
+#define sb_amx_act_bytes(n_a, nb) 0
 #endif
 
-/* activation rows [0, n_a) against a built tile: 16 at a time by AMX where it is taken, the rest in
-   TILE_PASSES */
-INLINE void sb_tile_rows(const int type, const sb_tile *tile, int nb, const uint8_t *act, size_t a_row, int n_a,
+/* A matmul's prefill: its buffer of tiles and, where AMX takes the rows, of packed activations. */
+typedef struct {
+    sb_tile *tile;
+    const uint8_t *aq; /* packed activations (AMX), or NULL */
+    int amx;
+} sb_prefill;
+
+/* 0 where there is no memory for the buffers (the caller then decodes row by row) */
+INLINE int sb_prefill_begin(const int type, int nb, const uint8_t *act, size_t a_row, int n_a, sb_prefill *p) {
+    p->amx = sb_amx_takes(type, n_a);
+    const size_t tiles = sizeof(sb_tile) * (size_t)nb;
+    uint8_t *buf = tile_buffer(tiles + (p->amx ? sb_amx_act_bytes(n_a, nb) : 0));
+    if (!buf) return 0;
+    p->tile = (sb_tile *)buf, p->aq = NULL;
+#ifdef KILN_HAVE_AMX
+    if (p->amx) {
+        sb_amx_pack(scale_span(type), act, a_row, n_a, nb, buf + tiles);
+        p->aq = buf + tiles;
+        sb_amx_config(scale_span(type));
+    }
+#endif
+    return 1;
+}
+INLINE void sb_prefill_end(const sb_prefill *p) {
+#ifdef KILN_HAVE_AMX
+    if (p->amx) _tile_release();
+#endif
+    (void)p;
+}
+
+/* the byte a tile's q are stored xor: 0x80 (q + 128) for vpdpbusd's unsigned operand, 0 for AMX's
+   signed one, for Q2_K (its q sc already unsigned) and without VNNI */
+INLINE uint8_t sb_tile_flip(const int type, const sb_prefill *p) {
+#ifdef TILE_VNNI
+    return type == KILN_Q2_K || p->amx ? 0 : 0x80;
+#else
+    return (void)type, (void)p, 0;
+#endif
+}
+
+/* activation rows [0, n_a) against a built tile: by AMX where it takes them, else in TILE_PASSES */
+INLINE void sb_tile_rows(const int type, const sb_prefill *p, int nb, const uint8_t *act, size_t a_row, int n_a,
                          float *y, size_t y_row, int nw) {
-    int c = sb_amx_rows(type, tile, nb, act, a_row, n_a, y, y_row, nw);
-#define PASS(A) sb_gemm(type, A, tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row, y_row, nw), c += A
+#ifdef KILN_HAVE_AMX
+    if (p->amx) {
+        const int groups = (n_a + SB_AMX_M - 1) / SB_AMX_M;
+        const float *ad = (const float *)(p->aq + (size_t)groups * nb * SB_AMX_M * QK_K);
+        for (int g = 0; g < groups; g++) {
+            const int rows = n_a - SB_AMX_M * g < SB_AMX_M ? n_a - SB_AMX_M * g : SB_AMX_M;
+            sb_gemm_amx(type, p->tile, nb, p->aq + (size_t)g * nb * SB_AMX_M * QK_K, ad + (size_t)g * nb * SB_AMX_M,
+                        y + (size_t)g * SB_AMX_M * y_row, y_row, rows, nw);
+        }
+        return;
+    }
+#endif
+    int c = 0;
+#define PASS(A) sb_gemm(type, A, p->tile, nb, act + (size_t)c * a_row, a_row, y + (size_t)c * y_row, y_row, nw), c += A
     TILE_PASSES(n_a, c, PASS);
 #undef PASS
 }

@@ -718,9 +718,10 @@ def same_bits_with_amx_on_or_off(t, w, x, matmul):
                          ids=lambda t: t.name)
 def test_super_block_tiles_take_the_same_bits_with_amx_on_or_off(t):
     """The super-block types' prefill tiles (rows_sb_avx2.c) are AMX weight tiles as they are: where
-    AMX is allowed, 16 activation rows at a time take each span's integer sums from a tile multiply,
-    every step after them sb_gemm's. 41 rows: two tile passes, then 8 + 1 by VNNI; 17 weight rows:
-    a tile of 16 and one of 1. The same bits either way, and the scalar reference's."""
+    AMX is allowed, it takes every activation row, 16 at a time, each span's integer sums from a tile
+    multiply of signed bytes, every step after them sb_gemm's; without it, VNNI's q + 128. 41 rows:
+    three groups of 16, the last 9 rows and 7 of zeros; 17 weight rows: a tile of 16 and one of 1.
+    The same bits either way, and the scalar reference's."""
     if not lib.kiln_amx(-1):
         pytest.skip("no AMX here (this build, the CPU or the OS)")
     rng = np.random.default_rng(850 + int(t))
