@@ -37,12 +37,20 @@ INLINE __m256i reduce8(const __m256i v[8]) {
 /* sub-block k's two scales of 16 as vpmaddwd's int16 multipliers: sc[2k] across the low 128 bits,
    sc[2k + 1] across the high, a byte shuffle of the 8 scales of k's half of the block (half, in
    both lanes) */
-INLINE __m256i scale_pairs(__m256i half, int k) {
+INLINE __m256i scale_pair_shuffle(int k) {
     const char lo = (char)(4 * (k % 4)), hi = (char)(4 * (k % 4) + 2);
-    return _mm256_shuffle_epi8(half, _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
-                                                      lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi,
-                                                      hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1));
+    return _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+                            lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                            hi, hi + 1);
 }
+INLINE __m256i scale_pairs(__m256i half, int k) { return _mm256_shuffle_epi8(half, scale_pair_shuffle(k)); }
+#ifdef __AVX512BW__
+/* sub-blocks k and k + 1's, in the low and high 256 bits, from half in all four lanes */
+INLINE __m512i scale_pairs2(__m512i half, int k) {
+    return _mm512_shuffle_epi8(half, _mm512_inserti64x4(_mm512_castsi256_si512(scale_pair_shuffle(k)),
+                                                        scale_pair_shuffle(k + 1), 1));
+}
+#endif
 
 #ifdef TILE_VNNI
 /* vpdpbusd takes the byte products, q + 128 (unsigned) times y, 4 to an int32; the 128 y this
@@ -141,6 +149,32 @@ INLINE __m256i signed_y(const int type, __m256i y, const uint32_t *sgn) {
    Sums of the same integers as sb_isum's, so the same bits, in fewer instructions a weight. */
 INLINE void grid_isums(const int type, const void *block, const grid_block *g, const block_q8_K *const *y, int A,
                        __m256i *isum, int stride) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    /* two sub-blocks a vector: their grid rows side by side, 64 activations and 64 sign bits */
+    __m512i acc[BUFFER_A];
+    for (int c = 0; c < BUFFER_A; c++) acc[c] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(g->sc + 8 * h)));
+#pragma GCC unroll 2
+        for (int k = 4 * h; k < 4 * h + 4; k += 2) {
+            const __m512i rows = grid_rows2(type, block, k);
+            const __m512i sc = scale_pairs2(s, k);
+            __mmask64 m = (__mmask64)g->sgn[k] | (__mmask64)g->sgn[k + 1] << 32; /* as signed_y's */
+            if (type == KILN_IQ2_XXS || type == KILN_IQ2_XS || type == KILN_IQ2_S)
+                __asm__("kmovq %1, %0" : "=k"(m) : "m"(*(const uint64_t *)(g->sgn + k)));
+#pragma GCC unroll 4
+            for (int c = 0; c < BUFFER_A; c++) {
+                if (c >= A) break;
+                const __m512i yv = _mm512_loadu_si512(y[c]->qs + 32 * k);
+                const __m512i p = _mm512_maddubs_epi16(rows, _mm512_mask_sub_epi8(yv, m, _mm512_setzero_si512(), yv));
+                acc[c] = _mm512_add_epi32(acc[c], _mm512_madd_epi16(p, sc));
+            }
+        }
+    }
+    for (int c = 0; c < A; c++)
+        isum[c * stride] = _mm256_add_epi32(_mm512_castsi512_si256(acc[c]), _mm512_extracti64x4_epi64(acc[c], 1));
+#else
     __m256i acc[BUFFER_A]; /* in registers: through memory, each add waited on the last one's store */
     for (int c = 0; c < BUFFER_A; c++) acc[c] = _mm256_setzero_si256();
 #pragma GCC unroll 2 /* each pick a constant, not built for each k */
@@ -158,6 +192,7 @@ INLINE void grid_isums(const int type, const void *block, const grid_block *g, c
         }
     }
     for (int c = 0; c < A; c++) isum[c * stride] = acc[c];
+#endif
 }
 
 /* Blocks ahead that decode prefetches in each of its 8 rows. The 8 streams, each advancing a block
