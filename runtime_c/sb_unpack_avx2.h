@@ -310,18 +310,31 @@ INLINE __m512i grid_rows2(const int type, const void *block, int k) {
 }
 #endif
 
-/* the unpacked block of a grid type: the signs applied to the grid */
+/* the unpacked block of a grid type: the signs applied to the grid (with AVX-512, two sub-blocks
+   a vector, negated under their 64 sign bits) */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define GRID_SIGNED_ROWS(name, t)                                                                        \
+    _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {                                              \
+        const __m512i g = grid_rows2(t, block, k);                                                        \
+        const __mmask64 m = (__mmask64)b.sgn[k] | (__mmask64)b.sgn[k + 1] << 32;                          \
+        _mm512_storeu_si512(u->q + 32 * k, _mm512_mask_sub_epi8(g, m, _mm512_setzero_si512(), g));        \
+    }
+#else
+#define GRID_SIGNED_ROWS(name, t)                                                                        \
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)                                                   \
+        store32(u->q + 32 * k, apply_signs(grid_rows_##name(block, k), sign_masks(b.sgn[k])));
+#endif
 #define GRID_UNPACK(name, t)                                                              \
     INLINE void sb_unpack_##name(const void *block, kiln_sb *u) {                         \
         grid_block b;                                                                     \
         grid_prep_##name(block, &b);                                                      \
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)                               \
-            store32(u->q + 32 * k, apply_signs(grid_rows_##name(block, k), sign_masks(b.sgn[k]))); \
+        GRID_SIGNED_ROWS(name, t)                                                         \
         memcpy(u->sc, b.sc, sizeof b.sc);                                                 \
         u->d = b.d;                                                                       \
     }
 KILN_GRID_TYPES(GRID_UNPACK)
 #undef GRID_UNPACK
+#undef GRID_SIGNED_ROWS
 
 /* IQ1: 4 groups of 8 from 4 11-bit indexes (8 bits in qs, 3 bits of h at each of the 4 shifts),
    q = 8 grid + delta (delta +-1 a group) */
