@@ -74,11 +74,7 @@ INLINE void lut_gemm(const int A, const lut_tile *tile, int nb, const uint8_t *a
         for (int c = 0; c < A; c++)
             acc[c] = V(fmadd_ps)(V(cvtepi32_ps)(s[c]), V(mul_ps)(d, V(set1_ps)(half_at((const uint8_t *)&yb[c]->d))), acc[c]);
     }
-    for (int c = 0; c < A; c++) {
-        float v[T];
-        V(storeu_ps)(v, acc[c]);
-        memcpy(y + (size_t)c * y_row, v, (size_t)nw * sizeof(float));
-    }
+    for (int c = 0; c < A; c++) store_outputs(y + (size_t)c * y_row, acc[c], nw);
 }
 
 int kiln_rows_lut_tiles(int type, int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,

@@ -132,11 +132,7 @@ INLINE void sb_gemm(const int type, const int A, const sb_tile *tile, int nb, co
             }
         }
     }
-    for (int c = 0; c < A; c++) {
-        float v[T];
-        V(storeu_ps)(v, V(sub_ps)(acc[c], mins[c]));
-        memcpy(y + (size_t)c * y_row, v, (size_t)nw * sizeof(float));
-    }
+    for (int c = 0; c < A; c++) store_outputs(y + (size_t)c * y_row, V(sub_ps)(acc[c], mins[c]), nw);
 }
 
 /* -- prefill with AMX: the tile's bytes are an AMX weight tile as they are ------------------------ */
@@ -233,11 +229,8 @@ INLINE void sb_gemm_amx(const int type, const sb_tile *tile, int nb, const uint8
         SB_AMX_STEP(2, 1, 4, 6);
         SB_AMX_STEP(3, 2, 5, 7);
     }
-    for (int c = 0; c < n_rows; c++) {
-        float v[T];
-        V(storeu_ps)(v, V(sub_ps)(V(load_ps)(accm[c]), V(setzero_ps)()));
-        memcpy(y + (size_t)c * y_row, v, (size_t)nw * sizeof(float));
-    }
+    for (int c = 0; c < n_rows; c++)
+        store_outputs(y + (size_t)c * y_row, V(sub_ps)(V(load_ps)(accm[c]), V(setzero_ps)()), nw);
 }
 #else
 #define sb_amx_takes(type, n_a) 0

@@ -77,6 +77,18 @@ static void *tile_buffer(size_t bytes) {
     return buffer.p;
 }
 
+/* a tile's nw outputs of one activation row: a whole tile's straight from the register (through a
+   buffer and a memcpy of variable length, the stores were 9% of a super-block type's prefill) */
+INLINE void store_outputs(float *y, vf v, int nw) {
+    if (nw == T) {
+        V(storeu_ps)(y, v);
+        return;
+    }
+    float t[T];
+    V(storeu_ps)(t, v);
+    memcpy(y, t, (size_t)nw * sizeof(float));
+}
+
 INLINE int32_t ld32(const void *p) { /* 4 activation bytes, for a broadcast */
     int32_t v;
     return memcpy(&v, p, sizeof v), v;
