@@ -157,9 +157,11 @@ static void sb_amx_config(int span) { kiln_amx_config(16 * span, 4 * span); }
 static inline size_t sb_amx_act_bytes(int n_a, int nb) {
     return (size_t)(n_a + SB_AMX_M - 1) / SB_AMX_M * SB_AMX_M * (size_t)nb * (QK_K + sizeof(float));
 }
-INLINE void sb_amx_pack(const int span, const uint8_t *act, size_t a_row, int n_a, int nb, uint8_t *buf) {
+INLINE void sb_amx_pack(const int span, const uint8_t *act, size_t a_row, int n_a, int nb, uint8_t *buf,
+                        const float **ad) {
     const int groups = (n_a + SB_AMX_M - 1) / SB_AMX_M, n_spans = QK_K / 16 / span, w = 16 * span;
     float *d = (float *)(buf + (size_t)groups * nb * SB_AMX_M * QK_K);
+    *ad = d;
     for (int g = 0; g < groups; g++)
         for (int r = 0; r < SB_AMX_M; r++) {
             const int row = SB_AMX_M * g + r;
@@ -240,7 +242,8 @@ INLINE void sb_gemm_amx(const int type, const sb_tile *tile, int nb, const uint8
 /* A matmul's prefill: its buffer of tiles and, where AMX takes the rows, of packed activations. */
 typedef struct {
     sb_tile *tile;
-    const uint8_t *aq; /* packed activations (AMX), or NULL */
+    const uint8_t *aq; /* packed activations (AMX): [group][block][span][16 rows][bytes], or NULL */
+    const float *ad;   /* and their blocks' d: [group][block][16 rows] */
     int amx;
 } sb_prefill;
 
@@ -250,10 +253,10 @@ INLINE int sb_prefill_begin(const int type, int nb, const uint8_t *act, size_t a
     const size_t tiles = sizeof(sb_tile) * (size_t)nb;
     uint8_t *buf = tile_buffer(tiles + (p->amx ? sb_amx_act_bytes(n_a, nb) : 0));
     if (!buf) return 0;
-    p->tile = (sb_tile *)buf, p->aq = NULL;
+    p->tile = (sb_tile *)buf, p->aq = NULL, p->ad = NULL;
 #ifdef KILN_HAVE_AMX
     if (p->amx) {
-        sb_amx_pack(scale_span(type), act, a_row, n_a, nb, buf + tiles);
+        sb_amx_pack(scale_span(type), act, a_row, n_a, nb, buf + tiles, &p->ad);
         p->aq = buf + tiles;
         sb_amx_config(scale_span(type));
     }
@@ -282,11 +285,9 @@ INLINE void sb_tile_rows(const int type, const sb_prefill *p, int nb, const uint
                          float *y, size_t y_row, int nw) {
 #ifdef KILN_HAVE_AMX
     if (p->amx) {
-        const int groups = (n_a + SB_AMX_M - 1) / SB_AMX_M;
-        const float *ad = (const float *)(p->aq + (size_t)groups * nb * SB_AMX_M * QK_K);
-        for (int g = 0; g < groups; g++) {
+        for (int g = 0; g * SB_AMX_M < n_a; g++) {
             const int rows = n_a - SB_AMX_M * g < SB_AMX_M ? n_a - SB_AMX_M * g : SB_AMX_M;
-            sb_gemm_amx(type, p->tile, nb, p->aq + (size_t)g * nb * SB_AMX_M * QK_K, ad + (size_t)g * nb * SB_AMX_M,
+            sb_gemm_amx(type, p->tile, nb, p->aq + (size_t)g * nb * SB_AMX_M * QK_K, p->ad + (size_t)g * nb * SB_AMX_M,
                         y + (size_t)g * SB_AMX_M * y_row, y_row, rows, nw);
         }
         return;
