@@ -35,18 +35,28 @@ static const uint8_t *act_rows(const kiln_thread *t, int type, const float *x, i
     return kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
 }
 
-/* the GGUF rows: each thread a range of whole tiles of 8 rows */
+/* A matmul's units (tiles of 8 or 16 rows) are claimed CLAIMS_PER_THREAD chunks a thread: enough
+ * that a thread slowed 1.4x by its host still finishes with the others, few enough that a chunk
+ * keeps its kernel's prefetch streams and tile buffers long (each call of a kernel restarts them). */
+#define CLAIMS_PER_THREAD 6
+static int chunk_of(const kiln_thread *t, int units) {
+    const int chunks = CLAIMS_PER_THREAD * t->nth;
+    return (units + chunks - 1) / chunks;
+}
+
+/* the GGUF rows: tiles of 8 rows, claimed in chunks by the threads */
 static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                            const float *x, int n_rows, float *y, void *scratch, int quantized) {
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
     const uint8_t *act = act_rows(t, type, x, n_rows, n_in, scratch, local, quantized);
-    int o0, o1;
-    kiln_share(t, n_out, 8, &o0, &o1);
-    if (o0 == o1) return;
-    kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0,
-              (size_t)n_out);
-    kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
+    kiln_claims c = kiln_claims_begin(t, (n_out + 7) / 8, chunk_of(t, (n_out + 7) / 8));
+    for (int c0, c1; kiln_claim(&c, &c0, &c1);) {
+        const int o0 = 8 * c0, o1 = 8 * c1 < n_out ? 8 * c1 : n_out;
+        kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0,
+                  (size_t)n_out);
+        kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
+    }
 }
 
 static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
@@ -55,12 +65,14 @@ static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *b
     if (w->packed && kiln_x8_supported(w->type, n_out, n_in)) {
         _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
         const uint8_t *act = act_rows(t, w->type, x, n_rows, n_in, scratch, local, quantized);
-        int g0, g1;
-        kiln_share(t, n_out / 8, 2, &g0, &g1); /* pairs of groups share vectors */
-        if (g1 == g0) return;
-        kiln_x8_gemm(w->type, w->packed, g0, g1, n_in, act, kiln_act_row_bytes(w->type, n_in), n_rows, y,
-                     (size_t)n_out);
-        kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
+        const int pairs = (n_out / 8 + 1) / 2; /* pairs of groups share vectors */
+        kiln_claims c = kiln_claims_begin(t, pairs, chunk_of(t, pairs));
+        for (int p0, p1; kiln_claim(&c, &p0, &p1);) {
+            const int g0 = 2 * p0, g1 = 2 * p1 < n_out / 8 ? 2 * p1 : n_out / 8;
+            kiln_x8_gemm(w->type, w->packed, g0, g1, n_in, act, kiln_act_row_bytes(w->type, n_in), n_rows, y,
+                         (size_t)n_out);
+            kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
+        }
         return;
     }
 #endif

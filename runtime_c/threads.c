@@ -21,6 +21,7 @@
 #else
 #define KILN_WORKER_STACK_BYTES (4u << 20)
 #endif
+#define KILN_CLAIM_LISTS 2048 /* claim lists a region may begin; past them, static shares */
 #define KILN_WAKE_SPINS (1u << 13) /* pauses a worker waits for the next region before it sleeps: ~0.1-0.3 ms */
 
 struct kiln_pool {
@@ -36,6 +37,7 @@ struct kiln_pool {
     void *arg;
     atomic_int arrived; /* threads at the barrier */
     atomic_uint phase;  /* bumped each time the barrier opens */
+    atomic_int claim_next[KILN_CLAIM_LISTS]; /* each list's chunks handed out; zeroed before a region */
 };
 
 typedef struct {
@@ -46,7 +48,8 @@ typedef struct {
 static void *worker_main(void *p_) {
     worker_arg *wa = p_;
     kiln_pool *p = wa->pool;
-    const kiln_thread t = {wa->ith, wa->nth, p};
+    int claimed = 0;
+    const kiln_thread t = {wa->ith, wa->nth, p, &claimed};
     free(wa);
     unsigned seen = 0;
     for (;;) {
@@ -66,6 +69,7 @@ static void *worker_main(void *p_) {
         const kiln_region_fn fn = p->fn;
         void *arg = p->arg;
         pthread_mutex_unlock(&p->mu);
+        claimed = 0;
         fn(arg, &t);
         pthread_mutex_lock(&p->mu);
         if (--p->running == 0) pthread_cond_signal(&p->done);
@@ -123,10 +127,12 @@ int kiln_pool_size(const kiln_pool *p) { return p ? p->n : 1; }
 
 void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg) {
     if (!p || p->n == 1) {
-        const kiln_thread alone = {0, 1, NULL};
+        const kiln_thread alone = {0, 1, NULL, NULL};
         fn(arg, &alone);
         return;
     }
+    /* no worker is inside a region now; the generation's release publishes the zeros */
+    for (int i = 0; i < KILN_CLAIM_LISTS; i++) atomic_store_explicit(&p->claim_next[i], 0, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
@@ -134,7 +140,8 @@ void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg) {
     p->generation++;
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
-    const kiln_thread t0 = {0, p->n, p};
+    int claimed = 0;
+    const kiln_thread t0 = {0, p->n, p, &claimed};
     fn(arg, &t0);
     for (unsigned spins = 0; spins < KILN_WAKE_SPINS && atomic_load_explicit(&p->running, memory_order_acquire) > 0; spins++)
         cpu_relax();
@@ -159,4 +166,26 @@ void kiln_barrier(const kiln_thread *t) {
         if (spins < 1u << 14) cpu_relax();
         else sched_yield();
     }
+}
+
+kiln_claims kiln_claims_begin(const kiln_thread *t, int n_items, int chunk) {
+    kiln_claims c = {NULL, n_items, chunk > 0 ? chunk : 1, 0, n_items};
+    if (t->nth == 1 || !t->claimed) return c;
+    const int list = (*t->claimed)++;
+    if (list < KILN_CLAIM_LISTS) c.next = &t->pool->claim_next[list];
+    else kiln_share(t, n_items, c.chunk, &c.lo, &c.hi);
+    return c;
+}
+
+int kiln_claim(kiln_claims *c, int *lo, int *hi) {
+    if (!c->next) {
+        *lo = c->lo, *hi = c->hi;
+        c->lo = c->hi;
+        return *lo < *hi;
+    }
+    const long start = (long)atomic_fetch_add_explicit((atomic_int *)c->next, 1, memory_order_relaxed) * c->chunk;
+    if (start >= c->n) return 0;
+    *lo = (int)start;
+    *hi = start + c->chunk < c->n ? (int)start + c->chunk : c->n;
+    return 1;
 }

@@ -1,5 +1,7 @@
 """The thread pool under ThreadSanitizer: pools of 1 to 4 threads created, run and destroyed
-many times, with barriers between dependent writes, report no data race."""
+many times, with barriers between dependent writes, report no data race; the chunks of work that
+threads claim (kiln_claims, as the matmuls take their rows) hand out every item exactly once, past
+the lists a region keeps counters for too."""
 from __future__ import annotations
 
 import subprocess
@@ -9,10 +11,11 @@ import pytest
 from compiler.core.paths import RUNTIME_DIR
 
 DRIVER = r"""
+#include <stdatomic.h>
 #include <stdio.h>
 #include "threads.h"
 
-typedef struct { int *out; int n; long sum; } job;
+typedef struct { int *out; int n; long sum; int lists; int *taken; atomic_int first_done; int first_took; } job;
 
 static void region(void *arg, const kiln_thread *t) {
     job *j = arg;
@@ -25,6 +28,22 @@ static void region(void *arg, const kiln_thread *t) {
         for (int i = 0; i < j->n; i++) j->sum += j->out[i];
     }
     kiln_barrier(t);
+    /* claims are not shares: thread 0 claims while the others wait, and so takes every chunk */
+    if (t->ith == 0) atomic_store(&j->first_done, 0);
+    kiln_barrier(t);
+    kiln_claims c = kiln_claims_begin(t, 40, 3);
+    int took = 0;
+    if (t->ith != 0)
+        while (!atomic_load(&j->first_done)) {}
+    for (int a, b; kiln_claim(&c, &a, &b);) took += b - a;
+    if (t->ith == 0) j->first_took = took, atomic_store(&j->first_done, 1);
+    /* claimed chunks: lists of 1..5 items a chunk, more lists than the region has counters for */
+    for (int l = 0; l < j->lists; l++) {
+        kiln_claims c = kiln_claims_begin(t, 13, 1 + l % 5);
+        for (int a, b; kiln_claim(&c, &a, &b);)
+            for (int i = a; i < b; i++) j->taken[13 * l + i] += 1;
+    }
+    kiln_barrier(t);
 }
 
 int main(void) {
@@ -32,10 +51,15 @@ int main(void) {
         for (int rep = 0; rep < 30; rep++) {
             kiln_pool *p = kiln_pool_create(n);
             int out[257] = {0};
-            job j = {out, 257, 0};
+            static int taken[13 * 2100];
+            job j = {out, 257, 0, rep == 0 ? 2100 : 3, taken, 0, 0};
             for (int k = 1; k <= 10; k++) {
                 kiln_pool_run(p, region, &j);
                 if (j.sum != (long)k * 256 * 257 / 2) return 2;
+                for (int i = 0; i < 13 * j.lists; i++)
+                    if (taken[i] != 1) return 4; /* every item claimed once */
+                if (j.first_took != 40) return 5;
+                for (int i = 0; i < 13 * j.lists; i++) taken[i] = 0;
             }
             if (kiln_pool_size(p) != n) return 3;
             kiln_pool_destroy(p);
