@@ -151,14 +151,15 @@ INLINE void grid_isums(const int type, const void *block, const grid_block *g, c
                        __m256i *isum, int stride) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
     /* two sub-blocks a vector: their grid rows side by side, 64 activations and 64 sign bits */
-    __m512i acc[BUFFER_A];
+    __m512i acc[BUFFER_A], all[4];
     for (int c = 0; c < BUFFER_A; c++) acc[c] = _mm512_setzero_si512();
+    if (GRID_ROWS_ALL(type)) grid_rows_all(type, block, all);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m512i s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(g->sc + 8 * h)));
 #pragma GCC unroll 2
         for (int k = 4 * h; k < 4 * h + 4; k += 2) {
-            const __m512i rows = grid_rows2(type, block, k);
+            const __m512i rows = GRID_ROWS_ALL(type) ? all[k / 2] : grid_rows2(type, block, k);
             const __m512i sc = scale_pairs2(s, k);
             /* the mask by kmovq from memory for the rows4 types, as signed_y's, and for IQ2_S (not
                measured against registers since its rows became one gather); IQ3_XXS was 8% slower

@@ -15,6 +15,9 @@ from gguf import quants
 GRIDS = (("kiln_iq2xxs_grid", quants.IQ2_XXS, "uint8_t"), ("kiln_iq2xs_grid", quants.IQ2_XS, "uint8_t"),
          ("kiln_iq2s_grid", quants.IQ2_S, "uint8_t"), ("kiln_iq3xxs_grid", quants.IQ3_XXS, "uint8_t"),
          ("kiln_iq3s_grid", quants.IQ3_S, "uint8_t"), ("kiln_iq1s_grid", quants.IQ1_S, "int8_t"))
+# grids also written as columns (byte j of every row), for lookups of 64 indexes at once by byte
+# permutes where a path has them (VBMI's vpermi2b, sb_unpack_avx2.h)
+COLUMNS = ("kiln_iq3xxs_grid", "kiln_iq3s_grid")
 
 
 def _array(decl: str, values: np.ndarray, per_line: int = 16) -> str:
@@ -48,6 +51,13 @@ def header() -> str:
                    + (" (-1, 0, 1)" if ctype == "int8_t" else "") + " */")
         out.append(_array(f"static const {ctype} {name}[{n}][{width}] __attribute__((aligned({width}), unused))",
                           grid.astype(np.int64), 32))
+        if name in COLUMNS:
+            out.append(f"/* the same, as {width} columns: {name}_cols[j][i] = {name}[i][j] */")
+            cols = grid.T.astype(np.int64)
+            body = "".join("    {\n" + "".join("        " + ", ".join(str(int(v)) for v in col[i:i + 32]) + ",\n"
+                                              for i in range(0, n, 32)) + "    },\n" for col in cols)
+            out.append(f"static const {ctype} {name}_cols[{width}][{n}] __attribute__((aligned(64), unused)) = {{\n"
+                       + body + "};\n")
     out.append("#endif")
     return "\n".join(out) + "\n"
 
