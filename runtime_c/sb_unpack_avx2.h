@@ -362,7 +362,36 @@ INLINE void grid_rows_all_iq3(const int type, const void *block, __m512i out[4])
     out[2] = _mm512_permutex2var_epi16(p01h, word_lo, p23h);
     out[3] = _mm512_permutex2var_epi16(p01h, word_hi, p23h);
 }
-#define GRID_ROWS_ALL(t) ((t) == KILN_IQ3_S || (t) == KILN_IQ3_XXS)
+
+/* IQ2_XXS's 32 grid rows of a block at once: the grid's rows as 16-bit codes (2 bits a byte,
+ * kiln_iq2xxs_grid_codes), looked up by byte permutes as the IQ3 types' columns are; each row's
+ * code is moved into a qword, its 8 fields cut out by one vpmultishiftqb and made magnitudes by one
+ * vpermb (a field's value repeated in every 4 of 64 entries, so the bits above it do not matter). */
+INLINE void grid_rows_all_iq2_xxs(const block_iq2_xxs *x, __m512i out[4]) {
+    static const uint8_t pick[64] __attribute__((aligned(64))) = { /* row 4k + i's index: byte 8k + i */
+        0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
+        32, 33, 34, 35, 40, 41, 42, 43, 48, 49, 50, 51, 56, 57, 58, 59,
+        0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
+        32, 33, 34, 35, 40, 41, 42, 43, 48, 49, 50, 51, 56, 57, 58, 59,
+    };
+    static const uint8_t to_qwords[64] __attribute__((aligned(64))) = { /* row e's code into qword e */
+        0, 64, 0, 0, 0, 0, 0, 0, 1, 65, 0, 0, 0, 0, 0, 0,
+        2, 66, 0, 0, 0, 0, 0, 0, 3, 67, 0, 0, 0, 0, 0, 0,
+        4, 68, 0, 0, 0, 0, 0, 0, 5, 69, 0, 0, 0, 0, 0, 0,
+        6, 70, 0, 0, 0, 0, 0, 0, 7, 71, 0, 0, 0, 0, 0, 0,
+    };
+    const __m512i q = _mm512_permutexvar_epi8(_mm512_load_si512(pick), _mm512_loadu_si512(x->qs));
+    const __mmask64 bit7 = _mm512_movepi8_mask(q);
+    const __m512i lo = grid_column(kiln_iq2xxs_grid_codes[0], 256, q, bit7, 0);
+    const __m512i hi = grid_column(kiln_iq2xxs_grid_codes[1], 256, q, bit7, 0);
+    const __m512i fields = _mm512_set1_epi64(0x0E0C0A0806040200), sel = _mm512_load_si512(to_qwords);
+    const __m512i magnitudes = _mm512_set1_epi32((int)u32_at(kiln_iq2_grid_values));
+    for (int m = 0; m < 4; m++) {
+        const __m512i codes = _mm512_permutex2var_epi8(lo, _mm512_add_epi8(sel, _mm512_set1_epi8((char)(8 * m))), hi);
+        out[m] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(fields, codes), magnitudes);
+    }
+}
+#define GRID_ROWS_ALL(t) ((t) == KILN_IQ3_S || (t) == KILN_IQ3_XXS || (t) == KILN_IQ2_XXS)
 #else
 #define GRID_ROWS_ALL(t) 0
 #endif
@@ -372,6 +401,7 @@ INLINE void grid_rows_all_iq3(const int type, const void *block, __m512i out[4])
 INLINE void grid_rows_all(const int type, const void *block, __m512i out[4]) {
 #if defined(__AVX512VBMI__)
     if (type == KILN_IQ3_S || type == KILN_IQ3_XXS) grid_rows_all_iq3(type, block, out);
+    if (type == KILN_IQ2_XXS) grid_rows_all_iq2_xxs(block, out);
 #endif
     (void)type, (void)block, (void)out;
 }

@@ -18,6 +18,9 @@ GRIDS = (("kiln_iq2xxs_grid", quants.IQ2_XXS, "uint8_t"), ("kiln_iq2xs_grid", qu
 # grids also written as columns (byte j of every row), for lookups of 64 indexes at once by byte
 # permutes where a path has them (VBMI's vpermi2b, sb_unpack_avx2.h)
 COLUMNS = ("kiln_iq3xxs_grid", "kiln_iq3s_grid")
+# grids of 8 bytes from three values, also written as 16-bit codes (2 bits a byte: the value's
+# place in kiln_iq2_grid_values), low bytes then high bytes, for the same lookups
+CODES = ("kiln_iq2xxs_grid",)
 
 
 def _array(decl: str, values: np.ndarray, per_line: int = 16) -> str:
@@ -28,6 +31,14 @@ def _array(decl: str, values: np.ndarray, per_line: int = 16) -> str:
         items, per_line = ["{" + i + "}" for i in items], max(1, per_line // values.shape[1])
     lines = [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)]
     return decl + " = {\n" + "".join(f"    {line},\n" for line in lines) + "};\n"
+
+
+def _byte_rows(name: str, rows: np.ndarray, ctype: str = "uint8_t") -> str:
+    """A table of long rows, each read by 64-byte vectors: aligned, 32 values a line."""
+    n = rows.shape[1]
+    body = "".join("    {\n" + "".join("        " + ", ".join(str(int(v)) for v in row[i:i + 32]) + ",\n"
+                                      for i in range(0, n, 32)) + "    },\n" for row in rows)
+    return f"static const {ctype} {name}[{len(rows)}][{n}] __attribute__((aligned(64), unused)) = {{\n" + body + "};\n"
 
 
 def header() -> str:
@@ -53,11 +64,21 @@ def header() -> str:
                           grid.astype(np.int64), 32))
         if name in COLUMNS:
             out.append(f"/* the same, as {width} columns: {name}_cols[j][i] = {name}[i][j] */")
-            cols = grid.T.astype(np.int64)
-            body = "".join("    {\n" + "".join("        " + ", ".join(str(int(v)) for v in col[i:i + 32]) + ",\n"
-                                              for i in range(0, n, 32)) + "    },\n" for col in cols)
-            out.append(f"static const {ctype} {name}_cols[{width}][{n}] __attribute__((aligned(64), unused)) = {{\n"
-                       + body + "};\n")
+            out.append(_byte_rows(f"{name}_cols", grid.T.astype(np.int64), ctype))
+    values = None
+    for name, cls, _ in GRIDS:
+        if name not in CODES:
+            continue
+        grid = np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int64)
+        values = np.unique(grid) if values is None else values
+        assert len(values) == 3 and np.array_equal(np.unique(grid), values), name
+        code = sum(np.searchsorted(values, grid[:, i]) << (2 * i) for i in range(grid.shape[1]))
+        out.append(f"/* {name} as 16-bit codes: byte i of row r is kiln_iq2_grid_values[code(r) >> 2i & 3],\n   "
+                   f"code(r) = {name}_codes[0][r] | {name}_codes[1][r] << 8 */")
+        out.append(_byte_rows(f"{name}_codes", np.stack([code & 255, code >> 8])))
+    if values is not None:
+        out.append("/* the three magnitudes of the 2-bit grids (IQ2_XXS, IQ2_XS, IQ2_S) */")
+        out.append(_array("static const uint8_t kiln_iq2_grid_values[4] __attribute__((unused))", np.append(values, 0)))
     out.append("#endif")
     return "\n".join(out) + "\n"
 
