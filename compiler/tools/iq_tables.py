@@ -20,7 +20,7 @@ GRIDS = (("kiln_iq2xxs_grid", quants.IQ2_XXS, "uint8_t"), ("kiln_iq2xs_grid", qu
 COLUMNS = ("kiln_iq3xxs_grid", "kiln_iq3s_grid")
 # grids of 8 bytes from three values, also written as 16-bit codes (2 bits a byte: the value's
 # place in kiln_iq2_grid_values), low bytes then high bytes, for the same lookups
-CODES = ("kiln_iq2xxs_grid",)
+CODES = ("kiln_iq2xxs_grid", "kiln_iq2s_grid")
 
 
 def _array(decl: str, values: np.ndarray, per_line: int = 16) -> str:
