@@ -21,6 +21,9 @@ const char *kiln_kernel_paths(void) {
 #ifdef KILN_HAVE_AMX
            " KILN_HAVE_AMX"
 #endif
+#ifdef KILN_HAVE_VBMI
+           " KILN_HAVE_VBMI"
+#endif
 #ifdef KILN_HAVE_NEON
            " KILN_HAVE_NEON"
 #endif

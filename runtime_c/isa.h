@@ -37,6 +37,12 @@
 #define KILN_HAVE_AMX 1
 #endif
 
+/* AVX-512 VBMI (sb_unpack_avx2.h): the i-quants' grid rows of a block looked up by byte permutes
+   of the grid's columns or codes, not gathered (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_S) */
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__BMI2__)
+#define KILN_HAVE_VBMI 1
+#endif
+
 /* NEON (rows_neon.c, kquant_neon.c, act_neon.c): rows of the GGUF layout, 4 weight rows a tile */
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #define KILN_HAVE_NEON 1

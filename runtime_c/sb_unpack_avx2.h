@@ -6,7 +6,8 @@
  *
  * 32 weights a vector. The i-quants' grid rows are fetched by scalar loads where an index is a
  * field read as it is, by gathers where a sub-block's indexes are computed in one vector (each the
- * faster there, measured); their signs are made in bulk: the 7-bit sign indexes of IQ2_XXS/IQ2_XS/
+ * faster there, measured), and with AVX-512 VBMI a whole block's by byte permutes of the grid
+ * (KILN_HAVE_VBMI: IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_S; grid_rows_all); their signs are made in bulk: the 7-bit sign indexes of IQ2_XXS/IQ2_XS/
  * IQ3_XXS take their eighth bit (the parity, as kiln_ksigns_iq2xs holds it) by shifts and xors, all
  * 32 at once; a group's sign byte then becomes byte masks m (0xFF where minus) and q = (g ^ m) - m.
  * Scales are made in vectors too: a vector load of bytes just written one at a time would wait on
@@ -318,7 +319,7 @@ INLINE __m512i grid_rows2(const int type, const void *block, int k) {
 }
 #endif
 
-#if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__BMI2__)
+#ifdef KILN_HAVE_VBMI
 /* The IQ3 types' 64 grid rows of a block at once, without a gather: each of the 4 bytes of a row
  * is looked up for all 64 indexes by byte permutes of the grid's columns (kiln_iq3*_grid_cols): a
  * vpermi2b takes 128 entries by the index's low 7 bits, and the index's bit 7 (in qs) and, for
@@ -413,7 +414,7 @@ INLINE void grid_rows_all_iq2(const int type, const void *block, __m512i out[4])
 /* a block's rows as grid_rows2 gives them, pair j of sub-blocks in out[j], where a type has them
    all at once (GRID_ROWS_ALL) */
 INLINE void grid_rows_all(const int type, const void *block, __m512i out[4]) {
-#if defined(__AVX512VBMI__)
+#ifdef KILN_HAVE_VBMI
     if (type == KILN_IQ3_S || type == KILN_IQ3_XXS) grid_rows_all_iq3(type, block, out);
     if (type == KILN_IQ2_XXS || type == KILN_IQ2_S) grid_rows_all_iq2(type, block, out);
 #endif

@@ -209,7 +209,8 @@ def implied_paths(features: frozenset[str]) -> set[str]:
     avx2 = {"avx2", "fma", "f16c"} <= features
     vnni = {"avx512_vnni", "avx512vl", "avx512bw"} <= features
     paths = {"KILN_HAVE_AVX2": avx2, "KILN_HAVE_AVX512": "avx512f" in features, "KILN_HAVE_X8_AVX2": avx2 and not vnni,
-             "KILN_HAVE_VNNI": vnni, "KILN_HAVE_AMX": vnni and {"amx_tile", "amx_int8"} <= features}
+             "KILN_HAVE_VNNI": vnni, "KILN_HAVE_AMX": vnni and {"amx_tile", "amx_int8"} <= features,
+             "KILN_HAVE_VBMI": {"avx512vbmi", "avx512bw", "avx512vl", "bmi2"} <= features}
     return {p for p, on in paths.items() if on}
 
 
@@ -234,6 +235,7 @@ def test_each_targets_library_holds_the_kernels_its_target_implies(target):
 # every AVX-512 one)
 ISA_PATHS = {"no-amx": ("KILN_HAVE_AMX", "AMX", {"amx_tile", "amx_int8", "amx_bf16"}),
              "no-vnni": ("KILN_HAVE_VNNI", "AVX-512 VNNI", {"avx512_vnni", "avx_vnni"}),
+             "no-vbmi": ("KILN_HAVE_VBMI", "AVX-512 VBMI", {"avx512vbmi"}),
              "no-avx512": ("KILN_HAVE_AVX512", "AVX-512", None)}
 
 

@@ -57,6 +57,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 ISA_OFF: dict[str, tuple[str, ...]] = {
     "no-amx": ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"),
     "no-vnni": ("-mno-avx512vnni", "-mno-avxvnni"),
+    "no-vbmi": ("-mno-avx512vbmi",),
     "no-avx512": ("-mno-avx512f",),  # every AVX-512 subset goes with it: AVX2 is the widest left
     "no-dotprod": ("-march=armv8-a",),  # on aarch64 the plain architecture, last -march winning
 }
@@ -182,6 +183,7 @@ KERNEL_PATHS = (
     ("KILN_HAVE_X8_AVX2", "AVX2 on the x8 layout"),
     ("KILN_HAVE_VNNI", "AVX-512 VNNI on the x8 layout"),
     ("KILN_HAVE_AMX", "AMX tiles in prefill"),
+    ("KILN_HAVE_VBMI", "AVX-512 VBMI grid lookups"),
     ("KILN_HAVE_NEON", "NEON"),
     ("KILN_HAVE_DOTPROD", "sdot"),
     ("KILN_HAVE_I8MM", "smmla tiles"),
