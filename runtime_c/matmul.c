@@ -35,12 +35,17 @@ static const uint8_t *act_rows(const kiln_thread *t, int type, const float *x, i
     return kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
 }
 
-/* A matmul's units (tiles of 8 or 16 rows) are claimed CLAIMS_PER_THREAD chunks a thread: enough
- * that a thread slowed 1.4x by its host still finishes with the others, few enough that a chunk
- * keeps its kernel's prefetch streams and tile buffers long (each call of a kernel restarts them). */
+/* A matmul's units (tiles of 8 or 16 rows) are claimed up to CLAIMS_PER_THREAD chunks a thread:
+ * enough that a thread slowed 1.4x by its host still finishes with the others, few enough that a
+ * chunk keeps its kernel's prefetch streams and tile buffers long (each call of a kernel restarts
+ * them), and no chunk smaller than CLAIM_MACS multiply-adds but one a thread: SmolLM2's decode,
+ * whose matrices are 0.1-0.9 M weights, was 15-20% slower cut into six chunks a thread. */
 #define CLAIMS_PER_THREAD 6
-static int chunk_of(const kiln_thread *t, int units) {
-    const int chunks = CLAIMS_PER_THREAD * t->nth;
+#define CLAIM_MACS (1 << 20)
+static int chunk_of(const kiln_thread *t, int units, int n_out, int n_in, int n_rows) {
+    const double macs = (double)n_out * n_in * n_rows;
+    int chunks = macs / CLAIM_MACS < CLAIMS_PER_THREAD * t->nth ? (int)(macs / CLAIM_MACS) : CLAIMS_PER_THREAD * t->nth;
+    if (chunks < t->nth) chunks = t->nth;
     return (units + chunks - 1) / chunks;
 }
 
@@ -50,7 +55,7 @@ static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const 
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
     const uint8_t *act = act_rows(t, type, x, n_rows, n_in, scratch, local, quantized);
-    kiln_claims c = kiln_claims_begin(t, (n_out + 7) / 8, chunk_of(t, (n_out + 7) / 8));
+    kiln_claims c = kiln_claims_begin(t, (n_out + 7) / 8, chunk_of(t, (n_out + 7) / 8, n_out, n_in, n_rows));
     for (int c0, c1; kiln_claim(&c, &c0, &c1);) {
         const int o0 = 8 * c0, o1 = 8 * c1 < n_out ? 8 * c1 : n_out;
         kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0,
@@ -66,7 +71,7 @@ static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *b
         _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
         const uint8_t *act = act_rows(t, w->type, x, n_rows, n_in, scratch, local, quantized);
         const int pairs = (n_out / 8 + 1) / 2; /* pairs of groups share vectors */
-        kiln_claims c = kiln_claims_begin(t, pairs, chunk_of(t, pairs));
+        kiln_claims c = kiln_claims_begin(t, pairs, chunk_of(t, pairs, n_out, n_in, n_rows));
         for (int p0, p1; kiln_claim(&c, &p0, &p1);) {
             const int g0 = 2 * p0, g1 = 2 * p1 < n_out / 8 ? 2 * p1 : n_out / 8;
             kiln_x8_gemm(w->type, w->packed, g0, g1, n_in, act, kiln_act_row_bytes(w->type, n_in), n_rows, y,

@@ -172,7 +172,8 @@ kiln_claims kiln_claims_begin(const kiln_thread *t, int n_items, int chunk) {
     kiln_claims c = {NULL, n_items, chunk > 0 ? chunk : 1, 0, n_items};
     if (t->nth == 1 || !t->claimed) return c;
     const int list = (*t->claimed)++;
-    if (list < KILN_CLAIM_LISTS) c.next = &t->pool->claim_next[list];
+    /* a chunk a thread or fewer: the static share, which needs no shared counter */
+    if (list < KILN_CLAIM_LISTS && (long)c.chunk * t->nth < n_items) c.next = &t->pool->claim_next[list];
     else kiln_share(t, n_items, c.chunk, &c.lo, &c.hi);
     return c;
 }
