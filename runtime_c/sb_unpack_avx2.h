@@ -284,15 +284,8 @@ INLINE __m256i grid_rows(const int type, const void *block, int k) {
 
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 /* sub-blocks k and k + 1's grid rows in one vector: the gathering types by one gather of all 16
-   (or 8) rows, which took fewer uops than two on Sapphire Rapids; the others as two halves. AMD's
-   Zen 4 takes IQ3_XXS's and IQ3_S's 16 4-byte rows as two halves too: its 16-lane gather is slower
-   than two of 8 (one core, the rows alone: 26.5 against 22.8 ns a block; the decode of an 8192 x
-   2048 IQ3_S matrix 1.94 -> 1.81 ms). */
-#if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
-#define GATHER_WHOLE 0
-#else
-#define GATHER_WHOLE 1
-#endif
+   (or 8) rows, which took fewer uops than two on Sapphire Rapids; the others as two halves. (Zen 4
+   takes its grids by byte permutes instead, grid_rows_all: its gathers are slow.) */
 INLINE __m512i grid_rows2(const int type, const void *block, int k) {
     if (type == KILN_IQ2_S) {
         const block_iq2_s *x = block;
@@ -303,12 +296,12 @@ INLINE __m512i grid_rows2(const int type, const void *block, int k) {
                                             _mm256_slli_epi32(high, 8));
         return _mm512_i32gather_epi64(idx, (const long long *)kiln_iq2s_grid, 8);
     }
-    if (GATHER_WHOLE && type == KILN_IQ3_XXS) {
+    if (type == KILN_IQ3_XXS) {
         const block_iq3_xxs *x = block;
         const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 8 * k)));
         return _mm512_i32gather_epi32(idx, (const int *)kiln_iq3xxs_grid, 4);
     }
-    if (GATHER_WHOLE && type == KILN_IQ3_S) {
+    if (type == KILN_IQ3_S) {
         const block_iq3_s *x = block;
         const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 8 * k)));
         const __m512i idx = _mm512_mask_or_epi32(low, (__mmask16)(x->qh[k] | x->qh[k + 1] << 8), low,
@@ -337,14 +330,13 @@ INLINE __m512i grid_column(const uint8_t *col, int n, __m512i q, __mmask64 bit7,
 INLINE void grid_rows_all_iq3(const int type, const void *block, __m512i out[4]) {
     const int n = type == KILN_IQ3_S ? 512 : 256;
     const uint8_t *qs = type == KILN_IQ3_S ? ((const block_iq3_s *)block)->qs : ((const block_iq3_xxs *)block)->qs;
-    const uint8_t(*cols)[4][512] = (const void *)kiln_iq3s_grid_cols;
-    const uint8_t(*cols_xxs)[4][256] = (const void *)kiln_iq3xxs_grid_cols;
     const __m512i q = _mm512_loadu_si512(qs);
     const __mmask64 bit7 = _mm512_movepi8_mask(q);
     __mmask64 bit8 = 0;
     if (type == KILN_IQ3_S) memcpy(&bit8, ((const block_iq3_s *)block)->qh, sizeof bit8);
     __m512i col[4];
-    for (int j = 0; j < 4; j++) col[j] = grid_column(n == 512 ? (*cols)[j] : (*cols_xxs)[j], n, q, bit7, bit8, 0);
+    for (int j = 0; j < 4; j++)
+        col[j] = grid_column(n == 512 ? kiln_iq3s_grid_cols[j] : kiln_iq3xxs_grid_cols[j], n, q, bit7, bit8, 0);
     /* bytes (col0[i], col1[i]) as word i of p01 (rows 0-31 in lo, 32-63 in hi), then words (p01[i], p23[i]) */
     const __m512i pair_lo = _mm512_set_epi8(95, 31, 94, 30, 93, 29, 92, 28, 91, 27, 90, 26, 89, 25, 88, 24, 87, 23, 86,
                                             22, 85, 21, 84, 20, 83, 19, 82, 18, 81, 17, 80, 16, 79, 15, 78, 14, 77, 13,

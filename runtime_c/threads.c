@@ -37,7 +37,7 @@ struct kiln_pool {
     void *arg;
     atomic_int arrived; /* threads at the barrier */
     atomic_uint phase;  /* bumped each time the barrier opens */
-    atomic_int claim_next[KILN_CLAIM_LISTS]; /* each list's chunks handed out; zeroed before a region */
+    atomic_int claim_next[KILN_CLAIM_LISTS]; /* each list's chunks handed out; zero between regions */
 };
 
 typedef struct {
@@ -131,8 +131,6 @@ void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg) {
         fn(arg, &alone);
         return;
     }
-    /* no worker is inside a region now; the generation's release publishes the zeros */
-    for (int i = 0; i < KILN_CLAIM_LISTS; i++) atomic_store_explicit(&p->claim_next[i], 0, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
@@ -148,6 +146,10 @@ void kiln_pool_run(kiln_pool *p, kiln_region_fn fn, void *arg) {
     pthread_mutex_lock(&p->mu);
     while (p->running > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+    /* every thread began the lists thread 0 did; no worker is inside a region now, and the next
+       generation's release publishes the zeros */
+    for (int i = 0; i < claimed && i < KILN_CLAIM_LISTS; i++)
+        atomic_store_explicit(&p->claim_next[i], 0, memory_order_relaxed);
 }
 
 void kiln_barrier(const kiln_thread *t) {
