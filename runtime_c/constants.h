@@ -12,6 +12,8 @@ enum kiln_constants {
     KILN_LOCAL_ACT_BYTES = 20480, /* a decode matmul quantizes its one row on the stack: n_in up to 16384 */
     KILN_X8_MAX_IN = 32768,       /* the longest row the x8 layout's kernels take */
     KILN_MOE_MAX_EXPERTS = 512,   /* experts a layer may have: the router's per-row stack arrays */
+    KILN_MAX_STATE_DIM = 256,     /* a DeltaNet head's width (ssm.state_size): its per-head stack buffers */
+    KILN_MAX_CONV_TAPS = 8,       /* a DeltaNet conv's taps (ssm.conv_kernel) */
     KILN_PACKED_HEADER_BYTES = 64 /* the packed weights file's header (x8_pack.c writes and checks it) */
 };
 

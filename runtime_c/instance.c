@@ -18,6 +18,7 @@ struct kiln_model {
     kiln_kv kv;                /* the pages, their counts, the sequences' block tables and cursors */
     kiln_kv_view *kv_view;     /* [n_layer]: each layer's view of its group's pool */
     uint8_t *arena;            /* [arena_bytes] */
+    uint8_t *state;            /* [n_seq][state_slot_bytes]: the recurrent layers' state, a slot a sequence */
     kiln_pool *pool;           /* this instance's threads */
     int32_t *n_new;            /* [n_seq]: a step's rows per sequence */
     int32_t *rows;             /* [5 x batch_tokens]: a step's positions, rows, wanted rows; eval's seqs and flags */
@@ -80,7 +81,7 @@ void kiln_close(kiln_model *m) {
     if (m->gguf) munmap((void *)m->gguf, (size_t)m->d->gguf_bytes);
     if (m->packed_map) munmap((void *)m->packed_map, KILN_PACKED_HEADER_BYTES + (size_t)m->d->packed_bytes);
     kiln_kv_free(&m->kv);
-    free(m->kv_view), free(m->weights), free(m->arena), free(m->n_new), free(m->rows), free(m->mass);
+    free(m->kv_view), free(m->weights), free(m->arena), free(m->state), free(m->n_new), free(m->rows), free(m->mass);
     free(m->op_seconds);
     free(m);
 }
@@ -104,17 +105,19 @@ int kiln_model_open(const kiln_model_desc *d, kiln_model **out, const char *gguf
     m->weights = malloc(d->weights_bytes);
     m->kv_view = calloc((size_t)d->n_layer, sizeof *m->kv_view);
     m->arena = aligned_alloc(64, (d->arena_bytes + 63) / 64 * 64);
+    if (d->state_slot_bytes) m->state = aligned_alloc(64, (size_t)d->kv.n_seq * d->state_slot_bytes);
     m->n_new = calloc((size_t)d->kv.n_seq, sizeof *m->n_new);
     m->rows = malloc(5 * sizeof *m->rows * (size_t)d->batch_tokens);
     m->op_seconds = calloc((size_t)d->n_ops, sizeof *m->op_seconds);
     m->pool = kiln_pool_create(n_threads);
-    if (!m->weights || !m->kv_view || !m->arena || !m->n_new || !m->rows || !m->op_seconds || !m->pool ||
+    if (!m->weights || !m->kv_view || !m->arena || (d->state_slot_bytes && !m->state) || !m->n_new || !m->rows || !m->op_seconds || !m->pool ||
         kiln_kv_init(&m->kv, &d->kv) != 0) {
         kiln_close(m);
         return KILN_E_NOMEM;
     }
     d->bind(m->weights, m->gguf, m->packed_map ? m->packed_map + KILN_PACKED_HEADER_BYTES : NULL);
     for (int l = 0; l < d->n_layer; l++) {
+        if (d->layers[l].recurrent) continue;
         const kiln_kv_group *g = &m->kv.g[d->layers[l].group];
         m->kv_view[l] = (kiln_kv_view){g->pages, g->page_bytes, d->layers[l].k_off, d->layers[l].v_off, d->k_type,
                                        d->v_type, g->tables, m->kv.max_blocks, d->kv.page_size, g->window};
@@ -155,8 +158,9 @@ int kiln_step(kiln_model *m, const kiln_batch *b, float *logits) {
     }
     if (m->mass)
         for (int i = 0; i < b->n; i++) m->mass[(size_t)b->seq[i] * m->d->n_ctx + row[i]] = 0.0f; /* new positions start at 0 */
-    kiln_step_args args = {m->weights, m->arena, m->kv_view, b->token, pos, b->seq, row, out, b->n, n_logits, logits,
-                           m->op_seconds, &m->op_clock};
+    kiln_step_args args = {m->weights, m->arena, m->kv_view, b->token, pos, b->seq, row, out, m->state,
+                           m->d->state_slot_bytes / sizeof(float), b->n, n_logits, logits, m->op_seconds,
+                           &m->op_clock};
     kiln_pool_run(m->pool, m->d->step, &args);
     kiln_kv_advance(&m->kv, m->n_new);
     return KILN_OK;
@@ -216,8 +220,23 @@ int kiln_seq_close(kiln_model *m, int seq) {
     kiln_kv_close(&m->kv, seq);
     return KILN_OK;
 }
-int kiln_seq_fork(kiln_model *m, int seq) { return m ? kiln_kv_fork(&m->kv, seq) : KILN_E_ARG; }
-int kiln_seq_rollback(kiln_model *m, int seq, int n_keep) { return m ? kiln_kv_rollback(&m->kv, seq, n_keep) : KILN_E_ARG; }
+/* a sequence's recurrent state slot */
+static uint8_t *slot(const kiln_model *m, int seq) { return m->state + (size_t)seq * m->d->state_slot_bytes; }
+
+int kiln_seq_fork(kiln_model *m, int seq) {
+    if (!m) return KILN_E_ARG;
+    const int child = kiln_kv_fork(&m->kv, seq);
+    if (child >= 0 && m->state) memcpy(slot(m, child), slot(m, seq), m->d->state_slot_bytes);
+    return child;
+}
+/* A recurrent state holds every position at once: it can be kept whole or started again (n_keep 0,
+   where cache row 0 starts from zeros), never cut back. */
+int kiln_seq_rollback(kiln_model *m, int seq, int n_keep) {
+    if (!m) return KILN_E_ARG;
+    if (m->state && kiln_kv_check(&m->kv, seq) == KILN_OK && n_keep > 0 && n_keep < m->kv.n_past[seq])
+        return KILN_E_RECURRENT;
+    return kiln_kv_rollback(&m->kv, seq, n_keep);
+}
 int kiln_seq_reset(kiln_model *m, int seq) { return kiln_seq_rollback(m, seq, 0); }
 int kiln_seq_n_past(const kiln_model *m, int seq) {
     if (!m) return KILN_E_ARG;
@@ -242,6 +261,7 @@ static void move_rows(void *arg, const kiln_thread *t) {
 
 int kiln_seq_keep(kiln_model *m, int seq, const int32_t *keep, int n) {
     if (!m) return KILN_E_ARG;
+    if (m->state) return KILN_E_RECURRENT;
     keep_args args = {m, seq, 0, n, keep};
     const int status = kiln_kv_keep_begin(&m->kv, seq, keep, n, &args.first_changed);
     if (status != KILN_OK) return status;
@@ -271,17 +291,35 @@ int kiln_seq_share(kiln_model *m, int seq, int first, int n_blocks, int32_t *pag
     return m ? kiln_kv_share(&m->kv, seq, first, n_blocks, pages) : KILN_E_ARG;
 }
 int kiln_seq_attach(kiln_model *m, int seq, const int32_t *pages, int n_blocks) {
+    if (m && m->state) return KILN_E_RECURRENT; /* the pages' positions would have no state behind them */
     return m ? kiln_kv_attach(&m->kv, seq, pages, n_blocks) : KILN_E_ARG;
 }
 int kiln_pages_release(kiln_model *m, const int32_t *pages, int n_blocks) {
     return m ? kiln_kv_release(&m->kv, pages, n_blocks) : KILN_E_ARG;
 }
-size_t kiln_seq_state_size(const kiln_model *m, int seq) { return m ? kiln_kv_state_size(&m->kv, seq) : 0; }
+/* A sequence's state as bytes: its KV state (kv_state.c), then its recurrent slot where the model
+   has one. */
+size_t kiln_seq_state_size(const kiln_model *m, int seq) {
+    if (!m) return 0;
+    const size_t kv = kiln_kv_state_size(&m->kv, seq);
+    return kv ? kv + m->d->state_slot_bytes : 0;
+}
 int kiln_seq_state_save(const kiln_model *m, int seq, uint8_t *buf, size_t size) {
-    return m ? kiln_kv_state_save(&m->kv, seq, buf, size) : KILN_E_ARG;
+    if (!m) return KILN_E_ARG;
+    const size_t own = m->d->state_slot_bytes;
+    if (kiln_kv_check(&m->kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if (!buf || size != kiln_seq_state_size(m, seq)) return KILN_E_ARG;
+    const int status = kiln_kv_state_save(&m->kv, seq, buf, size - own);
+    if (status == KILN_OK && own) memcpy(buf + size - own, slot(m, seq), own);
+    return status;
 }
 int kiln_seq_state_load(kiln_model *m, int seq, const uint8_t *buf, size_t size) {
-    return m ? kiln_kv_state_load(&m->kv, seq, buf, size) : KILN_E_ARG;
+    if (!m) return KILN_E_ARG;
+    const size_t own = m->d->state_slot_bytes;
+    if (!buf || size < own) return KILN_E_ARG;
+    const int status = kiln_kv_state_load(&m->kv, seq, buf, size - own);
+    if (status == KILN_OK && own) memcpy(slot(m, seq), buf + size - own, own);
+    return status;
 }
 
 /* -- what the instance is ------------------------------------------------------------------ */

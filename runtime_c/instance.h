@@ -30,9 +30,11 @@ static inline kiln_weight kiln_weight_of(kiln_weight_at w, const uint8_t *gguf, 
 /* A layer's place in the KV pool, and how its cached keys were rotated (a context shift rotates
  * them again): rope base 0, not by position. */
 typedef struct {
-    int group;           /* the layer group whose pool holds it */
+    int group;           /* the layer group whose pool holds it (-1: a recurrent layer, which has no KV) */
     size_t k_off, v_off; /* its K and V within a page of that group */
     float rope_base;
+    int recurrent;               /* a recurrent layer: its state lies in each sequence's slot, */
+    size_t conv_off, delta_off;  /* its conv window and delta-rule matrices at these bytes of a slot */
 } kiln_layer_desc;
 
 /* One step's rows, and what the step function reads and writes. */
@@ -41,6 +43,8 @@ typedef struct {
     uint8_t *arena;               /* the activations */
     const kiln_kv_view *kv_view;  /* each layer's view of its pool */
     const int32_t *tokens, *pos, *seq, *row, *out; /* [n]; out: [n_logits] rows whose logits are wanted */
+    uint8_t *state;               /* the recurrent state pool: slot s (sequence s) at s * slot_floats floats */
+    size_t slot_floats;
     int n, n_logits;
     float *logits;                /* [n_logits x n_vocab], the caller's */
     double *op_seconds;           /* a profiling build's: each op's wall time, summed */
@@ -55,6 +59,7 @@ typedef struct {
     uint32_t gguf_header_crc32;
     unsigned long long packed_bytes; /* the packed region; 0: nothing is packed */
     size_t arena_bytes;
+    size_t state_slot_bytes;         /* one sequence's recurrent state (0: no recurrent layer) */
     kiln_kv_shape kv;
     int k_type, v_type;              /* the cache's K and V element types */
     int rope_neox, k_hadamard;       /* how the cached keys were made, for a context shift */

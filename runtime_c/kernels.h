@@ -87,10 +87,11 @@ typedef struct {
     int n_ctx_orig;
 } kiln_rope_scaling;
 #define KILN_ROPE_UNSCALED {1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 0} /* every factor 1: each angle and product exact */
-/* kiln_rope as ggml_rope_ext computes it: angle i is theta_i / factors[i] (factors NULL: 1) for
-   theta_i = pos * base^(-2i/d), interpolated by freq_scale, YaRN's ramp mixing the two */
-void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, float base,
-                   int neox, const kiln_rope_scaling *sc, const float *factors);
+/* kiln_rope as ggml_rope_ext computes it on the first n_rot dims of each head (the rest copied):
+   angle i is theta_i / factors[i] (factors NULL: 1) for theta_i = pos * base^(-2i/n_rot),
+   interpolated by freq_scale, YaRN's ramp mixing the two */
+void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, int n_rot,
+                   float base, int neox, const kiln_rope_scaling *sc, const float *factors);
 /* Each block of 64 of x[n] times the orthonormal 64x64 Hadamard matrix (its own inverse), as
    llama.cpp rotates Q, K and V for a quantized cache: outliers spread over the block, so that a
    block's scale fits its values; dot products are unchanged. n is a multiple of 64. */
@@ -102,6 +103,27 @@ void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* the same through expf */
 void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
 void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the same without the table */
+/* -- Gated DeltaNet (delta_net.c) ----------------------------------------------------------- */
+/* Channels c0 .. c1 - 1 of each row, rows in order: y = silu(sum over the taps of w[c][k] times the
+   window: its sequence's last taps - 1 inputs (state + seq * slot_floats, [taps - 1][channels], zeros
+   for a row at cache row 0) and x itself); the row then joins the window. */
+void kiln_ssm_conv(float *y, const float *x, const float *w, const int32_t *seq, const int32_t *row, int n,
+                   int channels, int taps, float *state, size_t slot_floats, int c0, int c1);
+/* Value heads h0 .. h1 - 1 of each row, rows in order. x holds q (n_k heads of d), k (n_k) and v
+   (n_v); value head h reads key head h % n_k. q, k L2-normalized; decay = e^(softplus(alpha + dt) a),
+   beta' = sigmoid(beta); S = its sequence's [d][d] state (zeros at cache row 0), S *= decay;
+   S_j += k (v_j - S_j . k) beta'; out_j = S_j . q / sqrt(d). */
+void kiln_delta_net(float *out, const float *x, const float *alpha, const float *beta, const float *dt,
+                    const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int d,
+                    float eps, float *state, size_t slot_floats, int h0, int h1);
+/* the same, its dot products and updates in scalar code (vec_f32.h's reference order) */
+void kiln_delta_net_ref(float *out, const float *x, const float *alpha, const float *beta, const float *dt,
+                        const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int d,
+                        float eps, float *state, size_t slot_floats, int h0, int h1);
+/* x[rows][heads][2d] -> a[rows][heads][d] (each head's first half), b (its second half) */
+void kiln_split_heads(float *a, float *b, const float *x, int rows, int heads, int d);
+void kiln_sigmoid_gate(float *y, const float *gate, const float *x, int n); /* y = x * sigmoid(gate) */
+
 /* y[r] = scale * row ids[r] of the table, dequantized */
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);
 

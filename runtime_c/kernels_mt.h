@@ -48,7 +48,8 @@ void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const floa
 void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
                   int head_dim, float base, int neox);
 void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
-                      int head_dim, float base, int neox, const kiln_rope_scaling *sc, const float *factors);
+                      int head_dim, int n_rot, float base, int neox, const kiln_rope_scaling *sc,
+                      const float *factors);
 void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v,
                       const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
@@ -57,6 +58,14 @@ void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b,
 void kiln_scale_mt(const kiln_thread *t, float *y, const float *x, int n, float s);
 void kiln_softcap_mt(const kiln_thread *t, float *y, const float *x, int n, float cap);
 void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n); /* blocks of 64 */
+/* the DeltaNet's: the conv by channels, the delta rule by value heads (each thread takes every row) */
+void kiln_ssm_conv_mt(const kiln_thread *t, float *y, const float *x, const float *w, const int32_t *seq,
+                      const int32_t *row, int n, int channels, int taps, float *state, size_t slot_floats);
+void kiln_delta_net_mt(const kiln_thread *t, float *out, const float *x, const float *alpha, const float *beta,
+                       const float *dt, const float *a, const int32_t *seq, const int32_t *row, int n, int n_k,
+                       int n_v, int d, float eps, float *state, size_t slot_floats);
+void kiln_split_heads_mt(const kiln_thread *t, float *a, float *b, const float *x, int rows, int heads, int d);
+void kiln_sigmoid_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int n);
 void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_geglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 

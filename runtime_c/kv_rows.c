@@ -51,7 +51,7 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
             if (rope_base > 0.0f) {
                 kiln_dequantize_row_ref(kv->k_type, k_buf, x, head_dim);
                 if (hadamard) kiln_hadamard(x, x, head_dim);
-                kiln_rope_ext(x, x, &delta, 1, 1, head_dim, rope_base, neox, &rotate, factors);
+                kiln_rope_ext(x, x, &delta, 1, 1, head_dim, head_dim, rope_base, neox, &rotate, factors);
                 if (hadamard) kiln_hadamard(x, x, head_dim);
                 kiln_quantize_row(kv->k_type, x, k_buf, head_dim);
             }

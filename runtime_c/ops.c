@@ -52,15 +52,16 @@ static inline void rotate_plain(float *y0, float *y1, float x0, float x1, float 
     *y1 = x1 * c + x0 * s;
 }
 
-void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, float base,
-                   int neox, const kiln_rope_scaling *sc, const float *factors) {
-    const float theta_scale = powf(base, -2.0f / (float)head_dim);
-    const int half = head_dim / 2, fused = neox ? half : half - half % 4;
+void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, int n_rot,
+                   float base, int neox, const kiln_rope_scaling *sc, const float *factors) {
+    /* the first n_rot dims of a head rotate, as ggml's n_dims; the rest are copied */
+    const float theta_scale = powf(base, -2.0f / (float)n_rot);
+    const int half = n_rot / 2, fused = neox ? half : half - half % 4;
     float lo = 0.0f, hi = 0.0f;
     if (sc->ext_factor != 0.0f) {
-        const float start = floorf(yarn_corr_dim(head_dim, sc->n_ctx_orig, sc->beta_fast, base));
-        const float end = ceilf(yarn_corr_dim(head_dim, sc->n_ctx_orig, sc->beta_slow, base));
-        lo = start > 0 ? start : 0, hi = end < head_dim - 1 ? end : head_dim - 1;
+        const float start = floorf(yarn_corr_dim(n_rot, sc->n_ctx_orig, sc->beta_fast, base));
+        const float end = ceilf(yarn_corr_dim(n_rot, sc->n_ctx_orig, sc->beta_slow, base));
+        lo = start > 0 ? start : 0, hi = end < n_rot - 1 ? end : n_rot - 1;
     }
     float cs[KILN_MAX_HEAD_DIM / 2], sn[KILN_MAX_HEAD_DIM / 2]; /* one row's rotation serves all its heads */
     for (int r = 0; r < rows; r++) {
@@ -82,6 +83,7 @@ void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n
                 if (i < fused) rotate_fused(yh + i0, yh + i1, xh[i0], xh[i1], cs[i], sn[i]);
                 else rotate_plain(yh + i0, yh + i1, xh[i0], xh[i1], cs[i], sn[i]);
             }
+            if (yh != xh) memcpy(yh + n_rot, xh + n_rot, (size_t)(head_dim - n_rot) * sizeof(float));
         }
     }
 }
@@ -91,7 +93,7 @@ static const kiln_rope_scaling ROPE_PLAIN = KILN_ROPE_UNSCALED;
 
 void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
                float base, int neox) {
-    kiln_rope_ext(y, x, pos, rows, n_head, head_dim, base, neox, &ROPE_PLAIN, NULL);
+    kiln_rope_ext(y, x, pos, rows, n_head, head_dim, head_dim, base, neox, &ROPE_PLAIN, NULL);
 }
 
 void kiln_hadamard(float *y, const float *x, int n) {
@@ -201,11 +203,12 @@ void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t 
 }
 
 void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
-                      int head_dim, float base, int neox, const kiln_rope_scaling *sc, const float *factors) {
+                      int head_dim, int n_rot, float base, int neox, const kiln_rope_scaling *sc,
+                      const float *factors) {
     int r0, r1;
     kiln_share(t, rows, 1, &r0, &r1);
     const size_t at = (size_t)r0 * n_head * head_dim;
-    if (r1 > r0) kiln_rope_ext(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, base, neox, sc, factors);
+    if (r1 > r0) kiln_rope_ext(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, n_rot, base, neox, sc, factors);
 }
 
 void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n) {

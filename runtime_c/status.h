@@ -21,7 +21,8 @@
     X(KILN_E_NO_SEQ, -11, "every sequence slot is open")                                                        \
     X(KILN_E_SEQ, -12, "a sequence id out of range, or of a closed sequence")                                   \
     X(KILN_E_BATCH, -13, "a step with no rows, or more rows than the batch was planned for")                    \
-    X(KILN_E_SHIFT_WINDOW, -14, "a shift would read positions a sliding window no longer holds")
+    X(KILN_E_SHIFT_WINDOW, -14, "a shift would read positions a sliding window no longer holds")             \
+    X(KILN_E_RECURRENT, -15, "a recurrent layer's state cannot drop or borrow positions (rollback, shift, prefix)")
 
 enum kiln_status {
 #define KILN_STATUS_ENUM(name, value, text) name = value,

@@ -91,7 +91,8 @@ def kiln_rope(path, g, layer: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray
     factors = None
     if len(node.inputs) > 2:
         factors = np.fromfile(path, np.float32, d // 2, offset=ly.weights[node.inputs[2].name].offset)
-    K.lib.kiln_rope_ext(*args, sc, K.ffi.NULL if factors is None else K.ffi.cast("float *", factors.ctypes.data))
+    K.lib.kiln_rope_ext(*args[:6], a.n_rot, *args[6:], sc,
+                        K.ffi.NULL if factors is None else K.ffi.cast("float *", factors.ctypes.data))
     return y
 
 

@@ -238,11 +238,13 @@ def test_rope(neox):
 
 
 def _ggml_rope(x, pos, base, neox, freq_scale=1.0, ext_factor=0.0, mscale=1.0, beta_fast=32.0, beta_slow=1.0,
-               n_ctx_orig=0, factors=None):
+               n_ctx_orig=0, factors=None, n_rot=None):
     """ggml's CPU rope (ggml_rope_cache_init, rope_yarn, ggml_rope_yarn_corr_dims), step by step in
-    float32: an independent spelling of what kiln_rope_ext must compute."""
+    float32: an independent spelling of what kiln_rope_ext must compute. n_rot: ggml's n_dims, the
+    dims that rotate (the rest pass through)."""
     f = np.float32
     rows, heads, d = x.shape
+    d = n_rot or d
     theta_scale = f(base) ** f(-2.0 / d)
     lo = hi = 0.0
     if ext_factor:  # the correction dimensions: where a dimension's wavelength fits beta turns in the context
@@ -265,10 +267,11 @@ def _ggml_rope(x, pos, base, neox, freq_scale=1.0, ext_factor=0.0, mscale=1.0, b
     return y
 
 
-@pytest.mark.parametrize("case", ["plain", "factors", "linear", "yarn", "yarn-betas", "attn-factor"])
+@pytest.mark.parametrize("case", ["plain", "factors", "linear", "yarn", "yarn-betas", "attn-factor", "partial"])
 def test_rope_ext_follows_ggml(case):
-    """Llama 3's factors, linear and YaRN scaling (defaults and other betas), an attention factor:
-    kiln_rope_ext against ggml's formulas; unscaled it is kiln_rope, bit for bit."""
+    """Llama 3's factors, linear and YaRN scaling (defaults and other betas), an attention factor, a
+    partial rope (Qwen3.5's first quarter of each head): kiln_rope_ext against ggml's formulas;
+    unscaled it is kiln_rope, bit for bit."""
     rng = np.random.default_rng(41)
     rows, heads, d, base = 4, 2, 32, 10000.0
     x = rng.standard_normal((rows, heads, d)).astype(np.float32)
@@ -276,15 +279,16 @@ def test_rope_ext_follows_ggml(case):
     sc = {"plain": {}, "factors": {}, "linear": dict(freq_scale=0.25), "attn-factor": dict(mscale=1.19),
           "yarn": dict(freq_scale=0.25, ext_factor=1.0, mscale=1.1386, n_ctx_orig=32),
           "yarn-betas": dict(freq_scale=0.125, ext_factor=1.0, mscale=1.2, beta_fast=16.0, beta_slow=2.0,
-                             n_ctx_orig=64)}[case]
+                             n_ctx_orig=64), "partial": {}}[case]
+    n_rot = d // 4 if case == "partial" else d
     factors = rng.uniform(1.0, 8.0, d // 2).astype(np.float32) if case == "factors" else None
     c = ffi.new("kiln_rope_scaling *", {"freq_scale": 1.0, "ext_factor": 0.0, "mscale": 1.0, "beta_fast": 32.0,
                                         "beta_slow": 1.0, "n_ctx_orig": 0, **sc})
     for neox in (0, 1):
         y = np.zeros_like(x)
-        lib.kiln_rope_ext(ptr(y, "float *"), ptr(x, "float *"), ptr(pos, "int32_t *"), rows, heads, d, base, neox, c,
-                          ptr(factors, "float *") if factors is not None else ffi.NULL)
-        want = _ggml_rope(x, pos, base, neox, factors=factors, **sc)
+        lib.kiln_rope_ext(ptr(y, "float *"), ptr(x, "float *"), ptr(pos, "int32_t *"), rows, heads, d, n_rot, base,
+                          neox, c, ptr(factors, "float *") if factors is not None else ffi.NULL)
+        want = _ggml_rope(x, pos, base, neox, factors=factors, n_rot=n_rot, **sc)
         np.testing.assert_allclose(y, want, atol=6e-5)
         if case == "plain":
             plain = np.zeros_like(x)

@@ -84,7 +84,8 @@ def _rope(n: Node) -> list[str]:
 
 def _rope_ext(n: Node) -> list[str]:
     factors = floats(n.inputs[2]) if len(n.inputs) > 2 else "NULL"
-    return _rope(n) + ["&ROPE_SCALING", factors]
+    args = _rope(n)
+    return args[:6] + [str(n.attrs.n_rot)] + args[6:] + ["&ROPE_SCALING", factors]
 
 
 def _kv_store(n: Node) -> list[str]:
@@ -117,6 +118,30 @@ def _moe_ffn(n: Node) -> list[str]:
     a = n.attrs
     return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate), weight(up), weight(down),
             "n", str(a.n_expert), str(a.n_used), str(gate.shape[1]), str(x.shape[1]), c_name(n.scratch)]
+
+
+def _state(part: str) -> str:
+    """The layer's part of slot 0 of the recurrent state pool (sequence s's: + s * slot_floats)."""
+    return f"(float *)(s->state + LAYERS[l].{part}_off)"
+
+
+def _ssm_conv(n: Node) -> list[str]:
+    x, w, seq, row, _ = n.inputs
+    return [c_name(n.outputs[0]), c_name(x), floats(w), c_name(seq), c_name(row), "n", str(x.shape[1]),
+            str(n.attrs.taps), _state("conv"), "s->slot_floats"]
+
+
+def _delta_net(n: Node) -> list[str]:
+    x, alpha, beta, dt, decay, seq, row, _ = n.inputs
+    a = n.attrs
+    return [c_name(n.outputs[0]), c_name(x), c_name(alpha), c_name(beta), floats(dt), floats(decay), c_name(seq),
+            c_name(row), "n", str(a.n_k_heads), str(a.n_v_heads), str(a.d_state), c_float(a.eps), _state("delta"),
+            "s->slot_floats"]
+
+
+def _split_heads(n: Node) -> list[str]:
+    (x,), (q, gate) = n.inputs, n.outputs
+    return [c_name(q), c_name(gate), c_name(x), "n", str(x.shape[1]), str(x.shape[2] // 2)]
 
 
 def _count(v: Value) -> str:
@@ -160,6 +185,10 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_softcap": _scaled,
     "kiln_moe_route": _moe_route,
     "kiln_moe_ffn": _moe_ffn,
+    "kiln_sigmoid_gate": _binary,
+    "kiln_split_heads": _split_heads,
+    "kiln_ssm_conv": _ssm_conv,
+    "kiln_delta_net": _delta_net,
 }
 
 

@@ -81,13 +81,15 @@ def generate(p: Planned) -> str:
                 _check_unfenced(other, n, spans)
     packed = {pw.tensor: pw.offset for pw in lay.packed}
     schedule = iter(range(len(g.nodes)))
-    indent = {"body": "        "}
+    indent = {"body": "        ", "recurrent": "            "}
     sections = {s.value: [line for n, then in zip(nodes, (*nodes[1:], None))
                           for line in _node_lines(n, next(schedule), offsets, indent.get(s.value, "    "), then)]
                 for s, nodes in g.sections()}
-    roles = [v for n in g.body for v in n.inputs if v.kind is ValueKind.WEIGHT]
+    # the layer struct's fields: every role of either body (a layer of the other kind leaves its own empty)
+    roles = list({v.name: v for n in g.body_nodes for v in n.inputs if v.kind is ValueKind.WEIGHT}.values())
     outer = [v for n in g.head + g.tail for v in n.inputs if v.kind is ValueKind.WEIGHT]
-    layer_at = [[(weight_field(v), *_weight_at(ly.weights[v.name], packed)) for v in roles] for ly in g.layers]
+    layer_at = [[(weight_field(v), *(_weight_at(ly.weights[v.name], packed) if v.name in ly.weights else _ABSENT))
+                 for v in roles] for ly in g.layers]
     model_at = [(weight_field(v), *_weight_at(v.tensor, packed)) for v in outer]
     ctx = {
         "model": spec.path.name, "arch": spec.arch, "version": __version__,
@@ -101,17 +103,32 @@ def generate(p: Planned) -> str:
         "k_hadamard": int(kv.config.k_hadamard), "rope_neox": int(p.arch.rope_layout.value == "neox"),
         "groups": [{"window": grp.window or 0, "n_pages": grp.n_pages, "page_bytes": grp.page_bytes}
                    for grp in kv.groups],
-        "layers": [{"group": kl.group, "k": f"{kl.offset:#x}", "v": f"{kl.v_offset:#x}",
-                    "rope_base": c_float(ly.rope_base if _rotates_keys(g) else 0.0), "kind": ly.kind.value,
-                    "window": ly.window} for ly, kl in zip(g.layers, kv.layers)],
+        "layers": [_layer_desc(g, ly, kv, lay.state) for ly in g.layers],
+        "state_slot_bytes": lay.state.slot_bytes if lay.state else 0,
         "roles": [(weight_field(v), " x ".join(map(str, v.shape))) for v in roles],
         "outer": [(weight_field(v), " x ".join(map(str, v.shape)), _view_note(v)) for v in outer],
         "layer_at": layer_at, "model_at": model_at,
         "state": [(c_name(v), f"{offsets[v.name]:#x}", _shape(v)) for v in g.state],
         "head": sections["head"], "body": sections["body"], "tail": sections["tail"],
+        "recurrent": sections.get("recurrent", []),
         **_rope_scaling(g),
     }
     return _ENV.get_template("model.c.j2").render(ctx)
+
+
+_ABSENT = ("KILN_F32", "0x0", "KILN_NOT_PACKED")  # a role of the other kind's body: never read
+
+
+def _layer_desc(g, ly, kv, state) -> dict:
+    """A layer's row of LAYERS: its place in its group's KV pages, or (recurrent) in a state slot."""
+    st = state.of(ly.index) if state else None
+    if st is not None:
+        return {"group": -1, "k": "0", "v": "0", "rope_base": c_float(0.0), "recurrent": 1,
+                "conv": f"{st.conv_offset:#x}", "delta": f"{st.delta_offset:#x}", "kind": ly.kind.value, "window": None}
+    kl = kv.of(ly.index)
+    return {"group": kl.group, "k": f"{kl.offset:#x}", "v": f"{kl.v_offset:#x}", "recurrent": 0, "conv": "0",
+            "delta": "0", "rope_base": c_float(ly.rope_base if _rotates_keys(g) else 0.0), "kind": ly.kind.value,
+            "window": ly.window}
 
 
 def _rope_scaling(g) -> dict:

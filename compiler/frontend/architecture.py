@@ -33,6 +33,9 @@ class Stage(Enum):
     FFN_MOE = "ffn_moe"  # a router and experts in place of ffn_glu and ffn_down (the template's `moe`)
     FFN_POST_NORM = "ffn_post_norm"
     FFN_RESIDUAL = "ffn_residual"
+    # a recurrent layer's mixer in place of attention (the template's `recurrent_block`): a Gated
+    # DeltaNet, whose per-sequence state is a short conv window and one matrix a value head
+    DELTA_NET = "delta_net"
 
 
 class RopeLayout(Enum):
@@ -43,6 +46,7 @@ class RopeLayout(Enum):
 class Activation(Enum):
     SWIGLU = "swiglu"  # silu(gate) * up
     GEGLU = "geglu"  # gelu_tanh(gate) * up
+    SIGMOID = "sigmoid"  # sigmoid(gate) * up: an attention output gate (attn_output_gate), not an FFN's
 
 
 class EmbeddingScale(Enum):
@@ -127,6 +131,7 @@ class AttnVariant(Enum):
 class LayerKind(Enum):
     GLOBAL = "global"
     LOCAL = "local"  # sliding window
+    RECURRENT = "recurrent"  # a recurrent block (recurrent_block): state per sequence, no KV
 
 
 class KVLayout(Enum):
@@ -162,6 +167,13 @@ class Architecture:
     requires: tuple[tuple[str, tuple], ...]  # metadata a file may carry only with these values
     moe: MoE | None = None  # the experts of an ffn_moe stage; None: a dense FFN
     qk_norm_span: QKNormSpan = QKNormSpan.HEAD
+    # the block of the layers the GGUF marks recurrent (its attention.recurrent_layers, else all but
+    # every full_attention_interval-th); None: every layer runs `block`
+    recurrent_block: tuple[Stage, ...] | None = None
+    # Q's projection holds each head's query and then its output gate; attention's output is
+    # multiplied by sigmoid(gate) before attn_output (Qwen3.5, Qwen3-Next)
+    attn_output_gate: bool = False
+    ffn_norm_weight: str = "ffn_norm"  # the FFN norm's tensor (Qwen3.5 calls it post_attention_norm)
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""
@@ -178,6 +190,8 @@ class Architecture:
             keys |= {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"}
         if self.moe is not None:
             keys |= {"expert_count", "expert_used_count", self.moe.ffn_length_key}
+        if self.recurrent_block is not None:
+            keys |= set(RECURRENT_KEYS)
         return frozenset(keys)
 
     @property
@@ -192,11 +206,19 @@ class Architecture:
         """A soft-cap's c: the file's value, else the template's default (0: no cap)."""
         return value if value else (getattr(self, field) or 0.0)
 
-    def layer_kind(self, il: int) -> LayerKind:
+    def layer_kind(self, il: int, recurrent: tuple[bool, ...] = ()) -> LayerKind:
+        """Layer il's kind: recurrent where the file's mask says so, else by the layer pattern."""
+        if il < len(recurrent) and recurrent[il]:
+            return LayerKind.RECURRENT
         if self.layer_pattern is None:
             return LayerKind.GLOBAL
         return self.layer_pattern[il % len(self.layer_pattern)]
 
+
+# The keys (under '{arch}.') a recurrent template reads: the DeltaNet's sizes, which layers are
+# recurrent, and the rope sections of its attention layers (llama.cpp's names)
+RECURRENT_KEYS = ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count",
+                  "full_attention_interval", "attention.recurrent_layers", "rope.dimension_sections")
 
 # The GGUF key (under '{arch}.') of each number a template can take from the file.
 METADATA_KEYS = {

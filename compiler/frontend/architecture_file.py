@@ -42,15 +42,23 @@ _PARSERS = {
     "requires": lambda v: _requires(v),
     "moe": lambda v: _moe(v),
     "qk_norm_span": QKNormSpan,
+    "recurrent_block": lambda v: None if v is None else tuple(Stage(s) for s in _list(v)),
+    "attn_output_gate": lambda v: _boolean(v),
+    "ffn_norm_weight": lambda v: _one_of(v, ("ffn_norm", "post_attention_norm")),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
-_OPTIONAL = {"moe": None, "qk_norm_span": "head"}
+_OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
+             "ffn_norm_weight": "ffn_norm"}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
 # ... where a mixture of experts takes the FFN's place
 _REQUIRED_ORDER_MOE = (*_REQUIRED_ORDER[:7], Stage.FFN_MOE, _REQUIRED_ORDER[-1])
+# a recurrent block: the DeltaNet in place of attention's stages
+_RECURRENT_ORDER = (Stage.ATTN_NORM, Stage.DELTA_NET, *_REQUIRED_ORDER[5:])
+_RECURRENT_ORDER_MOE = (Stage.ATTN_NORM, Stage.DELTA_NET, *_REQUIRED_ORDER_MOE[5:])
+_ATTENTION_ONLY = {Stage.QKV, Stage.QK_NORM, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT}
 
 
 def _one_of(v, allowed):
@@ -162,6 +170,14 @@ def _check_consistency(path: Path, t: Architecture) -> None:
                                    if t.moe is not None or Stage.FFN_MOE in t.block else ""))
     if len(set(t.block)) != len(t.block):
         raise ArchitectureError(f"{path}: field 'block' lists a stage twice")
+    if Stage.DELTA_NET in t.block:
+        raise ArchitectureError(f"{path}: field 'block' lists delta_net, which belongs in 'recurrent_block'")
+    if t.recurrent_block is not None:
+        order = _RECURRENT_ORDER if t.moe is None else _RECURRENT_ORDER_MOE
+        present = [s for s in t.recurrent_block if s in (*order, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_MOE)]
+        if tuple(present) != order or _ATTENTION_ONLY & set(t.recurrent_block):
+            raise ArchitectureError(f"{path}: field 'recurrent_block' must contain, in this order, "
+                                    f"{[s.value for s in order]}, and no attention stage")
     hybrid = t.attn_variant is AttnVariant.HYBRID_SLIDING
     if hybrid != (t.layer_pattern is not None):
         raise ArchitectureError(f"{path}: field 'layer_pattern' is required by, and only allowed with, attn_variant 'hybrid_sliding'")

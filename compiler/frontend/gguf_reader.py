@@ -19,7 +19,7 @@ from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
 from .gguf_header import Header, read_header
-from .metadata import check_unimplemented, read_experts, read_rope_scaling, read_scalars
+from .metadata import check_unimplemented, read_experts, read_recurrent, read_rope_scaling, read_scalars
 from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
 from .vocab import read_tokenizer
 from ..core.errors import ModelFileError
@@ -219,6 +219,7 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         scalars=read_scalars(meta, t),
         **read_rope_scaling(meta, t),
         **read_experts(meta, t),
+        **read_recurrent(meta, t, n_layer=meta.integer(f"{a}.block_count"), head_dim=head_dim),
     )
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
         if getattr(hp, field) <= 0:
@@ -228,8 +229,9 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
                              "the most kiln's attention and rope kernels hold")
     if hp.n_head % hp.n_head_kv:
         raise ModelFileError(f"{meta.path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
-    if hp.n_rot != hp.head_dim:
-        raise ModelFileError(f"{meta.path}: partial rotary embedding (n_rot {hp.n_rot} < head_dim {hp.head_dim}) is not supported")
+    if not (0 < hp.n_rot <= hp.head_dim and hp.n_rot % 2 == 0):
+        raise ModelFileError(f"{meta.path}: rope.dimension_count {hp.n_rot} must be even and between 2 and "
+                             f"head_dim {hp.head_dim}")
     return hp
 
 

@@ -7,9 +7,10 @@ scaling), so a key is accepted only for the architectures that implement it.
 """
 from __future__ import annotations
 
-from ..core.cconst import MOE_MAX_EXPERTS
+from ..core.cconst import MAX_CONV_TAPS, MAX_STATE_DIM, MOE_MAX_EXPERTS
 from ..core.errors import ModelFileError
 from .architecture import METADATA_KEYS, Architecture, Scalar
+from .spec import SSMParams
 
 
 # Architecture keys kiln reads (gguf_reader._read_hparams) ...
@@ -127,3 +128,56 @@ def read_experts(meta, t: Architecture) -> dict:
     if n_ff <= 0:
         raise ModelFileError(f"{meta.path}: metadata '{a}.{t.moe.ffn_length_key}' = {n_ff} must be positive")
     return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff)
+
+
+def read_recurrent(meta, t: Architecture, n_layer: int, head_dim: int) -> dict:
+    """A recurrent template's numbers, as llama.cpp's qwen35 loader reads them: the DeltaNet's sizes
+    (ssm.*, required), which layers are recurrent (attention.recurrent_layers, else every layer but
+    each full_attention_interval-th, default 4), and the rope sections of the attention layers."""
+    if t.recurrent_block is None:
+        return {}
+    a = t.arch
+    d_conv, d_state = meta.integer(f"{a}.ssm.conv_kernel"), meta.integer(f"{a}.ssm.state_size")
+    n_k, n_v, d_inner = (meta.integer(f"{a}.ssm.{k}") for k in ("group_count", "time_step_rank", "inner_size"))
+    for key, v in (("conv_kernel", d_conv), ("state_size", d_state), ("group_count", n_k), ("time_step_rank", n_v)):
+        if v <= 0:
+            raise ModelFileError(f"{meta.path}: metadata '{a}.ssm.{key}' = {v} must be positive")
+    if d_inner != n_v * d_state:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.ssm.inner_size' = {d_inner} but time_step_rank x "
+                             f"state_size = {n_v * d_state}; llama.cpp's value heads are state_size wide")
+    if n_v % n_k:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.ssm.time_step_rank' = {n_v} value heads is not a multiple "
+                             f"of ssm.group_count = {n_k} key heads")
+    if d_state > MAX_STATE_DIM or d_conv > MAX_CONV_TAPS:
+        raise ModelFileError(f"{meta.path}: ssm.state_size {d_state} / ssm.conv_kernel {d_conv} are above "
+                             f"{MAX_STATE_DIM} / {MAX_CONV_TAPS}, the most kiln's DeltaNet kernels hold")
+    mask = meta.array(f"{a}.attention.recurrent_layers")
+    if mask is not None:
+        if len(mask) < n_layer:
+            raise ModelFileError(f"{meta.path}: metadata '{a}.attention.recurrent_layers' has {len(mask)} entries "
+                                 f"for {n_layer} blocks")
+        recurrent = tuple(bool(x) for x in mask[:n_layer])
+    else:
+        interval = meta.integer(f"{a}.full_attention_interval", default=4)
+        if interval <= 0:
+            raise ModelFileError(f"{meta.path}: metadata '{a}.full_attention_interval' = {interval} must be positive")
+        recurrent = tuple((il + 1) % interval != 0 for il in range(n_layer))
+    _check_sections(meta, a, meta.integer(f"{a}.rope.dimension_count", default=head_dim))
+    return dict(recurrent_layers=recurrent, ssm=SSMParams(d_conv, d_state, n_k, n_v))
+
+
+def _check_sections(meta, a: str, n_rot: int) -> None:
+    """IMRoPE (ggml_rope_multi) gives each rotated pair i the position of its section: time, height
+    or width by i % 3 within the sections' sizes, else the fourth, extra one. A text token's first
+    three are its position and the fourth is 0 (llama-graph.cpp), so where every pair falls in the
+    first three it is the NEOX rope kiln runs; a pair left to the fourth would not rotate at all."""
+    sections = meta.array(f"{a}.rope.dimension_sections")
+    if sections is None:
+        return
+    s = [int(x) for x in sections] + [0] * 4
+    total = sum(s[:4])
+    for i in range(n_rot // 2):
+        sector = i % total if total else i
+        if not any(sector % 3 == k and sector < 3 * s[k] for k in range(3)):
+            raise ModelFileError(f"{meta.path}: metadata '{a}.rope.dimension_sections' = {s[:4]} leaves rotated pair "
+                                 f"{i} of {n_rot // 2} to the extra section, which kiln does not implement for text")

@@ -37,6 +37,33 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class SSMParams:
+    """A Gated DeltaNet's sizes, as llama.cpp names them: ssm.conv_kernel taps, ssm.state_size (the
+    head dim of q, k and v), ssm.group_count key heads, ssm.time_step_rank value heads."""
+    d_conv: int
+    d_state: int
+    n_k_heads: int
+    n_v_heads: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.d_state
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.d_state
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels the conv sees: q's, k's, then v's."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_floats(self) -> tuple[int, int]:
+        """f32s of one sequence's conv window (the last d_conv - 1 inputs) and delta-rule matrices."""
+        return (self.d_conv - 1) * self.conv_dim, self.n_v_heads * self.d_state * self.d_state
+
+
+@dataclass(frozen=True)
 class HParams:
     n_layer: int
     n_embd: int
@@ -63,6 +90,9 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    # a recurrent template's (Gated DeltaNet): which layers are recurrent, and their sizes
+    recurrent_layers: tuple[bool, ...] = ()
+    ssm: "SSMParams | None" = None
 
     @property
     def rope_scaled(self) -> bool:
@@ -78,8 +108,12 @@ class HParams:
         shown = {"scalars": False, "rope_scaling": self.rope_scaled, "rope_scaling_factor": self.rope_scaled,
                  "rope_attn_factor": self.rope_scaled, "rope_n_ctx_orig": self.rope_scaled,
                  "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn",
-                 **{name: self.n_expert > 0 for name in ("n_expert", "n_expert_used", "n_ff_exp")}}
+                 **{name: self.n_expert > 0 for name in ("n_expert", "n_expert_used", "n_ff_exp")},
+                 "recurrent_layers": False, "ssm": False}
         out = [(f.name, getattr(self, f.name)) for f in fields(self) if shown.get(f.name, True)]
+        if self.ssm is not None:  # the layer kinds as a pattern, and the DeltaNet's sizes by their names
+            out.append(("recurrent_layers", "".join("R" if r else "A" for r in self.recurrent_layers)))
+            out += [(f"ssm_{f.name}", getattr(self.ssm, f.name)) for f in fields(self.ssm)]
         return out + list(self.scalars)
 
 

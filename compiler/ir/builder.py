@@ -1,13 +1,15 @@
 """Build the step graph of a model: the head, one layer's body stage by stage, the tail.
 
 An architecture's `block` lists stages; `STAGES` maps each to the function that emits its nodes.
-The body is built once, from layer 0's tensors; every layer must then have a tensor of the same
-shape for every role the body uses, and `Graph.layers` records which (with each layer's kind,
-window and rope base). A role may be a range of rows of a file tensor (Phi-3's fused attn_qkv and
+A body is built once, from the tensors of the first layer of its kind (a hybrid model has two:
+attention layers run `block`, recurrent ones `recurrent_block`); every layer of that kind must then
+have a tensor of the same shape for every role the body uses, and `Graph.layers` records which
+(with each layer's kind, window and rope base). A role may be a range of rows of a file tensor (Phi-3's fused attn_qkv and
 ffn_up) or a tensor every layer shares (the rope factors).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from math import sqrt
 from typing import Callable
 
@@ -15,10 +17,10 @@ import numpy as np
 
 from ..core.dtypes import DType
 from ..core.errors import ArchitectureError, ModelFileError
-from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, QKNormSpan, Scalar, Stage
+from ..frontend.architecture import Activation, Architecture, EmbeddingScale, LayerKind, LMHead, QKNormSpan, Scalar, Stage
 from ..frontend.spec import ModelSpec, TensorInfo
-from .graph import (AttentionAttrs, Attrs, EmbedAttrs, Graph, GluAttrs, Layer, MatmulAttrs, MoeAttrs, Node, NormAttrs,
-                    Op, RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
+from .graph import (AttentionAttrs, Attrs, ConvAttrs, DeltaNetAttrs, EmbedAttrs, Graph, GluAttrs, Layer, MatmulAttrs,
+                    MoeAttrs, Node, NormAttrs, Op, RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
 from .rope import rope_attrs, rope_factors
 
 # The step's inputs: the batch's arrays, one entry per row.
@@ -38,11 +40,14 @@ class GraphBuilder:
         self.spec, self.arch, self.T = spec, arch, n_tokens
         self.hp = spec.hparams
         self.nodes: list[Node] = []
-        self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor in layer 0, and rows
+        self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor (blk.0.*), and rows
+        self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers) for il in range(self.hp.n_layer))
+        self.first = 0  # the first layer of the kind whose body is being built: its tensors give the shapes
         self.factors, self.unused = rope_factors(spec, arch, n_ctx)
         self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
         self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
         self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
+        self.gate: Value | None = None  # attention's output gate (attn_output_gate)
 
     # -- primitives -------------------------------------------------------------------------
     def weight(self, name: str, view_of: str | None = None) -> Value:
@@ -57,7 +62,11 @@ class GraphBuilder:
         """The role's weight: a tensor of layer 0 (blk.0.*, the same name in each layer; another
         name is one tensor every layer shares), or its rows first .. first + count - 1."""
         self.roles[role] = (tensor, rows)
-        return Value(role, ValueKind.WEIGHT, self._tensor(0, tensor, rows).shape, None)
+        return Value(role, ValueKind.WEIGHT, self._tensor(self.first, tensor, rows).shape, None)
+
+    def first_tensor(self, name0: str) -> TensorInfo:
+        """A tensor (named as in layer 0) of the first layer of the body being built."""
+        return self.spec.tensor(name0.replace("blk.0.", f"blk.{self.first}.", 1))
 
     def _tensor(self, il: int, name0: str, rows: tuple[int, int] | None) -> TensorInfo:
         t = self.spec.tensor(name0.replace("blk.0.", f"blk.{il}.", 1))
@@ -70,7 +79,7 @@ class GraphBuilder:
 
     def fused(self, tensor: str, parts: tuple[tuple[str, int], ...]) -> tuple[Value, ...]:
         """Roles that are consecutive row ranges of one tensor, which must hold exactly them."""
-        rows = self.spec.tensor(tensor).shape[0]
+        rows = self.first_tensor(tensor).shape[0]
         if rows != sum(n for _, n in parts):
             raise ModelFileError(f"{self.spec.path}: tensor '{tensor}' has {rows} rows; the {self.arch.arch} "
                                  f"architecture reads it as {' + '.join(f'{r} ({n})' for r, n in parts)}")
@@ -113,10 +122,15 @@ class GraphBuilder:
                                (self.x,), EmbedAttrs(scale)))
         return self.take()
 
-    def body(self) -> tuple[Node, ...]:
-        for stage in self.arch.block:
+    def body(self, recurrent: bool = False) -> tuple[tuple[Node, ...], dict]:
+        """One kind's body, built from the first layer of that kind, and the roles it binds."""
+        kind = LayerKind.RECURRENT
+        self.first = next(il for il, k in enumerate(self.kinds) if (k is kind) == recurrent)
+        self.roles, self.cur = {}, self.x
+        for stage in self.arch.recurrent_block if recurrent else self.arch.block:
             STAGES[stage](self)
-        return self.take()
+        nodes = self.take()
+        return (_prefixed(nodes, RECURRENT_PREFIX) if recurrent else nodes), self.roles
 
     def tail(self) -> tuple[Node, ...]:
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
@@ -134,10 +148,10 @@ class GraphBuilder:
             self.nodes.append(Node(Op.SOFTCAP, "result_capped", (logits,), (logits,), SoftcapAttrs(cap)))
         return self.take()
 
-    def layers(self) -> tuple[Layer, ...]:
+    def layers(self, roles: dict, recurrent_roles: dict) -> tuple[Layer, ...]:
         out = []
         for il in range(self.hp.n_layer):
-            kind = self.arch.layer_kind(il)
+            kind = self.kinds[il]
             window = None
             if kind is LayerKind.LOCAL:
                 if self.hp.sliding_window is None:
@@ -147,24 +161,49 @@ class GraphBuilder:
                 window = self.hp.sliding_window
             local = kind is LayerKind.LOCAL and self.arch.rope_base_local is not None
             base = self.arch.rope_base_local if local else self.hp.rope_base
-            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, name0, rows)
-                                                      for role, (name0, rows) in self.roles.items()}))
+            own = recurrent_roles if kind is LayerKind.RECURRENT else roles
+            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, name0, rows, kind)
+                                                      for role, (name0, rows) in own.items()}))
         return tuple(out)
 
-    def _layer_tensor(self, il: int, name0: str, rows: tuple[int, int] | None) -> TensorInfo:
-        t, t0 = (self.spec.tensor(name0.replace("blk.0.", f"blk.{i}.", 1)) for i in (il, 0))
+    def _layer_tensor(self, il: int, name0: str, rows: tuple[int, int] | None, kind: LayerKind) -> TensorInfo:
+        first = self.kinds.index(kind) if kind is LayerKind.RECURRENT else \
+            next(i for i, k in enumerate(self.kinds) if k is not LayerKind.RECURRENT)
+        t, t0 = (self.spec.tensor(name0.replace("blk.0.", f"blk.{i}.", 1)) for i in (il, first))
         if t.shape != t0.shape:
-            raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' is {list(t.shape)} but '{name0}' is "
-                                 f"{list(t0.shape)}; every layer must have the same shapes")
+            raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' is {list(t.shape)} but "
+                                 f"'{t0.name}' is {list(t0.shape)}; every layer of a kind must have the same shapes")
         return self._tensor(il, name0, rows)
+
+
+# The recurrent body's nodes and activations are named like the attention body's, with this prefix:
+# the two share stage names (attn_norm, ffn_up) but never an arena value.
+RECURRENT_PREFIX = "rec."
+
+
+def _prefixed(nodes: tuple[Node, ...], prefix: str) -> tuple[Node, ...]:
+    renamed: dict[Value, Value] = {}
+
+    def name(v: Value) -> Value:
+        if v.kind is not ValueKind.ACTIVATION:
+            return v
+        return renamed.setdefault(v, replace(v, name=prefix + v.name))
+    return tuple(replace(n, name=prefix + n.name, inputs=tuple(map(name, n.inputs)), outputs=tuple(map(name, n.outputs)))
+                 for n in nodes)
 
 
 def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None) -> Graph:
     """The step graph for batches of up to n_tokens rows, for a context of n_ctx positions (which
     picks Phi-3's long or short rope factors; None: short)."""
     b = GraphBuilder(spec, arch, n_tokens, n_ctx)
-    head, body, tail = b.head(), b.body(), b.tail()
-    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, body, tail, b.layers(), b.unused)
+    if LayerKind.RECURRENT in b.kinds and all(k is LayerKind.RECURRENT for k in b.kinds):
+        raise ArchitectureError(f"{spec.path}: every layer is recurrent; kiln plans hybrids with attention layers")
+    head = b.head()
+    body, roles = b.body()
+    recurrent, recurrent_roles = b.body(recurrent=True) if LayerKind.RECURRENT in b.kinds else ((), {})
+    tail = b.tail()
+    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, body, tail,
+                 b.layers(roles, recurrent_roles), b.unused, recurrent)
 
 
 # -- block stages ---------------------------------------------------------------------------
@@ -179,7 +218,13 @@ def _qkv(b: GraphBuilder) -> None:
         q, k, v = b.fused("blk.0.attn_qkv.weight", (("attn_q", nq), ("attn_k", nkv), ("attn_v", nkv)))
     else:
         q, k, v = "attn_q", "attn_k", "attn_v"
-    b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), bias)
+    if b.arch.attn_output_gate:  # each head's query, then its gate: split them apart
+        qg = b.matmul("q_gated", b.cur, q, (b.T, hp.n_head, 2 * hp.head_dim), bias)
+        b.q = Value("q", ValueKind.ACTIVATION, (b.T, hp.n_head, hp.head_dim), DType.F32)
+        b.gate = Value("attn_gate", ValueKind.ACTIVATION, (b.T, hp.n_head * hp.head_dim), DType.F32)
+        b.nodes.append(Node(Op.SPLIT_HEADS, "q", (qg,), (b.q, b.gate)))
+    else:
+        b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), bias)
     b.k = b.matmul("k", b.cur, k, (b.T, hp.n_head_kv, hp.head_dim), bias)
     b.v = b.matmul("v", b.cur, v, (b.T, hp.n_head_kv, hp.head_dim), bias)
 
@@ -228,6 +273,8 @@ def _residual(b: GraphBuilder, name: str, scaled: str) -> None:
 
 
 def _attn_output(b: GraphBuilder) -> None:
+    if b.arch.attn_output_gate:
+        b.cur = b.emit(Op.GLU, "attn_gated", (b.gate, b.cur), b.cur.shape, GluAttrs(Activation.SIGMOID))
     b.cur = b.matmul("attn_out", b.cur, "attn_output", (b.T, b.hp.n_embd))
 
 
@@ -240,7 +287,7 @@ def _attn_residual(b: GraphBuilder) -> None:
 
 
 def _ffn_norm(b: GraphBuilder) -> None:
-    b.cur = b.norm("ffn_norm", b.x, b.layer_weight("ffn_norm"))
+    b.cur = b.norm("ffn_norm", b.x, b.layer_weight(b.arch.ffn_norm_weight))
 
 
 def _ffn_glu(b: GraphBuilder) -> None:
@@ -266,7 +313,7 @@ def _ffn_moe(b: GraphBuilder) -> None:
     expected = {"ffn_gate_inp": (n_exp, n_embd), "ffn_gate_exps": (n_exp, n_ff, n_embd),
                 "ffn_up_exps": (n_exp, n_ff, n_embd), "ffn_down_exps": (n_exp, n_embd, n_ff)}
     for role, shape in expected.items():
-        t = b.spec.tensor(f"blk.0.{role}.weight")
+        t = b.first_tensor(f"blk.0.{role}.weight")
         if t.shape != shape:
             raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {list(t.shape)} but expert_count "
                                  f"{n_exp}, an expert's FFN width {n_ff} ({moe.ffn_length_key}) and n_embd {n_embd} "
@@ -278,6 +325,44 @@ def _ffn_moe(b: GraphBuilder) -> None:
     experts = tuple(b.layer_weight(role) for role in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
     b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts), (b.T, n_embd),
                    MoeAttrs(n_exp, k, b.arch.activation))
+
+
+def _delta_net(b: GraphBuilder) -> None:
+    """A Gated DeltaNet (llama.cpp's qwen35 build_layer_attn_linear): q, k and v projected together
+    (attn_qkv), a causal conv over them and SiLU (ssm_conv1d; each sequence keeps its last inputs),
+    the per-head decay and write strength from ssm_alpha and ssm_beta, the delta rule on each value
+    head's state and its read-out (delta_net), RMSNorm of each head times SiLU(z) (attn_gate's z),
+    and ssm_out."""
+    hp, ssm = b.hp, b.hp.ssm
+    T, n_v = b.T, ssm.n_v_heads
+    expected = {"attn_qkv": (ssm.conv_dim, hp.n_embd), "attn_gate": (ssm.value_dim, hp.n_embd),
+                "ssm_alpha": (n_v, hp.n_embd), "ssm_beta": (n_v, hp.n_embd), "ssm_conv1d": (ssm.conv_dim, ssm.d_conv),
+                "ssm_norm": (ssm.d_state,), "ssm_out": (hp.n_embd, ssm.value_dim)}
+    for role, shape in expected.items():
+        t = b.first_tensor(f"blk.0.{role}.weight")
+        if t.shape != shape:
+            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {list(t.shape)} but the ssm.* sizes make it "
+                                 f"{list(shape)}")
+    for name in ("ssm_a", "ssm_dt.bias"):
+        t = b.first_tensor(f"blk.0.{name}")
+        if t.shape != (n_v,) or t.dtype is not DType.F32:
+            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; the DeltaNet "
+                                 f"reads one F32 per value head ({n_v})")
+    qkv = b.matmul("linear_attn_qkv_mixed", b.cur, "attn_qkv", (T, ssm.conv_dim))
+    z = b.matmul("z", b.cur, "attn_gate", (T, ssm.value_dim))
+    beta = b.matmul("beta", b.cur, "ssm_beta", (T, n_v))
+    alpha = b.matmul("alpha", b.cur, "ssm_alpha", (T, n_v))
+    seq, row = b.inputs["inp_seq"], b.inputs["inp_row"]
+    conv_state = Value("conv_state", ValueKind.RECURRENT, (ssm.d_conv - 1, ssm.conv_dim), DType.F32)
+    conv = b.emit(Op.SSM_CONV, "conv_output_silu", (qkv, b.layer_weight("ssm_conv1d"), seq, row, conv_state),
+                  qkv.shape, ConvAttrs(ssm.d_conv))
+    delta_state = Value("delta_state", ValueKind.RECURRENT, (n_v, ssm.d_state, ssm.d_state), DType.F32)
+    a, dt = b.bind("ssm_a", "blk.0.ssm_a"), b.bind("ssm_dt", "blk.0.ssm_dt.bias")
+    out = b.emit(Op.DELTA_NET, "delta_net", (conv, alpha, beta, dt, a, seq, row, delta_state),
+                 (T, n_v, ssm.d_state), DeltaNetAttrs(ssm.n_k_heads, n_v, ssm.d_state, hp.norm_eps))
+    normed = b.norm("attn_out_norm", out, b.layer_weight("ssm_norm"))
+    gated = b.emit(Op.GLU, "final_output", (z, normed), (T, ssm.value_dim), GluAttrs(Activation.SWIGLU))
+    b.cur = b.matmul("linear_attn_out", gated, "ssm_out", (T, hp.n_embd))
 
 
 def _ffn_post_norm(b: GraphBuilder) -> None:
@@ -303,5 +388,6 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.FFN_MOE: _ffn_moe,
     Stage.FFN_POST_NORM: _ffn_post_norm,
     Stage.FFN_RESIDUAL: _ffn_residual,
+    Stage.DELTA_NET: _delta_net,
 }
 assert set(STAGES) == set(Stage)

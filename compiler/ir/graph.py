@@ -1,10 +1,10 @@
 """The op-level IR: typed values, nodes with one of a fixed set of ops, and the step graph.
 
 A step runs a batch of rows (decode tokens beside prefill chunks): the graph's `head` (the
-embedding), then its `body` once for every layer, then its `tail` (final norm, logits). The body
-is written once, for any layer: its weights are named by their role in a layer (`attn_q`), and
-`layers` says which tensor each role is in each layer, with what else differs between layers
-(kind, window, rope base). The residual stream is the graph's `state`: one buffer the head
+embedding), then for every layer its `body` (or, in a recurrent layer of a hybrid model, its
+`recurrent` body), then its `tail` (final norm, logits). A body is written once, for any layer of
+its kind: its weights are named by their role in a layer (`attn_q`), and `layers` says which
+tensor each role is in each layer, with what else differs between layers (kind, window, rope base). The residual stream is the graph's `state`: one buffer the head
 writes, each layer adds into, and the tail reads.
 
 Values and nodes are immutable; passes return new graphs, so each pass can be tested by
@@ -38,6 +38,9 @@ class Op(Enum):
     SOFTCAP = "softcap"  # y = c * tanh(x / c) (Gemma 2's logits)
     MOE_ROUTE = "moe_route"  # router logits -> each row's top-k experts (argsort of the softmax) and weights
     MOE_FFN = "moe_ffn"  # each row's chosen experts' GLU FFNs, times their weights, summed in rank order
+    SPLIT_HEADS = "split_heads"  # [rows, heads, 2d] -> each head's first d, and its last d (Q and its gate)
+    SSM_CONV = "ssm_conv"  # SiLU of a causal conv1d over each channel's last taps, the window kept per sequence
+    DELTA_NET = "delta_net"  # the gated delta rule over each sequence's state matrices, token by token
 
 
 class ValueKind(Enum):
@@ -46,6 +49,7 @@ class ValueKind(Enum):
     ACTIVATION = "activation"  # lives in the planned activation arena during its live range
     STATE = "state"  # the residual stream: in the arena for the whole step, updated in place by each layer
     KV = "kv"  # the layer's pages of the persistent cache
+    RECURRENT = "recurrent"  # the layer's part of each sequence's recurrent state slot (planner/state_plan.py)
     OUTPUT = "output"  # written straight into the caller's buffer (logits); never in the arena
 
 
@@ -146,8 +150,23 @@ class MoeAttrs:
     activation: Activation
 
 
+@dataclass(frozen=True)
+class ConvAttrs:
+    taps: int  # ssm.conv_kernel: this row and the taps - 1 before it in its sequence
+
+
+@dataclass(frozen=True)
+class DeltaNetAttrs:
+    """A Gated DeltaNet's shape: value head h reads key head h % n_k_heads (llama.cpp's pairing for
+    qwen35), each d_state wide; q and k are L2-normalized with eps (the file's RMS eps)."""
+    n_k_heads: int
+    n_v_heads: int
+    d_state: int
+    eps: float
+
+
 Attrs = (NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | RouteAttrs
-         | MoeAttrs | None)
+         | MoeAttrs | ConvAttrs | DeltaNetAttrs | None)
 
 # The attrs type each op must carry (checked by the validate pass).
 OP_ATTRS: dict[Op, type | None] = {
@@ -166,6 +185,9 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.SOFTCAP: SoftcapAttrs,
     Op.MOE_ROUTE: RouteAttrs,
     Op.MOE_FFN: MoeAttrs,
+    Op.SPLIT_HEADS: None,
+    Op.SSM_CONV: ConvAttrs,
+    Op.DELTA_NET: DeltaNetAttrs,
 }
 
 
@@ -197,7 +219,8 @@ class Layer:
 
 class Section(Enum):
     HEAD = "head"
-    BODY = "body"  # run once per layer
+    BODY = "body"  # run once per layer (per attention layer, in a hybrid model)
+    RECURRENT = "recurrent"  # run once per recurrent layer of a hybrid model
     TAIL = "tail"
 
 
@@ -212,19 +235,36 @@ class Graph:
     tail: tuple[Node, ...]
     layers: tuple[Layer, ...]
     unused: tuple[str, ...] = ()  # file tensors the architecture knows but this configuration does not read
+    recurrent: tuple[Node, ...] = ()  # the recurrent layers' body (a hybrid model), else empty
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        """The schedule with the body once: op indices in the plan and the maps count in it."""
-        return self.head + self.body + self.tail
+        """The schedule with each body once: op indices in the plan and the maps count in it."""
+        return self.head + self.body + self.recurrent + self.tail
 
     def sections(self) -> list[tuple[Section, tuple[Node, ...]]]:
-        return [(Section.HEAD, self.head), (Section.BODY, self.body), (Section.TAIL, self.tail)]
+        bodies = [(Section.BODY, self.body)] + ([(Section.RECURRENT, self.recurrent)] if self.recurrent else [])
+        return [(Section.HEAD, self.head), *bodies, (Section.TAIL, self.tail)]
 
     def section_of(self, index: int) -> Section:
-        if index < len(self.head):
-            return Section.HEAD
-        return Section.BODY if index < len(self.head) + len(self.body) else Section.TAIL
+        for section, nodes in self.sections():
+            if index < len(nodes):
+                return section
+            index -= len(nodes)
+        return Section.TAIL
+
+    def layers_of(self, section: Section) -> tuple[Layer, ...]:
+        """The layers that run a body section (its kind's), or every layer for head and tail."""
+        if section is Section.RECURRENT:
+            return tuple(ly for ly in self.layers if ly.kind is LayerKind.RECURRENT)
+        if section is Section.BODY:
+            return tuple(ly for ly in self.layers if ly.kind is not LayerKind.RECURRENT)
+        return self.layers
+
+    @property
+    def body_nodes(self) -> tuple[Node, ...]:
+        """The nodes of every layer body."""
+        return self.body + self.recurrent
 
     def input(self, name: str) -> Value:
         return next(v for v in self.inputs if v.name == name)
@@ -238,8 +278,8 @@ class Graph:
         return [v for n in self.nodes for v in n.inputs if v.kind is ValueKind.WEIGHT]
 
     def layer_tensors(self, role: str) -> list[TensorInfo]:
-        """The tensor a body weight role names, in each layer."""
-        return [ly.weights[role] for ly in self.layers]
+        """The tensor a body weight role names, in each layer that has the role."""
+        return [ly.weights[role] for ly in self.layers if role in ly.weights]
 
     def tensors(self, v: Value) -> list[TensorInfo]:
         """Every tensor a weight value stands for: its own, or one per layer."""

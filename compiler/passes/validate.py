@@ -4,8 +4,8 @@
   inputs, the state and its own values, since it runs once per layer; the state (the residual
   stream) is written by the embedding and by in-place adds only;
 - every activation is used (or is a graph output);
-- every weight value is used exactly once, every layer binds a tensor to each of the body's
-  weight roles, and every tensor of the file is used (but those the graph says this configuration
+- every weight value is used exactly once in its section, every layer binds a tensor to each of
+  its body's weight roles, and every tensor of the file is used (but those the graph says this configuration
   does not read: Phi-3's other set of rope factors);
 - an op writes a value once, but for the in-place ones: an add into the state, and the logits'
   scale and soft-cap on the output;
@@ -99,6 +99,13 @@ def _elementwise(n: Node) -> str | None:
     return None
 
 
+def _glu(n: Node) -> str | None:
+    """gate and up of one row each, as flat as the output (a DeltaNet gates its heads' norms)."""
+    if not _same(*((v.shape[0], prod(v.shape[1:])) for v in n.inputs + n.outputs)):
+        return f"shapes {[v.shape for v in n.inputs + n.outputs]} differ"
+    return None
+
+
 def _hadamard(n: Node) -> str | None:
     (x,), (out,) = n.inputs, n.outputs
     if out.shape != x.shape or x.shape[-1] % HADAMARD_BLOCK:
@@ -134,6 +141,36 @@ def _moe_ffn(n: Node) -> str | None:
     return None
 
 
+def _split_heads(n: Node) -> str | None:
+    (x,), (a, b) = n.inputs, n.outputs
+    rows, heads, width = x.shape
+    if width % 2 or a.shape != (rows, heads, width // 2) or b.shape != (rows, heads * width // 2):
+        return f"{x.shape} does not split into {a.shape} and {b.shape}"
+    return None
+
+
+def _ssm_conv(n: Node) -> str | None:
+    (x, w, seq, row, state), (out,) = n.inputs, n.outputs
+    channels, taps = x.shape[1], n.attrs.taps
+    if w.shape != (channels, taps) or out.shape != x.shape or state.shape != (taps - 1, channels) \
+            or not _same(seq.shape, row.shape, (x.shape[0],)):
+        return f"x {x.shape}, taps {w.shape}, state {state.shape} -> {out.shape} disagree"
+    return None
+
+
+def _delta_net(n: Node) -> str | None:
+    a = n.attrs
+    (x, alpha, beta, dt, decay, seq, row, state), (out,) = n.inputs, n.outputs
+    rows, d = x.shape[0], a.d_state
+    if x.shape != (rows, (2 * a.n_k_heads + a.n_v_heads) * d) or out.shape != (rows, a.n_v_heads, d) \
+            or a.n_v_heads % a.n_k_heads or state.shape != (a.n_v_heads, d, d):
+        return f"qkv {x.shape}, state {state.shape} -> {out.shape} disagree with {a.n_k_heads} key and " \
+               f"{a.n_v_heads} value heads of {d}"
+    if not _same(alpha.shape, beta.shape, (rows, a.n_v_heads)) or not _same(dt.shape, decay.shape, (a.n_v_heads,)):
+        return f"alpha {alpha.shape}, beta {beta.shape}, dt {dt.shape}, a {decay.shape}: one per value head"
+    return None
+
+
 def _add(n: Node) -> str | None:
     problem = _elementwise(n)
     if problem is None and n.outputs[0].kind is ValueKind.STATE and n.inputs[1] != n.outputs[0]:
@@ -150,17 +187,21 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.ATTENTION: _attention,
     Op.KV_STORE: _kv_write,
     Op.ADD: _add,
-    Op.GLU: _elementwise,
+    Op.GLU: _glu,
     Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _matmul,
     Op.SCALE: _elementwise,
     Op.SOFTCAP: _elementwise,
     Op.MOE_ROUTE: _moe_route,
     Op.MOE_FFN: _moe_ffn,
+    Op.SPLIT_HEADS: _split_heads,
+    Op.SSM_CONV: _ssm_conv,
+    Op.DELTA_NET: _delta_net,
 }
 assert set(SHAPE_RULES) == set(Op)
 
-_ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE)
+_ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE, ValueKind.RECURRENT)
+_BODIES = (Section.BODY, Section.RECURRENT)
 _WRITES_STATE = (Op.EMBED, Op.ADD)
 _IN_PLACE_ON_OUTPUT = (Op.SCALE, Op.SOFTCAP)  # the logits, rewritten where the LM head wrote them
 
@@ -175,8 +216,9 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
             where = f"{section.value} op {n.name}"
             for v in n.inputs:
                 if v.kind is ValueKind.WEIGHT:
-                    weight_uses[v.name] = weight_uses.get(v.name, 0) + 1
-                    if (v.tensor is None) != (section is Section.BODY):
+                    key = f"{v.name}" if section not in _BODIES else f"{v.name}' of the {section.value}"
+                    weight_uses[key] = weight_uses.get(key, 0) + 1
+                    if (v.tensor is None) != (section in _BODIES):
                         problems.append(f"{where}: weight '{v.name}' must be a layer's role in the body "
                                         "and a file tensor elsewhere")
                 elif v.kind not in _ALWAYS_DEFINED and v.name not in defined:
@@ -206,10 +248,13 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
     for name, count in sorted(weight_uses.items()):
         if count != 1:
             problems.append(f"weight '{name}' is used {count} times (expected exactly once)")
-    roles = {v.name for n in g.body for v in n.inputs if v.kind is ValueKind.WEIGHT}
-    for ly in g.layers:
-        if set(ly.weights) != roles:
-            problems.append(f"layer {ly.index} binds {sorted(ly.weights)}, but the body uses {sorted(roles)}")
+    for section, nodes in g.sections():
+        if section not in _BODIES:
+            continue
+        roles = {v.name for n in nodes for v in n.inputs if v.kind is ValueKind.WEIGHT}
+        for ly in g.layers_of(section):
+            if set(ly.weights) != roles:
+                problems.append(f"layer {ly.index} binds {sorted(ly.weights)}, but its body uses {sorted(roles)}")
     if spec is not None:
         viewed = {t.view_of or t.name for v in g.weights() for t in g.tensors(v)}
         for name in spec.tensors:

@@ -97,6 +97,10 @@ class KVPlan:
     def total_bytes(self) -> int:
         return sum(g.pool_bytes for g in self.groups)
 
+    def of(self, layer: int) -> KVLayer:
+        """The KV layer of model layer `layer` (a hybrid's recurrent layers have none)."""
+        return next(ly for ly in self.layers if ly.layer == layer)
+
     @property
     def full_context_bytes(self) -> int:
         """n_seq x ctx positions in every layer: what the cache would take without pages or windows."""
@@ -115,7 +119,7 @@ class KVPlan:
     def offset(self, page: int, layer: int, kv: int, head: int, row: int, d: int = 0) -> int:
         """Byte offset of (page, layer, K=0|V=1, kv_head, row in page) in the KV region: of its row, or,
         in a transposed K, of its value d."""
-        ly = self.layers[layer]
+        ly = self.of(layer)
         g = self.groups[ly.group]
         ps, row_bytes = self.config.page_size, self.v_row_bytes if kv else self.k_row_bytes
         head_at = g.pool_offset + page * g.page_bytes + (ly.v_offset if kv else ly.offset) + head * ps * row_bytes
@@ -125,6 +129,8 @@ class KVPlan:
 
 
 def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions) -> KVPlan:
+    """The pools of the layers given: the attention layers (a hybrid's recurrent ones keep a state
+    slot instead, state_plan.py)."""
     ps = config.page_size
     k_row, v_row = config.k_dtype.nbytes(config.head_dim), config.v_dtype.nbytes(config.head_dim)
     max_blocks = ceil_div(config.ctx, ps)
@@ -142,8 +148,9 @@ def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions) -
         else:
             seq_pages = window_pages(window, opts.batch_tokens, ps, max_blocks)
             n_pages = config.n_seq * seq_pages
+        kinds = {ly.index: ly.kind for ly in layers}
         for i, il in enumerate(members):
-            kv_layers.append(KVLayer(il, layers[il].kind, window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
+            kv_layers.append(KVLayer(il, kinds[il], window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
         page_bytes = (k_bytes + v_bytes) * len(members)
         groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
         pool_offset += align(n_pages * page_bytes)

@@ -13,18 +13,19 @@ from ..frontend.spec import HParams, ModelSpec
 from ..ir.graph import Graph, Op, ValueKind
 from ..ir.kv import KVConfig
 from ..core.options import CompileOptions
-from ..frontend.architecture import Architecture
+from ..frontend.architecture import Architecture, LayerKind
 from .allocator import allocate, arena_bytes
 from .events import events, peak_live_bytes
 from .kv_plan import KVPlan, align, plan_kv
 from .liveness import lifetimes
 from .packed import PackedWeight, packed_bytes, plan_packed
+from .state_plan import StatePlan, plan_state
 
 
 @dataclass(frozen=True)
 class Buffer:
     name: str
-    region: str  # "weights" | "packed" | "activations" | "kv"
+    region: str  # "weights" | "packed" | "activations" | "kv" | "state"
     offset: int
     size: int
     shape: tuple[int, ...]
@@ -70,6 +71,11 @@ class Layout:
     sections: tuple[tuple[str, int, int], ...] = ()  # (head | body | tail, first op, last op)
     expert_bytes: int = 0  # the mixture of experts' 3-D tensors, every layer's
     expert_bytes_per_token: int = 0  # of those, what one token's experts read (k of n_expert a layer)
+    state: StatePlan | None = None  # the recurrent layers' state slots (a hybrid model), else None
+
+    @property
+    def state_bytes(self) -> int:
+        return self.state.total_bytes if self.state else 0
 
     @property
     def packed_bytes(self) -> int:
@@ -80,7 +86,8 @@ class Layout:
 
 
 def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOptions, kv_config: KVConfig) -> Layout:
-    kv = plan_kv(kv_config, g.layers, opts)
+    kv = plan_kv(kv_config, tuple(ly for ly in g.layers if ly.kind is not LayerKind.RECURRENT), opts)
+    state = plan_state(spec.hparams.ssm, g.layers, opts.n_seq)
     config = LayoutConfig(
         model=spec.path.name, arch=spec.arch, ctx=opts.ctx, kv_dtype=kv_config.dtype_label,
         kv_dtype_k=kv_config.k_dtype.label, kv_dtype_v=kv_config.v_dtype.label, prefill_chunk=opts.prefill_chunk,
@@ -99,8 +106,10 @@ def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOpti
     return Layout(
         config=config,
         n_ops=len(g.nodes),
-        buffers=tuple(_weight_buffers(g) + _packed_buffers(packed) + activations + _kv_buffers(g, kv)),
+        buffers=tuple(_weight_buffers(g) + _packed_buffers(packed) + activations + _kv_buffers(g, kv)
+                      + _state_buffers(g, state)),
         kv=kv,
+        state=state,
         weights_bytes=spec.weights_bytes,
         activation_bytes=arena_bytes(placements),
         activation_bytes_without_reuse=sum(p.size for p in placements),
@@ -114,7 +123,7 @@ def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOpti
 def _expert_bytes(g: Graph) -> dict:
     """The experts' bytes, all and a decode token's: k of n_expert slices of each expert tensor."""
     total = active = 0
-    for n in (n for n in g.body if n.op is Op.MOE_FFN):
+    for n in (n for n in g.body_nodes if n.op is Op.MOE_FFN):
         for v in n.inputs[3:]:
             size = sum(t.nbytes for t in g.tensors(v))
             total, active = total + size, active + size // n.attrs.n_expert * n.attrs.n_used
@@ -124,7 +133,8 @@ def _expert_bytes(g: Graph) -> dict:
 def _sections(g: Graph) -> tuple[tuple[str, int, int], ...]:
     out, first = [], 0
     for section, nodes in g.sections():
-        name = f"body x {len(g.layers)} layers" if section.value == "body" else section.value
+        n_layers = len(g.layers_of(section))
+        name = f"{section.value} x {n_layers} layers" if section.value in ("body", "recurrent") else section.value
         out.append((name, first, first + len(nodes) - 1))
         first += len(nodes)
     return tuple(out)
@@ -132,11 +142,14 @@ def _sections(g: Graph) -> tuple[tuple[str, int, int], ...]:
 
 def _weight_buffers(g: Graph) -> list[Buffer]:
     out = []
-    for i, n in enumerate(g.nodes):
+    ops = [(section, n) for section, nodes in g.sections() for n in nodes]
+    for i, (section, n) in enumerate(ops):
         for v in n.inputs:
             if v.kind is not ValueKind.WEIGHT:
                 continue
-            for t in g.tensors(v):
+            # a role shared by both bodies of a hybrid (attn_norm) is each layer's tensor in its own body
+            tensors = [v.tensor] if v.tensor is not None else [ly.weights[v.name] for ly in g.layers_of(section)]
+            for t in tensors:
                 note = f"view of {t.name}" if v.tensor is not None and t.name != v.name else ""
                 if n.op is Op.MOE_FFN:
                     note = f"{t.shape[0]} experts of {t.nbytes // t.shape[0]:,} bytes, {n.attrs.n_used} read a token"
@@ -150,6 +163,22 @@ def _packed_buffers(packed: tuple[PackedWeight, ...]) -> list[Buffer]:
                    p.dtype.label, p.first_op, p.first_op, f"rows interleaved by 8, from GGUF offset {p.src:#x}"
                    + (f"; each expert's {p.size // p.experts:,} bytes on their own" if p.experts else ""))
             for p in packed]
+
+
+def _state_buffers(g: Graph, state: StatePlan | None) -> list[Buffer]:
+    """Each recurrent layer's conv window and delta-rule matrices in slot 0 (slot s: + s * slot_bytes)."""
+    if state is None:
+        return []
+    first = {n.op: i for i, n in reversed(list(enumerate(g.nodes))) if n.op in (Op.SSM_CONV, Op.DELTA_NET)}
+    ssm, out = state.ssm, []
+    note = f"in each of {state.n_seq} slots of {state.slot_bytes:,} bytes, one a sequence"
+    for s in state.layers:
+        out.append(Buffer(f"conv_state-{s.layer}", "state", s.conv_offset, s.conv_bytes,
+                          (ssm.d_conv - 1, ssm.conv_dim), "f32", first[Op.SSM_CONV], first[Op.SSM_CONV], note))
+        out.append(Buffer(f"delta_state-{s.layer}", "state", s.delta_offset, s.delta_bytes,
+                          (ssm.n_v_heads, ssm.d_state, ssm.d_state), "f32", first[Op.DELTA_NET], first[Op.DELTA_NET],
+                          note))
+    return out
 
 
 def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:

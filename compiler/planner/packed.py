@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from ..core.cconst import X8_MAX_IN
 from ..core.dtypes import X8_DTYPES, DType, x8_bytes
 from ..frontend.spec import TensorInfo
-from ..ir.graph import Graph, Op, ValueKind
+from ..frontend.architecture import LayerKind
+from ..ir.graph import Graph, Op, Section, ValueKind
 from .kv_plan import align
 
 PACKED_OPS = (Op.MATMUL, Op.LOGITS, Op.MOE_FFN)
@@ -48,13 +49,14 @@ def packs(t: TensorInfo) -> bool:
 
 def _reads(g: Graph):
     """(op index, tensor) of every matmul weight, in the order a step reads them."""
-    first_body, first_tail = len(g.head), len(g.head) + len(g.body)
+    first = {section: sum(len(nodes) for _, nodes in g.sections()[:k]) for k, (section, _) in enumerate(g.sections())}
     for i, n in enumerate(g.head):
         yield from ((i, v.tensor) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
-    for ly in g.layers:
-        for i, n in enumerate(g.body, first_body):
+    for ly in g.layers:  # each layer runs its kind's body
+        section = Section.RECURRENT if ly.kind is LayerKind.RECURRENT else Section.BODY
+        for i, n in enumerate(g.recurrent if section is Section.RECURRENT else g.body, first[section]):
             yield from ((i, ly.weights[v.name]) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
-    for i, n in enumerate(g.tail, first_tail):
+    for i, n in enumerate(g.tail, first[Section.TAIL]):
         yield from ((i, v.tensor) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
 
 

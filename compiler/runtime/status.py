@@ -55,6 +55,10 @@ def status_error(m: "Model", status: int, seq: "Sequence | None", rows: int) -> 
         lib.KILN_E_SHIFT_WINDOW: lambda: f"the shift would make the sliding-window layers (window {windows}) read "
         "positions whose pages already left their window (the first positions, the sinks): keep fewer sinks, or "
         "discard fewer positions so that the window stays clear of them",
+        lib.KILN_E_RECURRENT: lambda: f"{m.spec.arch} is a hybrid: its recurrent layers keep one state per sequence "
+        "that holds every position at once, so positions cannot be dropped from it (a rollback to an earlier "
+        "position, a context shift) or borrowed from another sequence's pages; reset() and prefill again, or fork() "
+        "a sequence to continue it two ways",
     }
     text = messages[status]() if status in messages else m._ffi.string(lib.kiln_strerror(status)).decode()
     return (PoolFullError if status == lib.KILN_E_KV_FULL else ModelError)(text)

@@ -44,6 +44,8 @@ def render_text(lay: Layout) -> str:
             f"compiler writes and the library maps (where the build has the x8 kernel)",
             f"  kv pool          {_mib(kv.total_bytes)}: pages of {kc.page_size} positions, {kc.dtype_label}, "
             f"shared by up to {kc.n_seq} sequence(s)",
+            *([f"  recurrent state  {_mib(lay.state_bytes)}: {lay.state.slot_bytes:,} bytes a sequence in "
+               f"{len(lay.state.layers)} recurrent layers, whatever its length"] if lay.state else []),
             f"  activations      {_mib(lay.activation_bytes)}",
             f"    without reuse  {_mib(lay.activation_bytes_without_reuse)}; "
             f"reuse saves {saved:,} bytes ({_pct(saved, lay.activation_bytes_without_reuse)})",
@@ -78,6 +80,15 @@ def render_text(lay: Layout) -> str:
         out.append(f"  K ({kc.k_dtype.label}) is held transposed in those bytes: value d of (head, row) at k_offset[layer] + "
                    f"head*{kc.page_size * kv.k_row_bytes} + (d*{kc.page_size} + row) * {kv.k_row_bytes // kc.head_dim}")
 
+    if lay.state:
+        st = lay.state
+        out += ["", f"RECURRENT STATE (a slot of {st.slot_bytes:,} bytes per sequence, {st.n_seq} slot(s): "
+                    f"{_mib(st.total_bytes)} whatever the context; offsets within a slot)"]
+        out += _buffer_rows(lay.region("state"))
+        out.append(f"  offset(sequence, layer) = sequence*{st.slot_bytes} + conv_offset[layer] | delta_offset[layer]; "
+                   f"a sequence's attention layers hold {_mib(kv.page_tokens_bytes * kc.ctx)} of KV at a full "
+                   f"context of {kc.ctx}")
+
     out += ["", "WEIGHTS (offsets within the GGUF file)"]
     out += _buffer_rows(lay.region("weights"))
     if lay.packed:
@@ -99,6 +110,7 @@ def layout_dict(lay: Layout) -> dict:
             "activation_peak_live_bytes": lay.activation_peak_live_bytes,
             "kv_bytes": kv.total_bytes,
             "kv_bytes_full_context": kv.full_context_bytes,
+            **({"state_bytes": lay.state_bytes} if lay.state else {}),
             **({"expert_bytes": lay.expert_bytes, "expert_bytes_per_token": lay.expert_bytes_per_token}
                if lay.expert_bytes else {}),
         },
@@ -124,6 +136,12 @@ def layout_dict(lay: Layout) -> dict:
              "k_offset": ly.offset, "v_offset": ly.v_offset, "bytes_per_page": ly.page_bytes}
             for ly in kv.layers
         ],
+        **({"recurrent_state": {
+            "slot_bytes": lay.state.slot_bytes, "n_slots": lay.state.n_seq, "total_bytes": lay.state.total_bytes,
+            "kv_bytes_per_sequence_full_context": kv.page_tokens_bytes * kc.ctx,
+            "layers": [{"layer": s.layer, "conv_offset": s.conv_offset, "conv_bytes": s.conv_bytes,
+                        "delta_offset": s.delta_offset, "delta_bytes": s.delta_bytes} for s in lay.state.layers],
+        }} if lay.state else {}),
     }
 
 

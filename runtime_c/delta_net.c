@@ -1,0 +1,137 @@
+/* delta_net.c: the Gated DeltaNet's ops (Qwen3.5, Qwen3-Next), as llama.cpp's qwen35 graph and
+ * ggml's CPU kernels compute them, with each sequence's recurrent state in its slot of the state
+ * pool (compiler/planner/state_plan.py places every layer's part of a slot).
+ *
+ * A recurrence runs token by token in one order of operations: row r of a step continues the
+ * state its sequence's previous row left, and a row at cache row 0 starts from zeros. So a
+ * token's values are the same bits however its sequence was cut into steps, and whichever rows of
+ * other sequences share its step: those touch other slots. Threads split channels (the conv) or
+ * value heads (the delta rule), never a sequence's tokens.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "constants.h"
+#include "kernels.h"
+#include "kernels_mt.h"
+#include "vec_f32.h"
+
+/* silu(v) = v / (1 + e^-v), as kiln_swiglu's scalar spelling */
+static inline float silu(float v) { return v / (1.0f + kiln_expf(0.0f - v)); }
+
+static inline float sigmoid(float v) { return 1.0f / (1.0f + kiln_expf(0.0f - v)); }
+
+/* ggml_compute_softplus_f32 */
+static inline float softplus(float v) { return v > 20.0f ? v : kiln_logf(1.0f + kiln_expf(v)); }
+
+void kiln_ssm_conv(float *y, const float *x, const float *w, const int32_t *seq, const int32_t *row, int n,
+                   int channels, int taps, float *state, size_t slot_floats, int c0, int c1) {
+    for (int r = 0; r < n; r++) {
+        float *st = state + (size_t)seq[r] * slot_floats; /* [taps - 1][channels]: oldest input first */
+        const float *xr = x + (size_t)r * channels;
+        float *yr = y + (size_t)r * channels;
+        if (row[r] == 0)
+            for (int k = 0; k < taps - 1; k++) memset(st + (size_t)k * channels + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        for (int c = c0; c < c1; c++) {
+            const float *wc = w + (size_t)c * taps;
+            float sum = 0.0f; /* the window oldest first, one fma a tap (ggml's ssm_conv order) */
+            for (int k = 0; k < taps - 1; k++) sum = fmaf(st[(size_t)k * channels + c], wc[k], sum);
+            sum = fmaf(xr[c], wc[taps - 1], sum);
+            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * channels + c] = st[(size_t)(k + 1) * channels + c];
+            if (taps > 1) st[(size_t)(taps - 2) * channels + c] = xr[c];
+            yr[c] = silu(sum);
+        }
+    }
+}
+
+/* x / ||x|| as build_gdn_l2_norm spells it: rms_norm(x, eps / d) / sqrt(d), the squares summed in
+ * double as kiln_rms_norm sums them (eight partials, element i into i % 8) */
+static void l2_normed(float *y, const float *x, int d, float eps) {
+    double part[8] = {0};
+    for (int i = 0; i < d; i++) part[i % 8] += (double)x[i] * x[i];
+    double ss = 0.0;
+    for (int k = 0; k < 8; k++) ss += part[k];
+    const float scale = 1.0f / sqrtf((float)(ss / d) + eps / (float)d), inv_sqrt_d = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < d; i++) y[i] = x[i] * scale * inv_sqrt_d;
+}
+
+static inline void axpy_ref(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* One row's value heads h0 .. h1 - 1. The state of a head is S[j][i] (value dim j, key dim i; row j
+ * contiguous, as ggml holds it transposed), and each row j is done before the next: decayed, its
+ * delta d_j = (v_j - S_j . k) beta taken, k d_j added, and read out by q, which is what ggml's
+ * pass over all of S per step gives row by row. */
+#define DELTA_NET(name, dot, axpy)                                                                     \
+    void name(float *out, const float *x, const float *alpha, const float *beta, const float *dt,     \
+              const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int d,   \
+              float eps, float *state, size_t slot_floats, int h0, int h1) {                           \
+        const size_t width = (size_t)(2 * n_k + n_v) * d;                                              \
+        const float scale = 1.0f / sqrtf((float)d);                                                    \
+        float q[KILN_MAX_STATE_DIM], k[KILN_MAX_STATE_DIM];                                            \
+        for (int r = 0; r < n; r++) {                                                                  \
+            const float *xr = x + r * width;                                                           \
+            for (int h = h0; h < h1; h++) {                                                            \
+                const int kh = h % n_k; /* llama.cpp's qwen35 pairing of value and key heads */        \
+                l2_normed(q, xr + (size_t)kh * d, d, eps);                                             \
+                l2_normed(k, xr + (size_t)(n_k + kh) * d, d, eps);                                     \
+                const float *v = xr + (size_t)(2 * n_k + h) * d;                                       \
+                const float decay = kiln_expf(softplus(alpha[(size_t)r * n_v + h] + dt[h]) * a[h]);    \
+                const float b = sigmoid(beta[(size_t)r * n_v + h]);                                    \
+                float *S = state + (size_t)seq[r] * slot_floats + (size_t)h * d * d;                   \
+                float *o = out + ((size_t)r * n_v + h) * d;                                            \
+                if (row[r] == 0) memset(S, 0, (size_t)d * d * sizeof(float));                          \
+                for (int j = 0; j < d; j++) {                                                          \
+                    float *Sj = S + (size_t)j * d;                                                     \
+                    for (int i = 0; i < d; i++) Sj[i] *= decay;                                        \
+                    const float delta = (v[j] - dot(Sj, k, d)) * b;                                    \
+                    axpy(Sj, delta, k, d);                                                             \
+                    o[j] = dot(Sj, q, d) * scale;                                                      \
+                }                                                                                      \
+            }                                                                                          \
+        }                                                                                              \
+    }
+DELTA_NET(kiln_delta_net, kiln_vdot, kiln_vaxpy)
+DELTA_NET(kiln_delta_net_ref, kiln_vdot_ref, axpy_ref)
+
+void kiln_split_heads(float *a, float *b, const float *x, int rows, int heads, int d) {
+    for (size_t rh = 0; rh < (size_t)rows * heads; rh++) {
+        memcpy(a + rh * d, x + rh * 2 * d, (size_t)d * sizeof(float));
+        memcpy(b + rh * d, x + rh * 2 * d + d, (size_t)d * sizeof(float));
+    }
+}
+
+void kiln_sigmoid_gate(float *y, const float *gate, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = x[i] * sigmoid(gate[i]);
+}
+
+/* ==== threaded twins ========================================================================= */
+
+void kiln_ssm_conv_mt(const kiln_thread *t, float *y, const float *x, const float *w, const int32_t *seq,
+                      const int32_t *row, int n, int channels, int taps, float *state, size_t slot_floats) {
+    int c0, c1;
+    kiln_share(t, channels, 16, &c0, &c1);
+    if (c1 > c0) kiln_ssm_conv(y, x, w, seq, row, n, channels, taps, state, slot_floats, c0, c1);
+}
+
+void kiln_delta_net_mt(const kiln_thread *t, float *out, const float *x, const float *alpha, const float *beta,
+                       const float *dt, const float *a, const int32_t *seq, const int32_t *row, int n, int n_k,
+                       int n_v, int d, float eps, float *state, size_t slot_floats) {
+    int h0, h1;
+    kiln_share(t, n_v, 1, &h0, &h1);
+    if (h1 > h0) kiln_delta_net(out, x, alpha, beta, dt, a, seq, row, n, n_k, n_v, d, eps, state, slot_floats, h0, h1);
+}
+
+void kiln_split_heads_mt(const kiln_thread *t, float *a, float *b, const float *x, int rows, int heads, int d) {
+    int r0, r1;
+    kiln_share(t, rows, 1, &r0, &r1);
+    const size_t at = (size_t)r0 * heads * d;
+    if (r1 > r0) kiln_split_heads(a + at, b + at, x + 2 * at, r1 - r0, heads, d);
+}
+
+void kiln_sigmoid_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int n) {
+    int i0, i1;
+    kiln_share(t, n, 16, &i0, &i1);
+    if (i1 > i0) kiln_sigmoid_gate(y + i0, gate + i0, x + i0, i1 - i0);
+}
