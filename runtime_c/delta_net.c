@@ -70,9 +70,9 @@ static inline void axpy_ref(float *y, float a, const float *x, int n) {
         const size_t width = (size_t)(2 * n_k + n_v) * d;                                              \
         const float scale = 1.0f / sqrtf((float)d);                                                    \
         float q[KILN_MAX_STATE_DIM], k[KILN_MAX_STATE_DIM];                                            \
-        for (int r = 0; r < n; r++) {                                                                  \
-            const float *xr = x + r * width;                                                           \
-            for (int h = h0; h < h1; h++) {                                                            \
+        for (int h = h0; h < h1; h++) { /* a head's rows in order: its state stays in cache */         \
+            for (int r = 0; r < n; r++) {                                                              \
+                const float *xr = x + r * width;                                                       \
                 const int kh = h % n_k; /* llama.cpp's qwen35 pairing of value and key heads */        \
                 l2_normed(q, xr + (size_t)kh * d, d, eps);                                             \
                 l2_normed(k, xr + (size_t)(n_k + kh) * d, d, eps);                                     \

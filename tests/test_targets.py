@@ -112,7 +112,9 @@ def test_golden_model_logits_are_the_scalar_builds_bit_for_bit(golden_model, sca
 # the new architectures' own code that has SIMD spellings: the soft-capped scores and logits
 # (tanh), and the scaled ropes and fused weights they run beside; the experts (moe.c: x8 tiles or
 # GGUF rows by target), routed by softmax and renormalized (qwen3moe) or as they are (olmoe)
-FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe", "olmoe"]
+# ; and the hybrid's DeltaNet (its dots and updates through vec_f32.h, its conv and gates elementwise)
+FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe", "olmoe", "qwen35"]
+HYBRID = dict(arch="qwen35", n_layer=4, head_dim=32, n_rot=16, ssm_d_state=48)  # 48: a dot's block of 16 and tail of 0
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +122,8 @@ def feature_runs(tmp_path_factory):
     """Each feature model, and its scalar build's run."""
     out = {}
     for name in FEATURES:
-        spec = TinySpec(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name]), wtype=Q.Q8_0)
+        spec = TinySpec(**dict(FEATURE_SHAPE, **(HYBRID if name == "qwen35" else FEATURE_MODELS[name])),
+                        wtype=Q.Q8_0)
         path = write_tiny_model(tmp_path_factory.mktemp("targets") / f"{name}.gguf", spec)
         out[name] = path, tiny_run(path, SCALAR)
     return out

@@ -216,7 +216,7 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
             where = f"{section.value} op {n.name}"
             for v in n.inputs:
                 if v.kind is ValueKind.WEIGHT:
-                    key = f"{v.name}" if section not in _BODIES else f"{v.name}' of the {section.value}"
+                    key = f"{v.name}'" + (" (recurrent body)" if section is Section.RECURRENT else "")
                     weight_uses[key] = weight_uses.get(key, 0) + 1
                     if (v.tensor is None) != (section in _BODIES):
                         problems.append(f"{where}: weight '{v.name}' must be a layer's role in the body "
@@ -247,7 +247,7 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
             problems.append(f"activation '{v.name}' is computed but never used")
     for name, count in sorted(weight_uses.items()):
         if count != 1:
-            problems.append(f"weight '{name}' is used {count} times (expected exactly once)")
+            problems.append(f"weight '{name} is used {count} times (expected exactly once)")
     for section, nodes in g.sections():
         if section not in _BODIES:
             continue

@@ -42,6 +42,9 @@ class Model:
         self.path = Path(weights_path) if weights_path is not None else self.spec.path
         self._ffi, self._lib = compiled.module.ffi, compiled.module.lib
         self.windows = tuple(g.window or 0 for g in compiled.planned.layout.kv.groups)  # per group; 0: full context
+        # a hybrid's recurrent layers keep a state slot per sequence: positions can be neither dropped from
+        # it (rollback, context shift) nor borrowed from another sequence's pages (a prefix cache's)
+        self.recurrent = compiled.planned.layout.state is not None
         self._tokenizer = None
         self._default: Sequence | None = None
         me = weakref.ref(self)  # no cycle through self: a dropped Model frees its memory at once

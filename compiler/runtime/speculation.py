@@ -248,6 +248,8 @@ def draft_room(model, n_past: int) -> int:
     """How many drafts a step may add after a sequence's current token, so that the step fits
     the context and a rollback to any of its rows is possible: a sliding-window group lets a
     page go once the window has passed it, so the step must not move the window's first page."""
+    if model.recurrent:  # a rejected draft could not be rolled out of the recurrent state: draft nothing
+        return 0
     room = model.n_ctx - n_past - 1
     ps = model.page_size
     for window in model.windows:

@@ -57,7 +57,8 @@ class Scheduler(Speculating):
         if self.budget < self.n_slots:
             raise KilnError(f"batch_tokens ({self.budget}) must be at least n_seq ({self.n_slots}), so that one "
                             "step can serve every running request (--batch-tokens)")
-        self.cache = RadixCache(model) if prefix_cache else None
+        # a hybrid's sequences cannot take a prefix's pages without its recurrent state: no prefix cache
+        self.cache = RadixCache(model) if prefix_cache and not model.recurrent else None
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self._queued = 0  # submitted and not yet admitted
@@ -85,7 +86,7 @@ class Scheduler(Speculating):
     def _private_match(self, r: Request, ids: list[int]) -> Match | None:
         """The slot's own cache, where r names the slot and its prompt starts with those tokens."""
         own = self.private.get(r.id_slot) if r.id_slot is not None else None
-        if own is None:
+        if own is None or self.model.recurrent:
             return None
         tokens, pages = own
         n = min(common_prefix(tokens, ids), len(ids) - 1) // self.model.page_size

@@ -7,6 +7,10 @@ it fuses them, post-norms where it has them), so a model from this factory is ex
 template expects; metadata and 1-D F32 tensors the template reads only when present (RoPE
 scaling, rope factors, granite's scalars, soft-caps) are the caller's, through `extra_meta` and
 `extra_tensors`.
+
+Qwen3.5 (`qwen35`: Gated DeltaNet layers, every `full_attention_interval`-th layer gated full
+attention) has its own branch, written from llama.cpp's loader rather than a template, so that the
+template can be checked against it.
 """
 from __future__ import annotations
 
@@ -55,8 +59,22 @@ class TinySpec:
     # an output.weight of its own where the template allows one (default: on the archs with qkv bias). A tied
     # head makes the next token nearly always the current one on random weights, whatever the layers do.
     untied: bool | None = None
+    # tensors whose values are set rather than drawn (a feature switched off for a negative control): the
+    # value, broadcast along the last axis, of every tensor whose name ends with the key
+    fill: dict[str, tuple[float, ...]] = field(default_factory=dict)
     n_expert: int = 8  # a mixture of experts' (the templates with `moe`): experts a layer, n_ff wide each
     n_expert_used: int = 2
+    # qwen35's (the other archs ignore them): a DeltaNet head's width (k and v alike), its k heads (llama.cpp's
+    # ssm group count), its v heads (the time-step rank: d_inner = ssm_dt_rank * ssm_d_state; more v heads than k
+    # heads, so that their pairing matters), the causal conv's taps; layer il is full attention when
+    # (il + 1) % full_attention_interval == 0 (llama.cpp aborts on a model with none: n_layer >= the interval)
+    ssm_d_state: int = 32
+    ssm_n_group: int = 2
+    ssm_dt_rank: int = 4
+    ssm_d_conv: int = 4
+    full_attention_interval: int = 4
+    n_rot: int | None = None  # qwen35's rotated dims of a head; default head_dim // 4 (Qwen3.5's partial rotary)
+    rope_sections: tuple[int, int, int, int] | None = None  # IMROPE's; default Qwen3.5's 11:11:10:0 over n_rot / 2
 
 
 def llama3_rope_freqs(head_dim: int, base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -79,7 +97,12 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 8.0, low_freq_
 
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
-    """Name -> numpy-order shape of every tensor the arch's template expects."""
+    """Name -> numpy-order shape of every tensor the arch's template (qwen35: llama.cpp's loader) expects."""
+    shapes = _qwen35_shapes(s, n_vocab) if s.arch == "qwen35" else _template_shapes(s, n_vocab)
+    return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
+
+
+def _template_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     t = load_architecture(s.arch)
     hd = s.head_dim or s.n_embd // s.n_head
     q, kv = s.n_head * hd, s.n_head_kv * hd
@@ -113,12 +136,62 @@ def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q_norm.weight": (q if row else hd,), b + "attn_k_norm.weight": (kv if row else hd,)}
         if t.post_norms:
             shapes |= {b + "post_attention_norm.weight": (s.n_embd,), b + "post_ffw_norm.weight": (s.n_embd,)}
-    return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
+    return shapes
+
+
+def qwen35_recurrent(s: TinySpec, il: int) -> bool:
+    """Whether layer il is a Gated DeltaNet layer (llama.cpp's rule without attention.recurrent_layers)."""
+    return (il + 1) % s.full_attention_interval != 0
+
+
+def qwen35_rope(s: TinySpec) -> tuple[int, tuple[int, int, int, int]]:
+    """n_rot and the IMROPE sections. The sections default to Qwen3.5's [11, 11, 10, 0] scaled to n_rot / 2
+    pairs, so that, as there, every rotated pair turns by the position for text (whose 4th position is 0)."""
+    hd = s.head_dim or s.n_embd // s.n_head
+    n_rot = s.n_rot or hd // 4
+    if s.rope_sections is not None:
+        return n_rot, tuple(s.rope_sections)
+    t = round(n_rot / 2 * 11 / 32)
+    return n_rot, (t, t, n_rot // 2 - 2 * t, 0)
+
+
+def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
+    """llama.cpp's qwen35 loader: every layer has attn_norm, post_attention_norm (the FFN's pre-norm) and a
+    SwiGLU FFN; a full-attention layer's attn_q holds each head's query then its output gate (2 * n_head *
+    head_dim rows) and q/k norms of a head's width; a DeltaNet layer projects q, k, v at once (attn_qkv: the
+    conv's channels), z (attn_gate), beta and alpha (a row a v head), with the conv's taps, dt's bias, A and
+    the gated norm's weights (a head's width). Own output.weight unless `untied` is False: a tied head makes
+    the next token nearly always the current one on random weights."""
+    hd = s.head_dim or s.n_embd // s.n_head
+    q, kv = s.n_head * hd, s.n_head_kv * hd
+    key, value = s.ssm_n_group * s.ssm_d_state, s.ssm_dt_rank * s.ssm_d_state
+    e = s.n_embd
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (n_vocab, e), "output_norm.weight": (e,)}
+    if s.untied is not False:
+        shapes["output.weight"] = (n_vocab, e)
+    for il in range(s.n_layer):
+        b = f"blk.{il}."
+        shapes |= {b + "attn_norm.weight": (e,), b + "post_attention_norm.weight": (e,)}
+        if qwen35_recurrent(s, il):
+            shapes |= {b + "attn_qkv.weight": (2 * key + value, e), b + "attn_gate.weight": (value, e),
+                       b + "ssm_conv1d.weight": (2 * key + value, s.ssm_d_conv), b + "ssm_dt.bias": (s.ssm_dt_rank,),
+                       b + "ssm_a": (s.ssm_dt_rank,), b + "ssm_beta.weight": (s.ssm_dt_rank, e),
+                       b + "ssm_alpha.weight": (s.ssm_dt_rank, e), b + "ssm_norm.weight": (s.ssm_d_state,),
+                       b + "ssm_out.weight": (e, value)}
+        else:
+            shapes |= {b + "attn_q.weight": (2 * q, e), b + "attn_k.weight": (kv, e), b + "attn_v.weight": (kv, e),
+                       b + "attn_output.weight": (e, q), b + "attn_q_norm.weight": (hd,),
+                       b + "attn_k_norm.weight": (hd,)}
+        shapes |= {b + "ffn_gate.weight": (s.n_ff, e), b + "ffn_up.weight": (s.n_ff, e),
+                   b + "ffn_down.weight": (e, s.n_ff)}
+    return shapes
 
 
 def _qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
-    """1-D tensors and the router stay F32, as llama.cpp's converter keeps them."""
-    return s.types.get(name, s.wtype if len(shape) >= 2 and "gate_inp" not in name else Q.F32)
+    """1-D tensors, the router and DeltaNet's conv taps stay F32, as llama.cpp's converter keeps them
+    (ggml's ssm_conv reads its taps as F32 only)."""
+    matrix = len(shape) >= 2 and "gate_inp" not in name and "ssm_conv1d" not in name
+    return s.types.get(name, s.wtype if matrix else Q.F32)
 
 
 def _quantized(data: np.ndarray, qtype: Q) -> np.ndarray:
@@ -131,9 +204,50 @@ def _quantized(data: np.ndarray, qtype: Q) -> np.ndarray:
         return np.zeros((*data.shape[:-1], data.shape[-1] // block * size), dtype=np.uint8)
 
 
+def _values(s: TinySpec, name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    # the LM head (tied or not) gets unit scale so that next-token distributions are peaked, as in a
+    # trained model: top-1 comparisons on random weights are otherwise coin flips between near-ties
+    scale = 1.0 if name in ("token_embd.weight", "output.weight") else 0.1
+    data = rng.standard_normal(shape).astype(np.float32) * scale
+    if name.endswith("norm.weight"):
+        data += np.float32(s.norm_mean)
+    return data
+
+
+def _qwen35_values(s: TinySpec, name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Weights under which each of qwen35's features moves the logits, and nothing overflows: norms near 1
+    (as the converter stores them, HF's 1 + w folded in; norm_mean shifts them: -1 puts them near 0, as the
+    other archs' default), so that every branch adds O(1) to the residual; A = -exp(A_log) in [-2, -0.1]
+    and dt's bias O(1), so that a token's decay exp(softplus(alpha + dt_bias) * A) spans about 0.02 to
+    0.99 (and beta 0.15 to 0.85); conv taps O(0.5), so that the three previous rows weigh as much as the
+    current one; projections and the LM head as for the other archs."""
+    if name.endswith(".ssm_a"):
+        return -rng.uniform(0.1, 2.0, shape).astype(np.float32)
+    if name.endswith("ssm_dt.bias"):
+        return rng.standard_normal(shape).astype(np.float32)
+    if name.endswith("ssm_conv1d.weight"):
+        return rng.standard_normal(shape).astype(np.float32) * np.float32(0.5)
+    if name.endswith("norm.weight"):
+        return rng.standard_normal(shape).astype(np.float32) * np.float32(0.1) + np.float32(1 + s.norm_mean)
+    return _values(s, name, shape, rng)
+
+
+def _add_qwen35_meta(w: gguf.GGUFWriter, s: TinySpec) -> None:
+    """The hyperparameters llama.cpp's qwen35 loader reads beyond the common ones."""
+    n_rot, sections = qwen35_rope(s)
+    w.add_rope_dimension_count(n_rot)
+    w.add_rope_dimension_sections(list(sections))
+    w.add_ssm_conv_kernel(s.ssm_d_conv)
+    w.add_ssm_inner_size(s.ssm_dt_rank * s.ssm_d_state)
+    w.add_ssm_state_size(s.ssm_d_state)
+    w.add_ssm_time_step_rank(s.ssm_dt_rank)
+    w.add_ssm_group_count(s.ssm_n_group)
+    w.add_full_attention_interval(s.full_attention_interval)
+
+
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     s = s or TinySpec()
-    t = load_architecture(s.arch)
+    t = None if s.arch == "qwen35" else load_architecture(s.arch)  # qwen35 follows llama.cpp's loader
     tok = read_model(s.tokenizer_from).tokenizer if s.tokenizer_from else None
     vocab = list(tok.tokens) if tok else _byte_vocab()
     arch = s.metadata_arch or s.arch
@@ -148,12 +262,14 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     w.add_head_count_kv(s.n_head_kv)
     w.add_rope_freq_base(s.rope_base or (10000.0 if s.arch == "llama" else 1_000_000.0))
     w.add_layer_norm_rms_eps(1e-6)
-    if s.head_dim:
-        w.add_key_length(s.head_dim)
-        w.add_value_length(s.head_dim)
-    if t.layer_pattern is not None:
+    if s.head_dim or t is None:
+        w.add_key_length(s.head_dim or s.n_embd // s.n_head)
+        w.add_value_length(s.head_dim or s.n_embd // s.n_head)
+    if t is None:
+        _add_qwen35_meta(w, s)
+    elif t.layer_pattern is not None:
         w.add_sliding_window(s.sliding_window or 8)
-    if t.moe is not None:
+    if t is not None and t.moe is not None:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
         if t.moe.ffn_length_key == "expert_feed_forward_length":
@@ -197,12 +313,10 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         if name in s.extra_tensors:
             w.write_tensor_data(np.asarray(s.extra_tensors[name], dtype=np.float32))
             continue
-        # the LM head (tied or not) gets unit scale so that next-token distributions are peaked, as in a
-        # trained model: top-1 comparisons on random weights are otherwise coin flips between near-ties
-        scale = 1.0 if name in ("token_embd.weight", "output.weight") else 0.1
-        data = rng.standard_normal(shape).astype(np.float32) * scale
-        if name.endswith("norm.weight"):
-            data += np.float32(s.norm_mean)
+        data = (_qwen35_values if t is None else _values)(s, name, shape, rng)
+        for suffix, value in s.fill.items():  # drawn all the same, so that every other tensor keeps its values
+            if name.endswith(suffix):
+                data = np.broadcast_to(np.asarray(value, dtype=np.float32), shape).copy()
         w.write_tensor_data(_quantized(data, qtype))
     w.close()
     return path
