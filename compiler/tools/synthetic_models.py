@@ -28,6 +28,10 @@ SHAPES: dict[str, dict] = {
     # a small Qwen3-MoE: 16 experts of 768, 4 a token (Qwen3-30B-A3B has 128 of 768, 8 a token)
     "qwen3moe-small": dict(arch="qwen3moe", n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=128,
                            n_ff=768, n_expert=16, n_expert_used=4),
+    # Qwen3.5's 2B shape (llama.cpp's: 24 layers of 2048): 18 Gated DeltaNet layers of 16 key and 16 value
+    # heads of 128, 6 gated attention layers of 8 heads of 256 (2 KV heads), a quarter of each rotated
+    "qwen35-2b": dict(arch="qwen35", n_layer=24, n_embd=2048, n_head=8, n_head_kv=2, head_dim=256, n_ff=6144,
+                      ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16),
 }
 # --wtype: every type a GGUF weight may have (core/dtypes.py's table). A type gguf cannot quantize
 # (the K-quants, the IQ types) is written as zero blocks: the kernels' work, and so the speed, is the same
