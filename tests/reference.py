@@ -36,3 +36,12 @@ def combined(parts: list[Agreement]) -> Agreement:
     n = sum(a.positions for a in parts)
     return Agreement(sum(a.mean_kl * a.positions for a in parts) / n, sum(a.top1 * a.positions for a in parts) / n,
                      max(a.max_abs for a in parts), n)
+
+
+def kiln_greedy(model, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens after ids from a kiln model, for Reference.greedy's to be compared with."""
+    logits, got = model.prefill(ids), []
+    for _ in range(n):
+        got.append(int(logits.argmax()))
+        logits = model.decode(got[-1])
+    return got
