@@ -135,3 +135,17 @@ void kiln_sigmoid_gate_mt(const kiln_thread *t, float *y, const float *gate, con
     kiln_share(t, n, 16, &i0, &i1);
     if (i1 > i0) kiln_sigmoid_gate(y + i0, gate + i0, x + i0, i1 - i0);
 }
+
+/* y[r][i] = x[r][i] * sigmoid(gate[r]): a shared expert's output times its row's gate */
+void kiln_sigmoid_row_gate(float *y, const float *gate, const float *x, int rows, int width) {
+    for (int r = 0; r < rows; r++) {
+        const float s = sigmoid(gate[r]);
+        for (int i = 0; i < width; i++) y[(size_t)r * width + i] = x[(size_t)r * width + i] * s;
+    }
+}
+
+void kiln_sigmoid_row_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int rows, int width) {
+    int r0, r1;
+    kiln_share(t, rows, 1, &r0, &r1);
+    if (r1 > r0) kiln_sigmoid_row_gate(y + (size_t)r0 * width, gate + r0, x + (size_t)r0 * width, r1 - r0, width);
+}

@@ -123,6 +123,8 @@ void kiln_delta_net_ref(float *out, const float *x, const float *alpha, const fl
 /* x[rows][heads][2d] -> a[rows][heads][d] (each head's first half), b (its second half) */
 void kiln_split_heads(float *a, float *b, const float *x, int rows, int heads, int d);
 void kiln_sigmoid_gate(float *y, const float *gate, const float *x, int n); /* y = x * sigmoid(gate) */
+/* y[r][i] = x[r][i] * sigmoid(gate[r]) */
+void kiln_sigmoid_row_gate(float *y, const float *gate, const float *x, int rows, int width);
 
 /* y[r] = scale * row ids[r] of the table, dequantized */
 void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int rows, int n_embd, float scale);

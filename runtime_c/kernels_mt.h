@@ -66,6 +66,7 @@ void kiln_delta_net_mt(const kiln_thread *t, float *out, const float *x, const f
                        int n_v, int d, float eps, float *state, size_t slot_floats);
 void kiln_split_heads_mt(const kiln_thread *t, float *a, float *b, const float *x, int rows, int heads, int d);
 void kiln_sigmoid_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int n);
+void kiln_sigmoid_row_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int rows, int width);
 void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_geglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 

@@ -174,3 +174,26 @@ def test_positions_cannot_leave_a_recurrent_state(hybrid):
         s.rollback(20)  # keeping every position is no change
         s.reset()  # starting again is: row 0 starts from zeros
         assert np.array_equal(s.prefill(_ids(20, 1)), first)
+
+
+# -- qwen35moe: the same hybrid, each FFN a mixture of experts and a shared expert ---------------------------
+MOE = dict(arch="qwen35moe", n_layer=4, n_ff=64, n_expert=8, n_expert_used=2)
+
+
+@pytest.mark.llamacpp
+def test_moe_logits_meet_llamacpp_and_miss_it_without_the_shared_expert(hybrid):
+    """The shared expert's gate is one logit a row (ffn_gate_inp_shexp), sigmoid-ed; with it zero the
+    expert still adds half of itself, with its down projection zero it adds nothing: that misses."""
+    ids = _ids(70)
+    ref = Reference(hybrid(**MOE), n_ctx=128).logits(ids)
+    a = compare(ref, compiler.load(hybrid(**MOE), ctx=128, prefill_chunk=16).prefill(ids, logits="all"))
+    assert a.mean_kl < FLOOR and a.top1 == 1.0, a
+    for off in ("ffn_down_shexp.weight", "ffn_gate_inp_shexp.weight"):
+        b = compare(ref, compiler.load(hybrid(**MOE, fill={off: (0.0,)}), ctx=128, prefill_chunk=16)
+                    .prefill(ids, logits="all"))
+        assert b.mean_kl > MISSES, (off, b)
+
+
+def test_moe_batch_chunk_and_thread_invariance_is_bitwise(hybrid):
+    m = compiler.load(hybrid(Q.Q8_0, **MOE), ctx=256, n_seq=4, prefill_chunk=16, batch_tokens=24, page_size=8)
+    assert_batch_invariant(m, n=120)

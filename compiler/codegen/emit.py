@@ -186,6 +186,8 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_moe_route": _moe_route,
     "kiln_moe_ffn": _moe_ffn,
     "kiln_sigmoid_gate": _binary,
+    "kiln_sigmoid_row_gate": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), c_name(n.inputs[1]), "n",
+                                        str(row(n.inputs[1]))],
     "kiln_split_heads": _split_heads,
     "kiln_ssm_conv": _ssm_conv,
     "kiln_delta_net": _delta_net,

@@ -36,6 +36,9 @@ class Stage(Enum):
     # a recurrent layer's mixer in place of attention (the template's `recurrent_block`): a Gated
     # DeltaNet, whose per-sequence state is a short conv window and one matrix a value head
     DELTA_NET = "delta_net"
+    # after ffn_moe: a shared expert every row runs, gated by sigmoid(ffn_gate_inp_shexp . x), added to the
+    # experts' sum (Qwen3-Next, Qwen3.5-MoE)
+    FFN_SHARED_EXPERT = "ffn_shared_expert"
 
 
 class RopeLayout(Enum):
@@ -192,6 +195,8 @@ class Architecture:
             keys |= {"expert_count", "expert_used_count", self.moe.ffn_length_key}
         if self.recurrent_block is not None:
             keys |= set(RECURRENT_KEYS)
+        if Stage.FFN_SHARED_EXPERT in self.block:
+            keys.add("expert_shared_feed_forward_length")
         return frozenset(keys)
 
     @property

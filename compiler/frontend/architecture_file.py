@@ -170,6 +170,9 @@ def _check_consistency(path: Path, t: Architecture) -> None:
                                    if t.moe is not None or Stage.FFN_MOE in t.block else ""))
     if len(set(t.block)) != len(t.block):
         raise ArchitectureError(f"{path}: field 'block' lists a stage twice")
+    for block in (t.block, t.recurrent_block or ()):
+        if Stage.FFN_SHARED_EXPERT in block and block[block.index(Stage.FFN_SHARED_EXPERT) - 1] is not Stage.FFN_MOE:
+            raise ArchitectureError(f"{path}: 'ffn_shared_expert' must follow 'ffn_moe' directly")
     if Stage.DELTA_NET in t.block:
         raise ArchitectureError(f"{path}: field 'block' lists delta_net, which belongs in 'recurrent_block'")
     if t.recurrent_block is not None:

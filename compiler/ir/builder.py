@@ -23,6 +23,8 @@ from .graph import (AttentionAttrs, Attrs, ConvAttrs, DeltaNetAttrs, EmbedAttrs,
                     MoeAttrs, Node, NormAttrs, Op, RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
 from .rope import rope_attrs, rope_factors
 
+AS_ROW = (-1, 1)  # bind's marker: a vector read as a matrix of one row
+
 # The step's inputs: the batch's arrays, one entry per row.
 INPUTS = (
     ("inp_tokens", "token ids"),
@@ -48,6 +50,7 @@ class GraphBuilder:
         self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
         self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
         self.gate: Value | None = None  # attention's output gate (attn_output_gate)
+        self.ffn_in = self.x  # the FFN's normed input (a shared expert reads it beside the experts)
 
     # -- primitives -------------------------------------------------------------------------
     def weight(self, name: str, view_of: str | None = None) -> Value:
@@ -58,9 +61,12 @@ class GraphBuilder:
         role = name if suffix == "weight" else f"{name}_{suffix}"
         return self.bind(role, f"blk.0.{name}.{suffix}")
 
-    def bind(self, role: str, tensor: str, rows: tuple[int, int] | None = None) -> Value:
+    def bind(self, role: str, tensor: str, rows: tuple[int, int] | None = None, as_row: bool = False) -> Value:
         """The role's weight: a tensor of layer 0 (blk.0.*, the same name in each layer; another
-        name is one tensor every layer shares), or its rows first .. first + count - 1."""
+        name is one tensor every layer shares), or its rows first .. first + count - 1; as_row: a
+        vector read as a matrix of one row (rows (0, 1) of its one-row view)."""
+        if as_row:
+            rows = AS_ROW
         self.roles[role] = (tensor, rows)
         return Value(role, ValueKind.WEIGHT, self._tensor(self.first, tensor, rows).shape, None)
 
@@ -70,6 +76,8 @@ class GraphBuilder:
 
     def _tensor(self, il: int, name0: str, rows: tuple[int, int] | None) -> TensorInfo:
         t = self.spec.tensor(name0.replace("blk.0.", f"blk.{il}.", 1))
+        if rows is AS_ROW:
+            return replace(t, shape=(1, *t.shape))
         if rows is None:
             return t
         if t.shape[0] < rows[0] + rows[1]:
@@ -287,7 +295,7 @@ def _attn_residual(b: GraphBuilder) -> None:
 
 
 def _ffn_norm(b: GraphBuilder) -> None:
-    b.cur = b.norm("ffn_norm", b.x, b.layer_weight(b.arch.ffn_norm_weight))
+    b.cur = b.ffn_in = b.norm("ffn_norm", b.x, b.layer_weight(b.arch.ffn_norm_weight))
 
 
 def _ffn_glu(b: GraphBuilder) -> None:
@@ -365,6 +373,26 @@ def _delta_net(b: GraphBuilder) -> None:
     b.cur = b.matmul("linear_attn_out", gated, "ssm_out", (T, hp.n_embd))
 
 
+def _ffn_shared_expert(b: GraphBuilder) -> None:
+    """llama.cpp's qwen35moe / qwen3next build_layer_ffn: a SwiGLU FFN of expert_shared_feed_forward_length
+    on the FFN's input, times sigmoid of one logit a row (ffn_gate_inp_shexp, a vector of n_embd read
+    as a matrix of one row), added to the experts' output."""
+    hp, x, T = b.hp, b.ffn_in, b.T
+    n_ff = b.first_tensor("blk.0.ffn_gate_shexp.weight").shape[0]
+    t = b.first_tensor("blk.0.ffn_gate_inp_shexp.weight")
+    if t.shape != (hp.n_embd,) or t.dtype is not DType.F32:
+        raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; the shared "
+                             f"expert's gate is one F32 weight per embedding dim ({hp.n_embd})")
+    gate = b.matmul("ffn_gate_shexp", x, "ffn_gate_shexp", (T, n_ff))
+    up = b.matmul("ffn_up_shexp", x, "ffn_up_shexp", (T, n_ff))
+    h = b.emit(Op.GLU, "ffn_glu_shexp", (gate, up), (T, n_ff), GluAttrs(Activation.SWIGLU))
+    shexp = b.matmul("ffn_shexp", h, "ffn_down_shexp", (T, hp.n_embd))
+    logit = b.matmul("shared_expert_gate", x, b.bind("ffn_gate_inp_shexp", "blk.0.ffn_gate_inp_shexp.weight",
+                                                      as_row=True), (T, 1))
+    gated = b.emit(Op.GLU, "ffn_shexp_gated", (logit, shexp), shexp.shape, GluAttrs(Activation.SIGMOID))
+    b.cur = b.emit(Op.ADD, "ffn_out", (b.cur, gated), shexp.shape)
+
+
 def _ffn_post_norm(b: GraphBuilder) -> None:
     b.cur = b.norm("ffn_post_norm", b.cur, b.layer_weight("post_ffw_norm"))
 
@@ -389,5 +417,6 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.FFN_POST_NORM: _ffn_post_norm,
     Stage.FFN_RESIDUAL: _ffn_residual,
     Stage.DELTA_NET: _delta_net,
+    Stage.FFN_SHARED_EXPERT: _ffn_shared_expert,
 }
 assert set(STAGES) == set(Stage)

@@ -49,6 +49,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.MOE_ROUTE, ""): Kernel("kiln_moe_route"),
     (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.GLU, "sigmoid"): Kernel("kiln_sigmoid_gate"),
+    (Op.GLU, "sigmoid_row"): Kernel("kiln_sigmoid_row_gate"),  # one gate a row
     (Op.SPLIT_HEADS, ""): Kernel("kiln_split_heads"),
     (Op.SSM_CONV, ""): Kernel("kiln_ssm_conv", F32),
     (Op.DELTA_NET, ""): Kernel("kiln_delta_net", F32),
@@ -57,7 +58,8 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
 # Ops whose kernel depends on an attribute, and which.
 VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.MATMUL: lambda n: "quantized" if n.attrs.act_from else "",
-    Op.GLU: lambda n: n.attrs.activation.value,
+    Op.GLU: lambda n: n.attrs.activation.value + ("_row" if n.inputs[0].shape[1:] == (1,) != n.inputs[1].shape[1:]
+                                                    else ""),
     Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 or n.attrs.n_rot < n.inputs[0].shape[-1] else "",
     Op.ATTENTION: lambda n: "softcap" if n.attrs.softcap else "",
     Op.MOE_FFN: lambda n: n.attrs.activation.value,

@@ -21,6 +21,7 @@ from ..core.errors import GraphError
 from ..frontend.spec import ModelSpec
 from ..core.cconst import HADAMARD_BLOCK
 from ..core.dtypes import DType
+from ..frontend.architecture import Activation
 from ..ir.graph import OP_ATTRS, AttentionAttrs, Graph, Node, Op, Section, ValueKind
 
 ShapeRule = Callable[[Node], "str | None"]
@@ -100,8 +101,12 @@ def _elementwise(n: Node) -> str | None:
 
 
 def _glu(n: Node) -> str | None:
-    """gate and up of one row each, as flat as the output (a DeltaNet gates its heads' norms)."""
-    if not _same(*((v.shape[0], prod(v.shape[1:])) for v in n.inputs + n.outputs)):
+    """gate and up of one row each, as flat as the output (a DeltaNet gates its heads' norms); a
+    sigmoid gate may be one value a row (a shared expert's)."""
+    gate, *rest = n.inputs + n.outputs
+    one = n.attrs.activation is Activation.SIGMOID and gate.shape[1:] == (1,)
+    if not _same(*((v.shape[0], prod(v.shape[1:])) for v in ([] if one else [gate]) + rest)) or \
+            gate.shape[0] != rest[0].shape[0]:
         return f"shapes {[v.shape for v in n.inputs + n.outputs]} differ"
     return None
 

@@ -123,10 +123,11 @@ def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOpti
 def _expert_bytes(g: Graph) -> dict:
     """The experts' bytes, all and a decode token's: k of n_expert slices of each expert tensor."""
     total = active = 0
-    for n in (n for n in g.body_nodes if n.op is Op.MOE_FFN):
-        for v in n.inputs[3:]:
-            size = sum(t.nbytes for t in g.tensors(v))
-            total, active = total + size, active + size // n.attrs.n_expert * n.attrs.n_used
+    for section, nodes in g.sections():
+        for n in (n for n in nodes if n.op is Op.MOE_FFN):
+            for v in n.inputs[3:]:  # each layer's experts in the body it runs
+                size = sum(ly.weights[v.name].nbytes for ly in g.layers_of(section))
+                total, active = total + size, active + size // n.attrs.n_expert * n.attrs.n_used
     return {"expert_bytes": total, "expert_bytes_per_token": active}
 
 

@@ -98,7 +98,7 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 8.0, low_freq_
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     """Name -> numpy-order shape of every tensor the arch's template (qwen35: llama.cpp's loader) expects."""
-    shapes = _qwen35_shapes(s, n_vocab) if s.arch == "qwen35" else _template_shapes(s, n_vocab)
+    shapes = _qwen35_shapes(s, n_vocab) if s.arch in HYBRIDS else _template_shapes(s, n_vocab)
     return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
 
 
@@ -137,6 +137,9 @@ def _template_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
         if t.post_norms:
             shapes |= {b + "post_attention_norm.weight": (s.n_embd,), b + "post_ffw_norm.weight": (s.n_embd,)}
     return shapes
+
+
+HYBRIDS = ("qwen35", "qwen35moe")  # written from llama.cpp's loaders, not from their templates
 
 
 def qwen35_recurrent(s: TinySpec, il: int) -> bool:
@@ -182,8 +185,15 @@ def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q.weight": (2 * q, e), b + "attn_k.weight": (kv, e), b + "attn_v.weight": (kv, e),
                        b + "attn_output.weight": (e, q), b + "attn_q_norm.weight": (hd,),
                        b + "attn_k_norm.weight": (hd,)}
-        shapes |= {b + "ffn_gate.weight": (s.n_ff, e), b + "ffn_up.weight": (s.n_ff, e),
-                   b + "ffn_down.weight": (e, s.n_ff)}
+        if s.arch == "qwen35moe":  # the experts (3-D), the router, and the shared expert with its gate vector
+            x = s.n_expert
+            shapes |= {b + "ffn_gate_inp.weight": (x, e), b + "ffn_gate_exps.weight": (x, s.n_ff, e),
+                       b + "ffn_up_exps.weight": (x, s.n_ff, e), b + "ffn_down_exps.weight": (x, e, s.n_ff),
+                       b + "ffn_gate_inp_shexp.weight": (e,), b + "ffn_gate_shexp.weight": (s.n_ff, e),
+                       b + "ffn_up_shexp.weight": (s.n_ff, e), b + "ffn_down_shexp.weight": (e, s.n_ff)}
+        else:
+            shapes |= {b + "ffn_gate.weight": (s.n_ff, e), b + "ffn_up.weight": (s.n_ff, e),
+                       b + "ffn_down.weight": (e, s.n_ff)}
     return shapes
 
 
@@ -243,11 +253,16 @@ def _add_qwen35_meta(w: gguf.GGUFWriter, s: TinySpec) -> None:
     w.add_ssm_time_step_rank(s.ssm_dt_rank)
     w.add_ssm_group_count(s.ssm_n_group)
     w.add_full_attention_interval(s.full_attention_interval)
+    if s.arch == "qwen35moe":
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff)
+        w.add_expert_shared_feed_forward_length(s.n_ff)
 
 
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     s = s or TinySpec()
-    t = None if s.arch == "qwen35" else load_architecture(s.arch)  # qwen35 follows llama.cpp's loader
+    t = None if s.arch in HYBRIDS else load_architecture(s.arch)  # the hybrids follow llama.cpp's loader
     tok = read_model(s.tokenizer_from).tokenizer if s.tokenizer_from else None
     vocab = list(tok.tokens) if tok else _byte_vocab()
     arch = s.metadata_arch or s.arch
