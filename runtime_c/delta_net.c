@@ -65,15 +65,15 @@ static inline void axpy_ref(float *y, float a, const float *x, int n) {
  * pass over all of S per step gives row by row. */
 #define DELTA_NET(name, dot, axpy)                                                                     \
     void name(float *out, const float *x, const float *alpha, const float *beta, const float *dt,     \
-              const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int d,   \
-              float eps, float *state, size_t slot_floats, int h0, int h1) {                           \
+              const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v,          \
+              int interleaved, int d, float eps, float *state, size_t slot_floats, int h0, int h1) {    \
         const size_t width = (size_t)(2 * n_k + n_v) * d;                                              \
         const float scale = 1.0f / sqrtf((float)d);                                                    \
         float q[KILN_MAX_STATE_DIM], k[KILN_MAX_STATE_DIM];                                            \
         for (int h = h0; h < h1; h++) { /* a head's rows in order: its state stays in cache */         \
             for (int r = 0; r < n; r++) {                                                              \
                 const float *xr = x + r * width;                                                       \
-                const int kh = h % n_k; /* llama.cpp's qwen35 pairing of value and key heads */        \
+                const int kh = interleaved ? h / (n_v / n_k) : h % n_k; /* qwen3next's, or qwen35's */ \
                 l2_normed(q, xr + (size_t)kh * d, d, eps);                                             \
                 l2_normed(k, xr + (size_t)(n_k + kh) * d, d, eps);                                     \
                 const float *v = xr + (size_t)(2 * n_k + h) * d;                                       \
@@ -95,11 +95,12 @@ static inline void axpy_ref(float *y, float a, const float *x, int n) {
 DELTA_NET(kiln_delta_net, kiln_vdot, kiln_vaxpy)
 DELTA_NET(kiln_delta_net_ref, kiln_vdot_ref, axpy_ref)
 
-void kiln_split_heads(float *a, float *b, const float *x, int rows, int heads, int d) {
-    for (size_t rh = 0; rh < (size_t)rows * heads; rh++) {
-        memcpy(a + rh * d, x + rh * 2 * d, (size_t)d * sizeof(float));
-        memcpy(b + rh * d, x + rh * 2 * d + d, (size_t)d * sizeof(float));
-    }
+void kiln_regroup(float *y, int y_width, int y_at, const float *x, int rows, int groups, int group_width, int from,
+                  int count) {
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++)
+            memcpy(y + (size_t)r * y_width + y_at + (size_t)g * count,
+                   x + ((size_t)r * groups + g) * group_width + from, (size_t)count * sizeof(float));
 }
 
 void kiln_sigmoid_gate(float *y, const float *gate, const float *x, int n) {
@@ -117,17 +118,21 @@ void kiln_ssm_conv_mt(const kiln_thread *t, float *y, const float *x, const floa
 
 void kiln_delta_net_mt(const kiln_thread *t, float *out, const float *x, const float *alpha, const float *beta,
                        const float *dt, const float *a, const int32_t *seq, const int32_t *row, int n, int n_k,
-                       int n_v, int d, float eps, float *state, size_t slot_floats) {
+                       int n_v, int interleaved, int d, float eps, float *state, size_t slot_floats) {
     int h0, h1;
     kiln_share(t, n_v, 1, &h0, &h1);
-    if (h1 > h0) kiln_delta_net(out, x, alpha, beta, dt, a, seq, row, n, n_k, n_v, d, eps, state, slot_floats, h0, h1);
+    if (h1 > h0)
+        kiln_delta_net(out, x, alpha, beta, dt, a, seq, row, n, n_k, n_v, interleaved, d, eps, state, slot_floats, h0,
+                       h1);
 }
 
-void kiln_split_heads_mt(const kiln_thread *t, float *a, float *b, const float *x, int rows, int heads, int d) {
+void kiln_regroup_mt(const kiln_thread *t, float *y, int y_width, int y_at, const float *x, int rows, int groups,
+                     int group_width, int from, int count) {
     int r0, r1;
     kiln_share(t, rows, 1, &r0, &r1);
-    const size_t at = (size_t)r0 * heads * d;
-    if (r1 > r0) kiln_split_heads(a + at, b + at, x + 2 * at, r1 - r0, heads, d);
+    if (r1 > r0)
+        kiln_regroup(y + (size_t)r0 * y_width, y_width, y_at, x + (size_t)r0 * groups * group_width, r1 - r0, groups,
+                     group_width, from, count);
 }
 
 void kiln_sigmoid_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int n) {

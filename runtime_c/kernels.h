@@ -110,18 +110,20 @@ void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the
 void kiln_ssm_conv(float *y, const float *x, const float *w, const int32_t *seq, const int32_t *row, int n,
                    int channels, int taps, float *state, size_t slot_floats, int c0, int c1);
 /* Value heads h0 .. h1 - 1 of each row, rows in order. x holds q (n_k heads of d), k (n_k) and v
-   (n_v); value head h reads key head h % n_k. q, k L2-normalized; decay = e^(softplus(alpha + dt) a),
+   (n_v); value head h reads key head h % n_k (interleaved: h / (n_v / n_k)). q, k L2-normalized; decay = e^(softplus(alpha + dt) a),
    beta' = sigmoid(beta); S = its sequence's [d][d] state (zeros at cache row 0), S *= decay;
    S_j += k (v_j - S_j . k) beta'; out_j = S_j . q / sqrt(d). */
 void kiln_delta_net(float *out, const float *x, const float *alpha, const float *beta, const float *dt,
-                    const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int d,
+                    const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int interleaved, int d,
                     float eps, float *state, size_t slot_floats, int h0, int h1);
 /* the same, its dot products and updates in scalar code (vec_f32.h's reference order) */
 void kiln_delta_net_ref(float *out, const float *x, const float *alpha, const float *beta, const float *dt,
-                        const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int d,
+                        const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v, int interleaved, int d,
                         float eps, float *state, size_t slot_floats, int h0, int h1);
-/* x[rows][heads][2d] -> a[rows][heads][d] (each head's first half), b (its second half) */
-void kiln_split_heads(float *a, float *b, const float *x, int rows, int heads, int d);
+/* y[r][y_at + g*count + i] = x[r][g][from + i] (x's rows: groups of group_width): one part of every
+   group, into consecutive columns of y's rows of y_width */
+void kiln_regroup(float *y, int y_width, int y_at, const float *x, int rows, int groups, int group_width, int from,
+                  int count);
 void kiln_sigmoid_gate(float *y, const float *gate, const float *x, int n); /* y = x * sigmoid(gate) */
 /* y[r][i] = x[r][i] * sigmoid(gate[r]) */
 void kiln_sigmoid_row_gate(float *y, const float *gate, const float *x, int rows, int width);

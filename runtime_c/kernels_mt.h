@@ -63,8 +63,9 @@ void kiln_ssm_conv_mt(const kiln_thread *t, float *y, const float *x, const floa
                       const int32_t *row, int n, int channels, int taps, float *state, size_t slot_floats);
 void kiln_delta_net_mt(const kiln_thread *t, float *out, const float *x, const float *alpha, const float *beta,
                        const float *dt, const float *a, const int32_t *seq, const int32_t *row, int n, int n_k,
-                       int n_v, int d, float eps, float *state, size_t slot_floats);
-void kiln_split_heads_mt(const kiln_thread *t, float *a, float *b, const float *x, int rows, int heads, int d);
+                       int n_v, int interleaved, int d, float eps, float *state, size_t slot_floats);
+void kiln_regroup_mt(const kiln_thread *t, float *y, int y_width, int y_at, const float *x, int rows, int groups,
+                     int group_width, int from, int count);
 void kiln_sigmoid_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int n);
 void kiln_sigmoid_row_gate_mt(const kiln_thread *t, float *y, const float *gate, const float *x, int rows, int width);
 void kiln_swiglu_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);

@@ -197,3 +197,25 @@ def test_moe_logits_meet_llamacpp_and_miss_it_without_the_shared_expert(hybrid):
 def test_moe_batch_chunk_and_thread_invariance_is_bitwise(hybrid):
     m = compiler.load(hybrid(Q.Q8_0, **MOE), ctx=256, n_seq=4, prefill_chunk=16, batch_tokens=24, page_size=8)
     assert_batch_invariant(m, n=120)
+
+
+# -- qwen3next: value heads read their key heads in runs; q, k, v, z and b, a fused, grouped by key head --
+NEXT = dict(MOE, arch="qwen3next")
+
+
+@pytest.mark.llamacpp
+def test_qwen3next_logits_meet_llamacpp_and_miss_it_with_qwen35s_pairing(hybrid):
+    """The same file read as qwen35moe (general.architecture rewritten, so kiln's template pairs value
+    head h with key head h % n_k) misses: the pairing is what the floor tells."""
+    ids = _ids(70)
+    ref = Reference(hybrid(**NEXT), n_ctx=128).logits(ids)
+    a = compare(ref, compiler.load(hybrid(**NEXT), ctx=128, prefill_chunk=16).prefill(ids, logits="all"))
+    assert a.mean_kl < FLOOR and a.top1 == 1.0, a
+    modulo = hybrid(**NEXT, metadata_arch="qwen35moe")
+    b = compare(ref, compiler.load(modulo, ctx=128, prefill_chunk=16).prefill(ids, logits="all"))
+    assert b.mean_kl > MISSES, b
+
+
+def test_qwen3next_batch_chunk_and_thread_invariance_is_bitwise(hybrid):
+    m = compiler.load(hybrid(Q.Q8_0, **NEXT), ctx=256, n_seq=4, prefill_chunk=16, batch_tokens=24, page_size=8)
+    assert_batch_invariant(m, n=120)

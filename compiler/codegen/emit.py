@@ -135,13 +135,22 @@ def _delta_net(n: Node) -> list[str]:
     x, alpha, beta, dt, decay, seq, row, _ = n.inputs
     a = n.attrs
     return [c_name(n.outputs[0]), c_name(x), c_name(alpha), c_name(beta), floats(dt), floats(decay), c_name(seq),
-            c_name(row), "n", str(a.n_k_heads), str(a.n_v_heads), str(a.d_state), c_float(a.eps), _state("delta"),
-            "s->slot_floats"]
+            c_name(row), "n", str(a.n_k_heads), str(a.n_v_heads), str(int(a.interleaved)), str(a.d_state),
+            c_float(a.eps), _state("delta"), "s->slot_floats"]
 
 
-def _split_heads(n: Node) -> list[str]:
-    (x,), (q, gate) = n.inputs, n.outputs
-    return [c_name(q), c_name(gate), c_name(x), "n", str(x.shape[1]), str(x.shape[2] // 2)]
+def _regroup(n: Node) -> list[list[str]]:
+    """One copy per (output, part): the part of every group to its columns of the output."""
+    a, (x,) = n.attrs, n.inputs
+    starts = [sum(a.parts[:p]) for p in range(len(a.parts))]
+    calls = []
+    for out, parts in zip(n.outputs, a.outputs):
+        at = 0
+        for p in parts:
+            calls.append([c_name(out), str(row(out)), str(at), c_name(x), "n", str(a.groups), str(sum(a.parts)),
+                          str(starts[p]), str(a.parts[p])])
+            at += a.groups * a.parts[p]
+    return calls
 
 
 def _count(v: Value) -> str:
@@ -188,7 +197,7 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_sigmoid_gate": _binary,
     "kiln_sigmoid_row_gate": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), c_name(n.inputs[1]), "n",
                                         str(row(n.inputs[1]))],
-    "kiln_split_heads": _split_heads,
+    "kiln_regroup": _regroup,
     "kiln_ssm_conv": _ssm_conv,
     "kiln_delta_net": _delta_net,
 }
@@ -198,4 +207,5 @@ def statement(n: Node) -> str:
     args = ARGS.get(n.kernel)
     if args is None:
         raise CodegenError(f"node {n.name} runs '{n.kernel}', which the code generator has no arguments for")
-    return f"{n.kernel}_mt(t, {', '.join(args(n))});"
+    calls = args(n)  # one call, or several that write apart (a regroup's parts)
+    return " ".join(f"{n.kernel}_mt(t, {', '.join(c)});" for c in (calls if isinstance(calls[0], list) else [calls]))

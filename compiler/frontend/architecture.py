@@ -177,6 +177,9 @@ class Architecture:
     # multiplied by sigmoid(gate) before attn_output (Qwen3.5, Qwen3-Next)
     attn_output_gate: bool = False
     ffn_norm_weight: str = "ffn_norm"  # the FFN norm's tensor (Qwen3.5 calls it post_attention_norm)
+    # which key head a DeltaNet's value head h reads: h % n_k ("modulo", llama.cpp's qwen35) or
+    # h // (n_v / n_k) ("interleaved", its qwen3next's repeat_interleave)
+    head_pairing: str = "modulo"
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""

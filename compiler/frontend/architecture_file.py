@@ -45,11 +45,12 @@ _PARSERS = {
     "recurrent_block": lambda v: None if v is None else tuple(Stage(s) for s in _list(v)),
     "attn_output_gate": lambda v: _boolean(v),
     "ffn_norm_weight": lambda v: _one_of(v, ("ffn_norm", "post_attention_norm")),
+    "head_pairing": lambda v: _one_of(v, ("modulo", "interleaved")),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
 _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
-             "ffn_norm_weight": "ffn_norm"}
+             "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo"}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)

@@ -20,7 +20,8 @@ from ..core.errors import ArchitectureError, ModelFileError
 from ..frontend.architecture import Activation, Architecture, EmbeddingScale, LayerKind, LMHead, QKNormSpan, Scalar, Stage
 from ..frontend.spec import ModelSpec, TensorInfo
 from .graph import (AttentionAttrs, Attrs, ConvAttrs, DeltaNetAttrs, EmbedAttrs, Graph, GluAttrs, Layer, MatmulAttrs,
-                    MoeAttrs, Node, NormAttrs, Op, RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value, ValueKind)
+                    MoeAttrs, Node, NormAttrs, Op, RegroupAttrs, RopeAttrs, RouteAttrs, ScaleAttrs, SoftcapAttrs, Value,
+                    ValueKind)
 from .rope import rope_attrs, rope_factors
 
 AS_ROW = (-1, 1)  # bind's marker: a vector read as a matrix of one row
@@ -70,6 +71,10 @@ class GraphBuilder:
         self.roles[role] = (tensor, rows)
         return Value(role, ValueKind.WEIGHT, self._tensor(self.first, tensor, rows).shape, None)
 
+    def has(self, name0: str) -> bool:
+        """Whether the first layer of the body being built has this tensor (named as in layer 0)."""
+        return name0.replace("blk.0.", f"blk.{self.first}.", 1) in self.spec.tensors
+
     def first_tensor(self, name0: str) -> TensorInfo:
         """A tensor (named as in layer 0) of the first layer of the body being built."""
         return self.spec.tensor(name0.replace("blk.0.", f"blk.{self.first}.", 1))
@@ -114,6 +119,12 @@ class GraphBuilder:
         w = role if isinstance(role, Value) else self.layer_weight(role)
         inputs = (x, w) + ((self.layer_weight(w.name, "bias"),) if bias else ())
         return self.emit(Op.MATMUL, name, inputs, shape, MatmulAttrs())
+
+    def regroup(self, name: str, x: Value, groups: int, parts: tuple[int, ...], outputs: tuple[tuple[int, ...], ...],
+                values: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[Value, ...]:
+        outs = tuple(Value(v, ValueKind.ACTIVATION, shape, DType.F32) for v, shape in values)
+        self.nodes.append(Node(Op.REGROUP, name, (x,), outs, RegroupAttrs(groups, parts, outputs)))
+        return outs
 
     def scale(self, name: str, x: Value, by: float) -> Value:
         return self.emit(Op.SCALE, name, (x,), x.shape, ScaleAttrs(by))
@@ -228,9 +239,8 @@ def _qkv(b: GraphBuilder) -> None:
         q, k, v = "attn_q", "attn_k", "attn_v"
     if b.arch.attn_output_gate:  # each head's query, then its gate: split them apart
         qg = b.matmul("q_gated", b.cur, q, (b.T, hp.n_head, 2 * hp.head_dim), bias)
-        b.q = Value("q", ValueKind.ACTIVATION, (b.T, hp.n_head, hp.head_dim), DType.F32)
-        b.gate = Value("attn_gate", ValueKind.ACTIVATION, (b.T, hp.n_head * hp.head_dim), DType.F32)
-        b.nodes.append(Node(Op.SPLIT_HEADS, "q", (qg,), (b.q, b.gate)))
+        b.q, b.gate = b.regroup("q", qg, hp.n_head, (hp.head_dim, hp.head_dim), ((0,), (1,)),
+                                (("q", (b.T, hp.n_head, hp.head_dim)), ("attn_gate", (b.T, hp.n_head * hp.head_dim))))
     else:
         b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), bias)
     b.k = b.matmul("k", b.cur, k, (b.T, hp.n_head_kv, hp.head_dim), bias)
@@ -342,10 +352,16 @@ def _delta_net(b: GraphBuilder) -> None:
     head's state and its read-out (delta_net), RMSNorm of each head times SiLU(z) (attn_gate's z),
     and ssm_out."""
     hp, ssm = b.hp, b.hp.ssm
-    T, n_v = b.T, ssm.n_v_heads
-    expected = {"attn_qkv": (ssm.conv_dim, hp.n_embd), "attn_gate": (ssm.value_dim, hp.n_embd),
-                "ssm_alpha": (n_v, hp.n_embd), "ssm_beta": (n_v, hp.n_embd), "ssm_conv1d": (ssm.conv_dim, ssm.d_conv),
-                "ssm_norm": (ssm.d_state,), "ssm_out": (hp.n_embd, ssm.value_dim)}
+    T, n_v, n_k, d = b.T, ssm.n_v_heads, ssm.n_k_heads, ssm.d_state
+    r = n_v // n_k
+    grouped = b.has("blk.0.ssm_in.weight")  # Qwen3-Next's q, k, v, z in one matrix, grouped by key head
+    fused_ba = b.has("blk.0.ssm_ba.weight")  # and its beta and alpha, grouped the same way
+    projections = {"ssm_in": (2 * ssm.key_dim + 2 * ssm.value_dim, hp.n_embd)} if grouped else {
+        "attn_qkv": (ssm.conv_dim, hp.n_embd), "attn_gate": (ssm.value_dim, hp.n_embd)}
+    projections |= {"ssm_ba": (2 * n_v, hp.n_embd)} if fused_ba else {
+        "ssm_alpha": (n_v, hp.n_embd), "ssm_beta": (n_v, hp.n_embd)}
+    expected = {**projections, "ssm_conv1d": (ssm.conv_dim, ssm.d_conv), "ssm_norm": (d,),
+                "ssm_out": (hp.n_embd, ssm.value_dim)}
     for role, shape in expected.items():
         t = b.first_tensor(f"blk.0.{role}.weight")
         if t.shape != shape:
@@ -356,10 +372,20 @@ def _delta_net(b: GraphBuilder) -> None:
         if t.shape != (n_v,) or t.dtype is not DType.F32:
             raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; the DeltaNet "
                                  f"reads one F32 per value head ({n_v})")
-    qkv = b.matmul("linear_attn_qkv_mixed", b.cur, "attn_qkv", (T, ssm.conv_dim))
-    z = b.matmul("z", b.cur, "attn_gate", (T, ssm.value_dim))
-    beta = b.matmul("beta", b.cur, "ssm_beta", (T, n_v))
-    alpha = b.matmul("alpha", b.cur, "ssm_alpha", (T, n_v))
+    if grouped:  # per key head: q, k, its r value heads' v, their z (llama.cpp's legacy path's views)
+        mixed = b.matmul("linear_attn_mixed_qkvz", b.cur, "ssm_in", (T, n_k, 2 * d + 2 * r * d))
+        qkv, z = b.regroup("linear_attn_qkv_mixed", mixed, n_k, (d, d, r * d, r * d), ((0, 1, 2), (3,)),
+                           (("linear_attn_qkv_mixed", (T, ssm.conv_dim)), ("z", (T, ssm.value_dim))))
+    else:
+        qkv = b.matmul("linear_attn_qkv_mixed", b.cur, "attn_qkv", (T, ssm.conv_dim))
+        z = b.matmul("z", b.cur, "attn_gate", (T, ssm.value_dim))
+    if fused_ba:  # per key head: its r value heads' beta, then their alpha
+        mixed = b.matmul("linear_attn_mixed_ba", b.cur, "ssm_ba", (T, n_k, 2 * r))
+        beta, alpha = b.regroup("linear_attn_ba", mixed, n_k, (r, r), ((0,), (1,)),
+                                (("beta", (T, n_v)), ("alpha", (T, n_v))))
+    else:
+        beta = b.matmul("beta", b.cur, "ssm_beta", (T, n_v))
+        alpha = b.matmul("alpha", b.cur, "ssm_alpha", (T, n_v))
     seq, row = b.inputs["inp_seq"], b.inputs["inp_row"]
     conv_state = Value("conv_state", ValueKind.RECURRENT, (ssm.d_conv - 1, ssm.conv_dim), DType.F32)
     conv = b.emit(Op.SSM_CONV, "conv_output_silu", (qkv, b.layer_weight("ssm_conv1d"), seq, row, conv_state),
@@ -367,7 +393,8 @@ def _delta_net(b: GraphBuilder) -> None:
     delta_state = Value("delta_state", ValueKind.RECURRENT, (n_v, ssm.d_state, ssm.d_state), DType.F32)
     a, dt = b.bind("ssm_a", "blk.0.ssm_a"), b.bind("ssm_dt", "blk.0.ssm_dt.bias")
     out = b.emit(Op.DELTA_NET, "delta_net", (conv, alpha, beta, dt, a, seq, row, delta_state),
-                 (T, n_v, ssm.d_state), DeltaNetAttrs(ssm.n_k_heads, n_v, ssm.d_state, hp.norm_eps))
+                 (T, n_v, ssm.d_state), DeltaNetAttrs(ssm.n_k_heads, n_v, ssm.d_state, hp.norm_eps,
+                                                      b.arch.head_pairing == "interleaved"))
     normed = b.norm("attn_out_norm", out, b.layer_weight("ssm_norm"))
     gated = b.emit(Op.GLU, "final_output", (z, normed), (T, ssm.value_dim), GluAttrs(Activation.SWIGLU))
     b.cur = b.matmul("linear_attn_out", gated, "ssm_out", (T, hp.n_embd))

@@ -38,7 +38,7 @@ class Op(Enum):
     SOFTCAP = "softcap"  # y = c * tanh(x / c) (Gemma 2's logits)
     MOE_ROUTE = "moe_route"  # router logits -> each row's top-k experts (argsort of the softmax) and weights
     MOE_FFN = "moe_ffn"  # each row's chosen experts' GLU FFNs, times their weights, summed in rank order
-    SPLIT_HEADS = "split_heads"  # [rows, heads, 2d] -> each head's first d, and its last d (Q and its gate)
+    REGROUP = "regroup"  # [rows, groups, parts] -> outputs, each its parts of every group (Q and its gate)
     SSM_CONV = "ssm_conv"  # SiLU of a causal conv1d over each channel's last taps, the window kept per sequence
     DELTA_NET = "delta_net"  # the gated delta rule over each sequence's state matrices, token by token
 
@@ -151,6 +151,16 @@ class MoeAttrs:
 
 
 @dataclass(frozen=True)
+class RegroupAttrs:
+    """A row of x is `groups` groups of consecutive parts of these widths; output i is, for each of
+    its parts in turn, that part of every group in group order (a projection that interleaves
+    per head what the next ops take apart: Q and its gate, Qwen3-Next's q, k, v, z and b, a)."""
+    groups: int
+    parts: tuple[int, ...]
+    outputs: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class ConvAttrs:
     taps: int  # ssm.conv_kernel: this row and the taps - 1 before it in its sequence
 
@@ -163,10 +173,11 @@ class DeltaNetAttrs:
     n_v_heads: int
     d_state: int
     eps: float
+    interleaved: bool = False  # value head h reads key head h // (n_v / n_k) (Qwen3-Next's repeat_interleave)
 
 
 Attrs = (NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | RouteAttrs
-         | MoeAttrs | ConvAttrs | DeltaNetAttrs | None)
+         | MoeAttrs | RegroupAttrs | ConvAttrs | DeltaNetAttrs | None)
 
 # The attrs type each op must carry (checked by the validate pass).
 OP_ATTRS: dict[Op, type | None] = {
@@ -185,7 +196,7 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.SOFTCAP: SoftcapAttrs,
     Op.MOE_ROUTE: RouteAttrs,
     Op.MOE_FFN: MoeAttrs,
-    Op.SPLIT_HEADS: None,
+    Op.REGROUP: RegroupAttrs,
     Op.SSM_CONV: ConvAttrs,
     Op.DELTA_NET: DeltaNetAttrs,
 }

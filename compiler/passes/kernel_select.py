@@ -50,7 +50,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.GLU, "sigmoid"): Kernel("kiln_sigmoid_gate"),
     (Op.GLU, "sigmoid_row"): Kernel("kiln_sigmoid_row_gate"),  # one gate a row
-    (Op.SPLIT_HEADS, ""): Kernel("kiln_split_heads"),
+    (Op.REGROUP, ""): Kernel("kiln_regroup"),
     (Op.SSM_CONV, ""): Kernel("kiln_ssm_conv", F32),
     (Op.DELTA_NET, ""): Kernel("kiln_delta_net", F32),
 }

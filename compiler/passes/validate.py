@@ -146,11 +146,16 @@ def _moe_ffn(n: Node) -> str | None:
     return None
 
 
-def _split_heads(n: Node) -> str | None:
-    (x,), (a, b) = n.inputs, n.outputs
-    rows, heads, width = x.shape
-    if width % 2 or a.shape != (rows, heads, width // 2) or b.shape != (rows, heads * width // 2):
-        return f"{x.shape} does not split into {a.shape} and {b.shape}"
+def _regroup(n: Node) -> str | None:
+    a, (x,) = n.attrs, n.inputs
+    rows = x.shape[0]
+    used = sorted(p for parts in a.outputs for p in parts)
+    if prod(x.shape[1:]) != a.groups * sum(a.parts) or used != list(range(len(a.parts))) \
+            or len(a.outputs) != len(n.outputs):
+        return f"{x.shape} is not {a.groups} groups of parts {a.parts}, each part in one of {a.outputs}"
+    for out, parts in zip(n.outputs, a.outputs):
+        if out.shape[0] != rows or prod(out.shape[1:]) != a.groups * sum(a.parts[p] for p in parts):
+            return f"output {out.name} {out.shape} is not parts {parts} of {a.groups} groups"
     return None
 
 
@@ -199,7 +204,7 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.SOFTCAP: _elementwise,
     Op.MOE_ROUTE: _moe_route,
     Op.MOE_FFN: _moe_ffn,
-    Op.SPLIT_HEADS: _split_heads,
+    Op.REGROUP: _regroup,
     Op.SSM_CONV: _ssm_conv,
     Op.DELTA_NET: _delta_net,
 }

@@ -139,7 +139,7 @@ def _template_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-HYBRIDS = ("qwen35", "qwen35moe")  # written from llama.cpp's loaders, not from their templates
+HYBRIDS = ("qwen35", "qwen35moe", "qwen3next")  # written from llama.cpp's loaders, not from their templates
 
 
 def qwen35_recurrent(s: TinySpec, il: int) -> bool:
@@ -175,7 +175,12 @@ def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     for il in range(s.n_layer):
         b = f"blk.{il}."
         shapes |= {b + "attn_norm.weight": (e,), b + "post_attention_norm.weight": (e,)}
-        if qwen35_recurrent(s, il):
+        if qwen35_recurrent(s, il) and s.arch == "qwen3next":  # q, k, v, z and b, a fused, grouped by k head
+            shapes |= {b + "ssm_in.weight": (2 * key + 2 * value, e), b + "ssm_ba.weight": (2 * s.ssm_dt_rank, e),
+                       b + "ssm_conv1d.weight": (2 * key + value, s.ssm_d_conv), b + "ssm_dt.bias": (s.ssm_dt_rank,),
+                       b + "ssm_a": (s.ssm_dt_rank,), b + "ssm_norm.weight": (s.ssm_d_state,),
+                       b + "ssm_out.weight": (e, value)}
+        elif qwen35_recurrent(s, il):
             shapes |= {b + "attn_qkv.weight": (2 * key + value, e), b + "attn_gate.weight": (value, e),
                        b + "ssm_conv1d.weight": (2 * key + value, s.ssm_d_conv), b + "ssm_dt.bias": (s.ssm_dt_rank,),
                        b + "ssm_a": (s.ssm_dt_rank,), b + "ssm_beta.weight": (s.ssm_dt_rank, e),
@@ -185,7 +190,7 @@ def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
             shapes |= {b + "attn_q.weight": (2 * q, e), b + "attn_k.weight": (kv, e), b + "attn_v.weight": (kv, e),
                        b + "attn_output.weight": (e, q), b + "attn_q_norm.weight": (hd,),
                        b + "attn_k_norm.weight": (hd,)}
-        if s.arch == "qwen35moe":  # the experts (3-D), the router, and the shared expert with its gate vector
+        if s.arch in ("qwen35moe", "qwen3next"):  # the experts (3-D), the router, the shared expert and its gate
             x = s.n_expert
             shapes |= {b + "ffn_gate_inp.weight": (x, e), b + "ffn_gate_exps.weight": (x, s.n_ff, e),
                        b + "ffn_up_exps.weight": (x, s.n_ff, e), b + "ffn_down_exps.weight": (x, e, s.n_ff),
@@ -197,7 +202,7 @@ def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
+def tensor_qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
     """1-D tensors, the router and DeltaNet's conv taps stay F32, as llama.cpp's converter keeps them
     (ggml's ssm_conv reads its taps as F32 only)."""
     matrix = len(shape) >= 2 and "gate_inp" not in name and "ssm_conv1d" not in name
@@ -246,14 +251,15 @@ def _add_qwen35_meta(w: gguf.GGUFWriter, s: TinySpec) -> None:
     """The hyperparameters llama.cpp's qwen35 loader reads beyond the common ones."""
     n_rot, sections = qwen35_rope(s)
     w.add_rope_dimension_count(n_rot)
-    w.add_rope_dimension_sections(list(sections))
+    if s.arch != "qwen3next":  # a plain NEOX rope there
+        w.add_rope_dimension_sections(list(sections))
     w.add_ssm_conv_kernel(s.ssm_d_conv)
     w.add_ssm_inner_size(s.ssm_dt_rank * s.ssm_d_state)
     w.add_ssm_state_size(s.ssm_d_state)
     w.add_ssm_time_step_rank(s.ssm_dt_rank)
     w.add_ssm_group_count(s.ssm_n_group)
     w.add_full_attention_interval(s.full_attention_interval)
-    if s.arch == "qwen35moe":
+    if s.arch in ("qwen35moe", "qwen3next"):
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
         w.add_expert_feed_forward_length(s.n_ff)
@@ -314,7 +320,7 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
 
     # the tensors' infos first, then their data one at a time: a model of billions of weights is
     # never held in memory whole
-    planned = [(name, shape, _qtype(s, name, shape)) for name, shape in tensor_shapes(s, len(vocab)).items()]
+    planned = [(name, shape, tensor_qtype(s, name, shape)) for name, shape in tensor_shapes(s, len(vocab)).items()]
     planned += [(name, (len(values),), Q.F32) for name, values in s.extra_tensors.items()]
     for name, shape, qtype in planned:
         block, size = gguf.GGML_QUANT_SIZES[qtype]
