@@ -158,6 +158,8 @@ def test_fork_copies_the_state_and_save_carries_it(hybrid, tmp_path):
     with m.sequence() as a:
         a.prefill(ids)
         a.save(tmp_path / "s.kv")
+    with m.sequence() as other:  # the slot the saved sequence had now holds another sequence's state
+        other.prefill(_ids(30, 7))
     with m.sequence_from(tmp_path / "s.kv") as c:
         assert np.array_equal(c.prefill(more, logits="all"), want)
 
@@ -219,3 +221,56 @@ def test_qwen3next_logits_meet_llamacpp_and_miss_it_with_qwen35s_pairing(hybrid)
 def test_qwen3next_batch_chunk_and_thread_invariance_is_bitwise(hybrid):
     m = compiler.load(hybrid(Q.Q8_0, **NEXT), ctx=256, n_seq=4, prefill_chunk=16, batch_tokens=24, page_size=8)
     assert_batch_invariant(m, n=120)
+
+
+# -- prefix reuse: whole-state snapshots (compiler/serving/state_cache.py) -----------------------------------
+def _conversation(m, turns: int, snapshots: bool):
+    """A conversation of `turns` turns through the engine, each a new message of 20 tokens after the
+    whole history (the last prompt and its 6 greedy tokens): each turn's tokens, their logprobs,
+    and how many of its prompt came from a snapshot."""
+    import threading
+
+    from compiler.runtime.sampling import SamplingParams
+    from compiler.serving.engine import Engine
+    from compiler.serving.state_cache import Snapshots
+    from compiler.serving.types import Request
+
+    engine = Engine(m, prefix_cache=snapshots, snapshots=Snapshots(interval=32, budget_bytes=64 << 20)).start()
+    history, out = [], []
+    try:
+        for turn in range(turns):
+            events, done = [], threading.Event()
+
+            def emit(e):
+                events.append(e)
+                if e.finish_reason or e.error:
+                    done.set()
+            prompt = history + _ids(20, 100 + turn)
+            engine.submit(Request(prompt, SamplingParams(temperature=0.0), 6, [], emit, logprobs=2, ignore_eos=True))
+            assert done.wait(120) and events[-1].finish_reason == "length", events[-1]
+            tokens = [e.token for e in events if e.token is not None]
+            out.append((tokens, [e.logprob for e in events if e.logprob is not None], events[-1].usage.cached_tokens))
+            history = prompt + tokens
+            # another client's request between turns: the sequence slot the next turn restores into
+            # holds its state, not the conversation's
+            other = threading.Event()
+            engine.submit(Request(_ids(30, 900 + turn), SamplingParams(temperature=0.0), 2, [],
+                                  lambda e: (e.finish_reason or e.error) and other.set(), ignore_eos=True))
+            assert other.wait(120)
+        return out, engine
+    finally:
+        engine.stop()
+
+
+def test_a_conversation_restores_its_last_turn_and_is_bitwise_a_cold_run(hybrid):
+    """Eight turns: from the second on, a turn restores the snapshot its previous request left (the
+    whole history but the last token generated, which was never fed back) and prefills only that
+    token and its new message; every token and logprob is what a server without snapshots gives."""
+    m = compiler.load(hybrid(Q.Q8_0), ctx=512, n_seq=2, page_size=16, prefill_chunk=64)
+    warm, engine = _conversation(m, 8, snapshots=True)
+    cold, _ = _conversation(m, 8, snapshots=False)
+    assert [(t, lp) for t, lp, _ in warm] == [(t, lp) for t, lp, _ in cold]
+    for turn, (_, _, cached) in enumerate(warm):  # the history is 26 tokens a turn; all but the last came back
+        assert cached == max(0, 26 * turn - 1), (turn, cached)
+    assert engine.metrics.snapshot_hits._value.get() == 7 and engine.metrics.snapshot_misses._value.get() == 9
+    assert engine.states.bytes > 0 and all(c == 0 for _, _, c in cold)

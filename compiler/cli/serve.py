@@ -48,6 +48,7 @@ def run(a: argparse.Namespace) -> None:
     import uvicorn
 
     from ..serving.engine import Engine
+    from ..serving.state_cache import Snapshots
     from ..serving.http import ServerConfig, h11_header_bound
     from ..serving.server import create_app
     from ..runtime.speculation import Speculation
@@ -76,9 +77,11 @@ def run(a: argparse.Namespace) -> None:
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
     config = ServerConfig(name, keys, allowed_hosts(a), a.max_body_bytes, a.max_tokens, a.request_timeout, slot_dir,
                           a.slot_max_bytes, a.slot_share, a.metrics_key, a.max_header_bytes)
+    if a.snapshot_interval < 1 or a.snapshot_mib < 0:
+        raise KilnError("--snapshot-interval must be at least 1 token and --snapshot-mib at least 0")
     engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, context_shift=a.context_shift,
-                    sinks=a.keep, speculation=Speculation.of(m, spec.get("speculative"), None, spec.get("max_draft"))
-                    ).start()
+                    sinks=a.keep, speculation=Speculation.of(m, spec.get("speculative"), None, spec.get("max_draft")),
+                    snapshots=Snapshots(a.snapshot_interval, a.snapshot_mib << 20)).start()
     stats = m.kv_stats()
     log(f"serving '{name}' on http://{a.host}:{a.port}/v1: {o.n_seq} sequences, ctx {m.n_ctx}, "
         f"{stats['pages_total']} KV pages of {o.page_size} positions, {m.n_threads} threads"
@@ -116,6 +119,11 @@ def register(sub) -> None:
                         "loopback, any otherwise)")
     p.add_argument("--metrics-key", default=None, help="require 'Authorization: Bearer KEY' on /metrics")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not share prompt prefixes across requests")
+    p.add_argument("--snapshot-interval", type=int, default=256,
+                   help="a hybrid (qwen35, qwen3next): tokens of a prompt between snapshots of a sequence's whole state, "
+                        "which later requests with the same prefix restore (also at each prompt's and request's end)")
+    p.add_argument("--snapshot-mib", type=int, default=1024,
+                   help="a hybrid's state snapshots are kept within this many MiB, least recently used evicted")
     add_threads(p)
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--slot-save-path", default=None,

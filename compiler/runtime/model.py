@@ -104,15 +104,22 @@ class Model:
         tokens, state, exact = kv_file.read(path, self)
         if len(tokens) > self.n_ctx:
             raise kv_file.KVFileError(f"{path}: {len(tokens)} positions do not fit in n_ctx={self.n_ctx} (--ctx)")
+        try:
+            return self.sequence_restored(tokens, state, exact)
+        except ModelError as e:
+            raise kv_file.KVFileError(f"{path}: {e}") from None
+
+    def sequence_restored(self, tokens: SequenceABC[int], state: bytes, exact: bool = True) -> Sequence:
+        """A new sequence holding a state Sequence.snapshot took (of this model and cache layout)."""
         seq = self.sequence()
         try:  # the C side checks the state's every field; then its positions must be the tokens'
             self._call(self._lib.kiln_seq_state_load, seq.id, self._ffi.from_buffer(state), len(state), seq=seq)
             if seq.n_past != len(tokens):
                 raise ModelError(f"the state holds {seq.n_past} positions, its header {len(tokens)} tokens")
-        except ModelError as e:
+        except ModelError:
             seq.close()
-            raise kv_file.KVFileError(f"{path}: {e}") from None
-        seq.tokens, seq.exact = tokens, exact
+            raise
+        seq.tokens, seq.exact = [int(t) for t in tokens], exact
         return seq
 
     def track_attention(self, on: bool = True) -> None:

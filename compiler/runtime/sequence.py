@@ -149,11 +149,9 @@ class Sequence:
         with m._lock:
             return int(m._lib.kiln_seq_state_size(m._m, self._live()))
 
-    def save(self, path: str | os.PathLike[str]) -> int:
-        """Write the sequence's KV cache and tokens to a file (kv_file.py); returns its size in bytes.
-        m.sequence_from(path) gives them back, bit for bit."""
-        from . import kv_file
-
+    def snapshot(self) -> tuple[list[int], bytes]:
+        """The sequence's tokens and its whole state as bytes: its KV pages and, in a hybrid, its
+        recurrent slot (m.sequence_restored gives them back, bit for bit)."""
         m = self.model
         with m._lock:
             size = int(m._lib.kiln_seq_state_size(m._m, self._live()))
@@ -161,9 +159,16 @@ class Sequence:
             m._check(m._lib.kiln_seq_state_save(m._m, self.id, m._ffi.from_buffer(state), size), seq=self)
             tokens = list(self.tokens)
         if len(tokens) != self.n_past:
-            raise ModelError(f"save: sequence {self.id} holds {self.n_past} positions but knows {len(tokens)} "
-                             "of their tokens")
-        return kv_file.write(path, m, tokens, bytes(state), self.exact)
+            raise ModelError(f"sequence {self.id} holds {self.n_past} positions but knows {len(tokens)} of their tokens")
+        return tokens, bytes(state)
+
+    def save(self, path: str | os.PathLike[str]) -> int:
+        """Write the sequence's KV cache and tokens to a file (kv_file.py); returns its size in bytes.
+        m.sequence_from(path) gives them back, bit for bit."""
+        from . import kv_file
+
+        tokens, state = self.snapshot()
+        return kv_file.write(path, self.model, tokens, state, self.exact)
 
     def fork(self) -> "Sequence":
         """A new sequence holding the same positions: full pages are shared, a page either

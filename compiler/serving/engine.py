@@ -21,6 +21,7 @@ from ..runtime import Model
 from ..runtime.speculation import Speculation
 from .metrics import Metrics
 from .scheduler import Scheduler
+from .state_cache import Snapshots
 from .types import EngineStats, QueueFull, Request
 
 log = logging.getLogger("kiln.serve")
@@ -31,8 +32,9 @@ class Engine(Scheduler):
 
     def __init__(self, model: Model, max_queue: int = 64, prefix_cache: bool = True,
                  metrics: Metrics | None = None, context_shift: bool = False, sinks: int = 4,
-                 speculation: Speculation | None = None):
-        super().__init__(model, prefix_cache, metrics or Metrics(), sinks if context_shift else None, speculation)
+                 speculation: Speculation | None = None, snapshots: Snapshots | None = None):
+        super().__init__(model, prefix_cache, metrics or Metrics(), sinks if context_shift else None, speculation,
+                         snapshots)
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
@@ -115,7 +117,8 @@ class Engine(Scheduler):
             running, waiting = len(self.running), self._queued
         self._stats = EngineStats(kv["pages_total"], kv["pages_used"], kv["utilization"],
                                   self.cache.pages_held if self.cache else 0,
-                                  self.cache.evicted_pages if self.cache else 0, running, waiting, self.faults)
+                                  self.cache.evicted_pages if self.cache else 0, running, waiting, self.faults,
+                                  self.states.bytes if self.states else 0, len(self.states.entries) if self.states else 0)
         self._heartbeat = time.monotonic()
 
     # -- the engine thread ------------------------------------------------------------------

@@ -29,6 +29,12 @@ class Metrics:
         self.preemptions = Counter("kiln_preemptions", "Running requests preempted for lack of KV pages", registry=r)
         self.shifts = Counter("kiln_context_shifts", "Context shifts of running requests (--context-shift)", registry=r)
         self.evicted = Counter("kiln_prefix_cache_evicted_pages", "Pages evicted from the prefix cache", registry=r)
+        self.snapshot_hits = Counter("kiln_state_snapshot_hits", "Requests that restored a hybrid's state snapshot",
+                                     registry=r)
+        self.snapshot_misses = Counter("kiln_state_snapshot_misses", "Requests of a hybrid with no state snapshot to "
+                                       "restore", registry=r)
+        self.snapshots_taken = Counter("kiln_state_snapshots_taken", "State snapshots taken (each a copy of a "
+                                       "sequence's KV pages and recurrent state)", registry=r)
         self.ttft = Histogram("kiln_time_to_first_token_seconds", "Time from arrival to the first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("kiln_inter_token_latency_seconds", "Time between a request's tokens",
@@ -89,6 +95,8 @@ class Metrics:
         yield GaugeMetricFamily("kiln_kv_pages_used", "KV pages in use", s.pages_used)
         yield GaugeMetricFamily("kiln_kv_utilization", "Fraction of KV pages in use", s.utilization)
         yield GaugeMetricFamily("kiln_prefix_cache_pages", "Blocks held by the prefix cache", s.prefix_cache_pages)
+        yield GaugeMetricFamily("kiln_state_snapshot_bytes", "Bytes of a hybrid's state snapshots held", s.snapshot_bytes)
+        yield GaugeMetricFamily("kiln_state_snapshots", "A hybrid's state snapshots held", s.snapshots)
         yield GaugeMetricFamily("kiln_requests_running", "Requests being served", s.running)
         yield GaugeMetricFamily("kiln_requests_waiting", "Requests waiting to be admitted", s.waiting)
         yield CounterMetricFamily("kiln_engine_faults", "Engine rounds that failed on an internal error", s.faults)

@@ -34,6 +34,7 @@ from ..runtime import DeadEnd, Model, ModelError, PoolFullError, Sequence
 from ..runtime.constraints import MASK_TIMEOUT
 from ..runtime.speculation import Speculation
 from .metrics import Metrics
+from .state_cache import Snapshots, StateCache
 from .radix_cache import Match, RadixCache
 from .speculating import Speculating
 from .types import Event, QueueFull, Request, TokenLogprob, Usage
@@ -50,7 +51,7 @@ class Scheduler(Speculating):
     (but for the counts behind _lock, which callers read)."""
 
     def __init__(self, model: Model, prefix_cache: bool, metrics: Metrics, sinks: int | None,
-                 speculation: Speculation | None = None):
+                 speculation: Speculation | None = None, snapshots: Snapshots | None = None):
         self.model, self.metrics = model, metrics
         self.sinks = sinks  # None: a full context ends a request; else the sinks a context shift keeps
         self.n_slots, self.budget = model.options.n_seq, model.options.batch_tokens
@@ -59,6 +60,8 @@ class Scheduler(Speculating):
                             "step can serve every running request (--batch-tokens)")
         # a hybrid's sequences cannot take a prefix's pages without its recurrent state: no prefix cache
         self.cache = RadixCache(model) if prefix_cache and not model.recurrent else None
+        # ... it snapshots whole states instead, at token boundaries (state_cache.py)
+        self.states = StateCache(model, snapshots or Snapshots()) if prefix_cache and model.recurrent else None
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self._queued = 0  # submitted and not yet admitted
@@ -112,18 +115,20 @@ class Scheduler(Speculating):
             ids = r.resume if r.resume is not None else r.prompt_ids + r.output
             own = self._private_match(r, ids)
             held = own or (self.cache.match(ids) if self.cache else None)
+            snap = self.states.match(ids) if self.states else None
             r.private = r.private or own is not None  # it read the slot's own cache: never shared on
-            cached = len(held.tokens) if held else 0
+            cached = len(held.tokens) if held else len(snap.tokens) if snap else 0
             if self._soon_cached(ids) > cached + self.model.page_size:
                 self._release(held)  # wait for it rather than compute it twice
                 return
-            short = self._pages_short(len(ids) - cached)
+            short = self._pages_short(len(ids) - (0 if snap else cached))  # a restored snapshot's pages are copies
             if short and self.cache:
                 short = max(0, short - self.cache.evict(short))
             seq = None
             if not short:
                 try:
-                    seq = self.model.sequence(held.pages, held.tokens) if held else self.model.sequence()
+                    seq = self.model.sequence(held.pages, held.tokens) if held else \
+                        self.states.restore(snap) if snap else self.model.sequence()
                 except ModelError:
                     pass
             if seq is None:
@@ -140,6 +145,8 @@ class Scheduler(Speculating):
             if r.cached_tokens is None:
                 r.cached_tokens = cached
                 self.metrics.prefix_query(len(ids), cached)
+                if self.states:
+                    (self.metrics.snapshot_hits if snap else self.metrics.snapshot_misses).inc()
             self._admitted += 1
             r.order = self._admitted
             with self._lock:
@@ -194,6 +201,8 @@ class Scheduler(Speculating):
             if r.pending is not None:  # waits for its constraint's mask
                 continue
             chunk = r.todo[:budget]
+            if self.states and len(r.todo) > 1:  # a prompt's chunk ends where a snapshot is due
+                chunk = chunk[:self.states.cut(r.seq.n_past, len(chunk))]
             items.append((r, chunk))
             budget -= len(chunk)
         if not items:
@@ -221,8 +230,15 @@ class Scheduler(Speculating):
             r.todo = r.todo[len(chunk):]
             if self.cache and len(chunk) > 1 and not r.private:  # share a prompt's pages as they fill
                 r.held = self.cache.insert(r.seq, r.held)
+            if self.states and len(chunk) > 1 and (not r.todo or r.seq.n_past % self.states.interval == 0):
+                self._snapshot(r)  # at each interval of a prompt, and at its end
             if not r.todo:
                 self._verify(r, logits) if self._verifies(r) else self._sample(r, logits)
+
+    def _snapshot(self, r: Request) -> None:
+        taken = self.states.taken
+        self.states.take(r.seq)
+        self.metrics.snapshots_taken.inc(self.states.taken - taken)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
         """The request's next token; a failure here (its sampler, its stop strings, its client's
@@ -301,6 +317,8 @@ class Scheduler(Speculating):
         """Take r out of the engine; its sequence's full pages stay in the prefix cache."""
         if r.seq is not None:
             self.slots[r.seq.id] = list(r.seq.tokens)
+            if self.states and not cancelled and not error:  # a conversation's next turn starts with all of it
+                self._snapshot(r)
             if self.cache and not cancelled and not error and r.seq.exact and not r.private:  # (a shifted one is no prefix's)
                 r.held = self.cache.insert(r.seq, r.held)
             self._release(r.held)

@@ -69,6 +69,8 @@ class EngineStats:
     running: int
     waiting: int
     faults: int  # engine rounds that failed on a bug (their running requests failed with them)
+    snapshot_bytes: int = 0  # a hybrid's state snapshots (state_cache.py), held now
+    snapshots: int = 0
 
 
 @dataclass(eq=False)
