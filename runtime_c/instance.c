@@ -238,6 +238,19 @@ int kiln_seq_rollback(kiln_model *m, int seq, int n_keep) {
     return kiln_kv_rollback(&m->kv, seq, n_keep);
 }
 int kiln_seq_reset(kiln_model *m, int seq) { return kiln_seq_rollback(m, seq, 0); }
+size_t kiln_state_slot_bytes(const kiln_model *m) { return m ? m->d->state_slot_bytes : 0; }
+int kiln_seq_recurrent_save(const kiln_model *m, int seq, uint8_t *buf) {
+    if (!m || !buf) return KILN_E_ARG;
+    if (kiln_kv_check(&m->kv, seq) != KILN_OK) return KILN_E_SEQ;
+    if (m->state) memcpy(buf, slot(m, seq), m->d->state_slot_bytes);
+    return KILN_OK;
+}
+int kiln_seq_rewind(kiln_model *m, int seq, int n_keep, const uint8_t *buf) {
+    if (!m || !buf) return KILN_E_ARG;
+    const int status = kiln_kv_rollback(&m->kv, seq, n_keep); /* checks seq and n_keep first */
+    if (status == KILN_OK && m->state) memcpy(slot(m, seq), buf, m->d->state_slot_bytes);
+    return status;
+}
 int kiln_seq_n_past(const kiln_model *m, int seq) {
     if (!m) return KILN_E_ARG;
     return kiln_kv_check(&m->kv, seq) == KILN_OK ? m->kv.n_past[seq] : KILN_E_SEQ;

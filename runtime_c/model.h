@@ -46,6 +46,12 @@ int kiln_seq_fork(kiln_model *m, int seq);               /* a new sequence shari
 int kiln_seq_reset(kiln_model *m, int seq);
 int kiln_seq_rollback(kiln_model *m, int seq, int n_keep); /* keep the first n_keep positions */
 int kiln_seq_n_past(const kiln_model *m, int seq);      /* positions the sequence holds */
+/* A hybrid's recurrent state (0 bytes in other models) holds every position at once, so a rollback
+   into it is refused. Speculation keeps it instead: save the slot before a step, and rewind to the
+   positions it held then (n_keep, the sequence's n_past at the save) with the saved bytes. */
+size_t kiln_state_slot_bytes(const kiln_model *m);
+int kiln_seq_recurrent_save(const kiln_model *m, int seq, uint8_t *buf); /* [kiln_state_slot_bytes] */
+int kiln_seq_rewind(kiln_model *m, int seq, int n_keep, const uint8_t *buf);
 /* Keep n of seq's positions, keep[0] < keep[1] < ... < n_past: row r takes position keep[r]'s
    K and V, the keys rotated to their new position (a context shift keeps the sinks and the most
    recent rows). KILN_E_SHIFT_WINDOW: a sliding-window layer would read a position whose page it

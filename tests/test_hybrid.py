@@ -274,3 +274,17 @@ def test_a_conversation_restores_its_last_turn_and_is_bitwise_a_cold_run(hybrid)
         assert cached == max(0, 26 * turn - 1), (turn, cached)
     assert engine.metrics.snapshot_hits._value.get() == 7 and engine.metrics.snapshot_misses._value.get() == 9
     assert engine.states.bytes > 0 and all(c == 0 for _, _, c in cold)
+
+
+# -- speculation: the state saved before a step with drafts, the accepted tokens run again after --------------
+def test_speculation_on_a_hybrid_is_plain_greedy(hybrid, monkeypatch):
+    """Every step drafts its most (most then fail part way): each failure restores the state saved
+    before the step and runs the kept tokens again, so the text and the tokens held are plain
+    greedy decoding's (tests/test_speculative.py's check)."""
+    from compiler.runtime.speculation import DraftLength
+    from test_speculative import _check_exact
+
+    monkeypatch.setattr(DraftLength, "choose", lambda self, *a, **k: self.max_draft)
+    # a tied head makes random weights repeat themselves, which gives prompt lookup drafts to make
+    m = compiler.load(hybrid(Q.Q8_0, untied=False), ctx=512, n_seq=4, prefill_chunk=64, threads=1)
+    _check_exact(m, speculative="ngram", max_draft=6)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,13 @@ from .status import ModelError
 
 if TYPE_CHECKING:
     from .model import Model
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A sequence's positions at a point, and (a hybrid's) its recurrent state there."""
+    n_past: int
+    state: bytearray | None = None
 
 
 class Sequence:
@@ -81,6 +89,29 @@ class Sequence:
             raise ModelError(f"rollback({n!r}): sequence {self.id} holds n_past={self.n_past} positions")
         m._call(m._lib.kiln_seq_rollback, self._live(), int(n), seq=self)
         del self.tokens[n:]
+
+    def mark(self) -> "Mark":
+        """What back_to needs to bring the sequence back here: its positions and, in a hybrid, a copy
+        of its recurrent state (which no rollback can cut back)."""
+        m = self.model
+        state = None
+        if m.recurrent:
+            state = bytearray(int(m._lib.kiln_state_slot_bytes(m._m)))
+            m._call(m._lib.kiln_seq_recurrent_save, self._live(), m._ffi.from_buffer(state), seq=self)
+        return Mark(self.n_past, state)
+
+    def back_to(self, mark: "Mark", replay: list[int] = ()) -> None:
+        """Hold what the sequence held at `mark`, then `replay` fed after it (a speculative step's
+        accepted tokens): a rollback, or in a hybrid the saved state restored and the replayed
+        tokens run again, so that it holds the bits plain decoding gives."""
+        if mark.state is None:
+            self.rollback(mark.n_past + len(replay))
+            return
+        m = self.model
+        m._call(m._lib.kiln_seq_rewind, self._live(), mark.n_past, m._ffi.from_buffer(mark.state), seq=self)
+        del self.tokens[mark.n_past:]
+        if replay:
+            m.step([(self, list(replay))], need=[False])
 
     def reset(self) -> None:
         self.model._call(self.model._lib.kiln_seq_reset, self._live(), seq=self)

@@ -39,6 +39,15 @@ class Lane:
     probs: list[np.ndarray] | None = None
     guess: int | None = None  # an n-gram guess not sent (k = 0), scored against the token sampled
     index: int = 0  # generate_batch's prompt index
+    mark: object = None  # a hybrid's: the sequence before the last step, and the tokens it kept of it
+    kept: list[int] = field(default_factory=list)
+
+    def back_to(self, n_past: int) -> None:
+        """Hold the first n_past positions (a caller stopped mid-round)."""
+        if self.mark is not None:
+            self.seq.back_to(self.mark, self.kept[:n_past - self.mark.n_past])
+        else:
+            self.seq.rollback(n_past)
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -57,19 +66,20 @@ def step_cost(model, seq, token: int) -> StepCost:
     if model in _COSTS:
         return _COSTS[model]
     n, rows = seq.n_past, 9
-    if min(draft_room(model, n) + 1, model.options.batch_tokens) < rows:
+    if min(draft_room(model, n, rewinds=True) + 1, model.options.batch_tokens) < rows:
         return StepCost()
     times: dict[int, list[float]] = {1: [], rows: []}
+    mark = seq.mark()
     try:
         for _ in range(3):
             for r in times:
                 t0 = time.perf_counter()
                 model.step([(seq, [token] * r)])
                 times[r].append(time.perf_counter() - t0)
-                seq.rollback(n)
+                seq.back_to(mark)
     except ModelError:  # the pool has no room for the rows: keep the default
         if seq.n_past > n:
-            seq.rollback(n)
+            seq.back_to(mark)
         return StepCost()
     one, many = min(times[1]), min(times[rows])
     per_row = max((many - one) / (rows - 1), one / 64)
@@ -94,13 +104,13 @@ def _plan(model, lanes: list[Lane]) -> None:
     jobs = []
     for ln in lanes:
         ln.drafts, ln.probs, ln.guess = [], None, None
-        k = min(ln.length.choose(base), draft_room(model, ln.seq.n_past), spare)
+        k = min(ln.length.choose(base), draft_room(model, ln.seq.n_past, rewinds=True), spare)
         if ln.lookup is not None:
             proposal = ln.lookup.propose(max(k, 1))
             ln.drafts = proposal[:k]
             ln.guess = proposal[0] if proposal and not k else None
         else:
-            if k == 0 and ln.idle >= PROBE_EVERY and spare > 0 and draft_room(model, ln.seq.n_past) > 0:
+            if k == 0 and ln.idle >= PROBE_EVERY and spare > 0 and draft_room(model, ln.seq.n_past, rewinds=True) > 0:
                 k = 1
             ln.idle = 0 if k else ln.idle + 1
             if k:
@@ -125,6 +135,8 @@ def rounds(model, lanes: list[Lane], stats: SpecStats, sinks: int | None) -> Ite
                 ln.seq.shift_if_full(sinks)
         _plan(model, active)
         before = [ln.seq.n_past for ln in active]
+        # a hybrid's state before a step with drafts, to rewind to where a draft fails
+        marks = [ln.seq.mark() if model.recurrent and ln.drafts else None for ln in active]
         try:
             rows = model.step_rows([(ln.seq, [ln.pending] + ln.drafts) for ln in active], [True] * len(active))
         except PoolFullError:  # no pages for the drafts' positions: the step goes on without them
@@ -133,10 +145,14 @@ def rounds(model, lanes: list[Lane], stats: SpecStats, sinks: int | None) -> Ite
             for ln in active:
                 ln.drafts, ln.probs, ln.guess = [], None, None
             rows = model.step_rows([(ln.seq, [ln.pending]) for ln in active], [True] * len(active))
-        for ln, n_before, logits in zip(active, before, rows):
+        for ln, n_before, mark, logits in zip(active, before, marks, rows):
             got, accepted = verify(ln.run, ln.drafts, logits, n_before, ln.probs)
+            ln.mark, ln.kept = mark, ([ln.pending] + ln.drafts)[:len(got)]
             if n_before + len(got) < ln.seq.n_past:
-                ln.seq.rollback(n_before + len(got))
+                if mark is not None:  # the current token and the accepted drafts run again from the saved state
+                    ln.seq.back_to(mark, ln.kept)
+                else:
+                    ln.seq.rollback(n_before + len(got))
             stats.add(len(ln.drafts), accepted, len(got))
             if ln.drafts:
                 ln.length.observe(accepted, len(ln.drafts))
@@ -175,7 +191,7 @@ def generate_one(seq, prompt, max_tokens: int, params: SamplingParams, stops: li
     finally:
         ln.close()
         if held is not None and not seq.closed and seq.n_past > held:
-            seq.rollback(held)
+            ln.back_to(held)
 
 
 def decode_wave(model, wave, ids, params, stops, max_tokens: int, out: list[str], sinks: int | None,

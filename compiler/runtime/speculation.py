@@ -244,11 +244,13 @@ def _accept_or_resample(run: Decoding, row: np.ndarray, draft: int, q: np.ndarra
 
 
 # -- what a sequence may draft -------------------------------------------------------------------
-def draft_room(model, n_past: int) -> int:
+def draft_room(model, n_past: int, rewinds: bool = False) -> int:
     """How many drafts a step may add after a sequence's current token, so that the step fits
     the context and a rollback to any of its rows is possible: a sliding-window group lets a
-    page go once the window has passed it, so the step must not move the window's first page."""
-    if model.recurrent:  # a rejected draft could not be rolled out of the recurrent state: draft nothing
+    page go once the window has passed it, so the step must not move the window's first page.
+    A hybrid's recurrent state cannot be rolled back: it drafts only where the caller rewinds
+    (Sequence.mark / back_to: the state saved before the step, the accepted tokens run again)."""
+    if model.recurrent and not rewinds:
         return 0
     room = model.n_ctx - n_past - 1
     ps = model.page_size
