@@ -141,6 +141,14 @@ def test_the_state_is_planned_per_sequence_and_shown(hybrid):
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "a slot's parts overlap"
     longer = plan(hybrid(), CompileOptions(ctx=1024, n_seq=n_seq, page_size=16)).layout
     assert longer.state.slot_bytes == lay.state.slot_bytes and longer.kv.total_bytes > lay.kv.total_bytes
+    # the map shows it: its text, its JSON, its drawing
+    from compiler.planner.reports.html import render_html
+    from compiler.planner.reports.text import layout_dict, render_text
+    text, js, html = render_text(lay), layout_dict(lay), render_html(lay)
+    assert f"RECURRENT STATE (a slot of {lay.state.slot_bytes:,} bytes per sequence, {n_seq} slot(s)" in text
+    assert "delta_state-6" in text and "recurrent_layers RRRARRRA" in text
+    assert js["totals"]["state_bytes"] == lay.state_bytes and len(js["recurrent_state"]["layers"]) == 6
+    assert f"slot(s) of {lay.state.slot_bytes:,} bytes, one a sequence" in html and "delta_state-6" in html
 
 
 def test_fork_copies_the_state_and_save_carries_it(hybrid, tmp_path):

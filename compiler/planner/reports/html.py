@@ -193,6 +193,8 @@ def render_html(lay: Layout) -> str:
     weights, packed = lay.region("weights"), lay.region("packed")
     regions = [("weights (GGUF, mapped)", lay.weights_bytes, "#4e79a7"), ("packed weights", lay.packed_bytes, "#76b7b2"),
                ("KV pool", kv.total_bytes, "#f28e2b"), ("activations", lay.activation_bytes, "#e15759")]
+    if lay.state:
+        regions.insert(3, ("recurrent state", lay.state_bytes, STATE_COLOUR))
     total = sum(n for _, n, _ in regions)
     overview, x = [], 0.0
     for name, n, colour in regions:
@@ -209,4 +211,16 @@ def render_html(lay: Layout) -> str:
         packed=_region_drawing(packed, "first read by op", "") if packed else None, packed_legend=_dtype_legend(packed),
         pages=[(g, _kv_page(lay, g)) for g in kv.groups], kv_layers=_kv_layers(lay), saved_kv=saved_kv,
         activations=_activations(lay), kinds=_kind_colours(lay), k_colour=K_COLOUR, v_colour=V_COLOUR,
-        reuse_saved=lay.activation_bytes_without_reuse - lay.activation_bytes)
+        reuse_saved=lay.activation_bytes_without_reuse - lay.activation_bytes,
+        state_slot=_state_slot(lay) if lay.state else None, state_colours=(CONV_COLOUR, STATE_COLOUR))
+
+
+STATE_COLOUR, CONV_COLOUR = "#b07aa1", "#ff9da7"
+
+
+def _state_slot(lay: Layout) -> Drawing:
+    """One sequence's slot of the recurrent state, to scale: each recurrent layer's conv window,
+    then its delta-rule matrices."""
+    items = [(b.offset, b.size, CONV_COLOUR if b.name.startswith("conv") else STATE_COLOUR,
+              _info(b, f"read and written by op {b.first_op}")) for b in lay.region("state")]
+    return _wrapped(items, lay.state.slot_bytes, lines=max(1, min(8, len(items) // 4)))
