@@ -24,23 +24,46 @@ static inline float sigmoid(float v) { return 1.0f / (1.0f + kiln_expf(0.0f - v)
 /* ggml_compute_softplus_f32 */
 static inline float softplus(float v) { return v > 20.0f ? v : kiln_logf(1.0f + kiln_expf(v)); }
 
+/* y = silu(y) in place: kiln_swiglu's spelling with up = 1, eight at a time where the build has
+   AVX2 (kiln_exp8 is kiln_expf lane by lane), the rest one by one: the same bits on every path */
+static void silu_rows(float *y, int n) {
+    int i = 0;
+#ifdef KILN_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(y + i);
+        _mm256_storeu_ps(y + i, _mm256_div_ps(g, _mm256_add_ps(one, kiln_exp8(_mm256_sub_ps(zero, g)))));
+    }
+#elif defined(KILN_NEON)
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t g = vld1q_f32(y + i), e = kiln_exp4(vsubq_f32(vdupq_n_f32(0.0f), g));
+        vst1q_f32(y + i, vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)));
+    }
+#endif
+    for (; i < n; i++) y[i] = silu(y[i]);
+}
+
+/* Each row's channels tap by tap (the loops run along the channels, which vectorize), each channel's
+   sum one fma a tap from the oldest input (ggml's ssm_conv order); then the window moves on. */
 void kiln_ssm_conv(float *y, const float *x, const float *w, const int32_t *seq, const int32_t *row, int n,
                    int channels, int taps, float *state, size_t slot_floats, int c0, int c1) {
+    const size_t width = (size_t)(c1 - c0) * sizeof(float);
     for (int r = 0; r < n; r++) {
-        float *st = state + (size_t)seq[r] * slot_floats; /* [taps - 1][channels]: oldest input first */
-        const float *xr = x + (size_t)r * channels;
-        float *yr = y + (size_t)r * channels;
+        float *st = state + (size_t)seq[r] * slot_floats + c0; /* [taps - 1][channels]: oldest input first */
+        const float *xr = x + (size_t)r * channels + c0, *wc = w + (size_t)c0 * taps;
+        float *yr = y + (size_t)r * channels + c0;
+        const int nc = c1 - c0;
         if (row[r] == 0)
-            for (int k = 0; k < taps - 1; k++) memset(st + (size_t)k * channels + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (int c = c0; c < c1; c++) {
-            const float *wc = w + (size_t)c * taps;
-            float sum = 0.0f; /* the window oldest first, one fma a tap (ggml's ssm_conv order) */
-            for (int k = 0; k < taps - 1; k++) sum = fmaf(st[(size_t)k * channels + c], wc[k], sum);
-            sum = fmaf(xr[c], wc[taps - 1], sum);
-            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * channels + c] = st[(size_t)(k + 1) * channels + c];
-            if (taps > 1) st[(size_t)(taps - 2) * channels + c] = xr[c];
-            yr[c] = silu(sum);
+            for (int k = 0; k < taps - 1; k++) memset(st + (size_t)k * channels, 0, width);
+        for (int c = 0; c < nc; c++) yr[c] = 0.0f;
+        for (int k = 0; k < taps - 1; k++) {
+            const float *sk = st + (size_t)k * channels;
+            for (int c = 0; c < nc; c++) yr[c] = fmaf(sk[c], wc[(size_t)c * taps + k], yr[c]);
         }
+        for (int c = 0; c < nc; c++) yr[c] = fmaf(xr[c], wc[(size_t)c * taps + taps - 1], yr[c]);
+        for (int k = 0; k + 1 < taps - 1; k++) memcpy(st + (size_t)k * channels, st + (size_t)(k + 1) * channels, width);
+        if (taps > 1) memcpy(st + (size_t)(taps - 2) * channels, xr, width);
+        silu_rows(yr, nc);
     }
 }
 
@@ -55,15 +78,79 @@ static void l2_normed(float *y, const float *x, int d, float eps) {
     for (int i = 0; i < d; i++) y[i] = x[i] * scale * inv_sqrt_d;
 }
 
-static inline void axpy_ref(float *y, float a, const float *x, int n) {
-    for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+/* A state row's two passes a token: decayed and dotted with k; then k times its delta added, and
+   dotted with q. The reference spells each as a loop and a dot (vec_f32.h's order); the AVX2 spelling
+   does each in one pass over the row, the same products and sums in the same lanes. */
+static inline float decay_dot_ref(float *s, float decay, const float *k, int n) {
+    for (int i = 0; i < n; i++) s[i] *= decay;
+    return kiln_vdot_ref(s, k, n);
 }
+
+static inline float update_dot_ref(float *s, float delta, const float *k, const float *q, int n) {
+    for (int i = 0; i < n; i++) s[i] = fmaf(delta, k[i], s[i]);
+    return kiln_vdot_ref(s, q, n);
+}
+
+#ifdef KILN_AVX2
+static inline float decay_dot(float *s, float decay, const float *k, int n) {
+    const __m256 vd = _mm256_set1_ps(decay);
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(s + i), vd), a1 = _mm256_mul_ps(_mm256_loadu_ps(s + i + 8), vd);
+        _mm256_storeu_ps(s + i, a0), _mm256_storeu_ps(s + i + 8, a1);
+        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(k + i), s0);
+        s1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(k + i + 8), s1);
+    }
+    if (i + 8 <= n) {
+        const __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(s + i), vd);
+        _mm256_storeu_ps(s + i, a0);
+        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(k + i), s0);
+        i += 8;
+    }
+    float sum = kiln_hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s[i] *= decay, sum = fmaf(s[i], k[i], sum);
+    return sum;
+}
+
+static inline float update_dot(float *s, float delta, const float *k, const float *q, int n) {
+    const __m256 vd = _mm256_set1_ps(delta);
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a0 = _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
+        const __m256 a1 = _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i + 8), _mm256_loadu_ps(s + i + 8));
+        _mm256_storeu_ps(s + i, a0), _mm256_storeu_ps(s + i + 8, a1);
+        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q + i), s0);
+        s1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(q + i + 8), s1);
+    }
+    if (i + 8 <= n) {
+        const __m256 a0 = _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
+        _mm256_storeu_ps(s + i, a0);
+        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q + i), s0);
+        i += 8;
+    }
+    float sum = kiln_hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s[i] = fmaf(delta, k[i], s[i]), sum = fmaf(s[i], q[i], sum);
+    return sum;
+}
+#else
+static inline float decay_dot(float *s, float decay, const float *k, int n) {
+    for (int i = 0; i < n; i++) s[i] *= decay;
+    return kiln_vdot(s, k, n);
+}
+
+static inline float update_dot(float *s, float delta, const float *k, const float *q, int n) {
+    kiln_vaxpy(s, delta, k, n);
+    return kiln_vdot(s, q, n);
+}
+#endif
 
 /* One row's value heads h0 .. h1 - 1. The state of a head is S[j][i] (value dim j, key dim i; row j
  * contiguous, as ggml holds it transposed), and each row j is done before the next: decayed, its
  * delta d_j = (v_j - S_j . k) beta taken, k d_j added, and read out by q, which is what ggml's
  * pass over all of S per step gives row by row. */
-#define DELTA_NET(name, dot, axpy)                                                                     \
+#define DELTA_NET(name, decay_dot, update_dot)                                                         \
     void name(float *out, const float *x, const float *alpha, const float *beta, const float *dt,     \
               const float *a, const int32_t *seq, const int32_t *row, int n, int n_k, int n_v,          \
               int interleaved, int d, float eps, float *state, size_t slot_floats, int h0, int h1) {    \
@@ -84,16 +171,14 @@ static inline void axpy_ref(float *y, float a, const float *x, int n) {
                 if (row[r] == 0) memset(S, 0, (size_t)d * d * sizeof(float));                          \
                 for (int j = 0; j < d; j++) {                                                          \
                     float *Sj = S + (size_t)j * d;                                                     \
-                    for (int i = 0; i < d; i++) Sj[i] *= decay;                                        \
-                    const float delta = (v[j] - dot(Sj, k, d)) * b;                                    \
-                    axpy(Sj, delta, k, d);                                                             \
-                    o[j] = dot(Sj, q, d) * scale;                                                      \
+                    const float delta = (v[j] - decay_dot(Sj, decay, k, d)) * b;                       \
+                    o[j] = update_dot(Sj, delta, k, q, d) * scale;                                     \
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \
     }
-DELTA_NET(kiln_delta_net, kiln_vdot, kiln_vaxpy)
-DELTA_NET(kiln_delta_net_ref, kiln_vdot_ref, axpy_ref)
+DELTA_NET(kiln_delta_net, decay_dot, update_dot)
+DELTA_NET(kiln_delta_net_ref, decay_dot_ref, update_dot_ref)
 
 void kiln_regroup(float *y, int y_width, int y_at, const float *x, int rows, int groups, int group_width, int from,
                   int count) {

@@ -296,3 +296,70 @@ def test_speculation_on_a_hybrid_is_plain_greedy(hybrid, monkeypatch):
     # a tied head makes random weights repeat themselves, which gives prompt lookup drafts to make
     m = compiler.load(hybrid(Q.Q8_0, untied=False), ctx=512, n_seq=4, prefill_chunk=64, threads=1)
     _check_exact(m, speculative="ngram", max_draft=6)
+
+
+# -- the kernels: each SIMD spelling against its scalar reference, bit for bit ---------------------------------
+@pytest.mark.parametrize("d", [128, 48, 40, 37])  # blocks of 16, a last block of 8, a tail
+def test_delta_net_kernel_is_its_reference_bit_for_bit(d):
+    """kiln_delta_net (one pass over a state row for its decay and k dot, one for its update and q dot,
+    AVX2 where built) against kiln_delta_net_ref (a loop and vec_f32.h's reference dot each): the same
+    bits, over rows of two sequences, one starting at cache row 0 and one continuing its state; and
+    against the rule in float64 (tests/qwen35_reference.py's order of operations) within float32's reach."""
+    from compiler.build.runtime import runtime_kernels
+    K = runtime_kernels()
+    rng = np.random.default_rng(d)
+    n_k, n_v, n = 2, 4, 6
+    x = rng.standard_normal((n, (2 * n_k + n_v) * d)).astype(np.float32)
+    alpha, beta = (rng.standard_normal((n, n_v)).astype(np.float32) for _ in range(2))
+    dt, a = rng.standard_normal(n_v).astype(np.float32), -rng.uniform(0.1, 2, n_v).astype(np.float32)
+    seq, row = np.array([0, 1, 0, 1, 0, 1], np.int32), np.array([0, 5, 1, 6, 2, 7], np.int32)
+    slot = n_v * d * d
+    start = rng.standard_normal(2 * slot).astype(np.float32)
+    outs, states = [], []
+    for fn in (K.lib.kiln_delta_net, K.lib.kiln_delta_net_ref):
+        out, state = np.zeros((n, n_v, d), np.float32), start.copy()
+        ptr = lambda v, t="float *": K.ffi.cast(t, v.ctypes.data)  # noqa: E731
+        fn(ptr(out), ptr(x), ptr(alpha), ptr(beta), ptr(dt), ptr(a), ptr(seq, "int32_t *"), ptr(row, "int32_t *"),
+           n, n_k, n_v, 0, d, 1e-6, ptr(state), slot, 0, n_v)
+        outs.append(out), states.append(state)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(states[0], states[1])
+    # the rule in float64, sequence 1 continuing `start`, sequence 0 from zeros
+    S = {0: np.zeros((n_v, d, d)), 1: start[slot:].astype(np.float64).reshape(n_v, d, d)}
+    for r in range(n):
+        xr = x[r].astype(np.float64)
+        for h in range(n_v):
+            kh = h % n_k
+            q, k = xr[kh * d:(kh + 1) * d], xr[(n_k + kh) * d:(n_k + kh + 1) * d]
+            q, k = q / np.sqrt((q * q).sum() + 1e-6), k / np.sqrt((k * k).sum() + 1e-6)
+            v = xr[(2 * n_k + h) * d:(2 * n_k + h + 1) * d]
+            decay = np.exp(np.log1p(np.exp(float(alpha[r, h]) + float(dt[h]))) * float(a[h]))
+            b = 1 / (1 + np.exp(-float(beta[r, h])))
+            M = S[seq[r]][h]  # [j][i]: value dim j, key dim i
+            M *= decay
+            M += np.outer((v - M @ k) * b, k)
+            np.testing.assert_allclose(outs[0][r, h], M @ q / np.sqrt(d), rtol=2e-4, atol=2e-5)
+
+
+def test_ssm_conv_kernel_is_the_rule_and_keeps_its_window():
+    """kiln_ssm_conv against the rule (each channel's window oldest first, then SiLU), row by row of
+    two sequences, one starting at cache row 0; its window after is the last taps - 1 inputs."""
+    from compiler.build.runtime import runtime_kernels
+    K = runtime_kernels()
+    rng = np.random.default_rng(3)
+    n, c, taps = 5, 40, 4
+    x, w = rng.standard_normal((n, c)).astype(np.float32), rng.standard_normal((c, taps)).astype(np.float32)
+    seq, row = np.array([0, 1, 0, 0, 1], np.int32), np.array([0, 9, 1, 2, 10], np.int32)
+    state = rng.standard_normal((2, taps - 1, c)).astype(np.float32)
+    start = state.copy()
+    y = np.zeros_like(x)
+    ptr = lambda v, t="float *": K.ffi.cast(t, v.ctypes.data)  # noqa: E731
+    K.lib.kiln_ssm_conv(ptr(y), ptr(x), ptr(w), ptr(seq, "int32_t *"), ptr(row, "int32_t *"), n, c, taps, ptr(state),
+                        (taps - 1) * c, 0, c)
+    window = {0: np.zeros((taps - 1, c)), 1: start[1].astype(np.float64)}
+    for r in range(n):
+        full = np.vstack([window[seq[r]], x[r:r + 1].astype(np.float64)])
+        s = (full * w.T.astype(np.float64)).sum(0)
+        np.testing.assert_allclose(y[r], s / (1 + np.exp(-s)), rtol=1e-5, atol=1e-6)
+        window[seq[r]] = full[1:]
+    for s_ in (0, 1):
+        np.testing.assert_array_equal(state[s_], window[s_].astype(np.float32))
