@@ -43,27 +43,35 @@ static void silu_rows(float *y, int n) {
     for (; i < n; i++) y[i] = silu(y[i]);
 }
 
-/* Each row's channels tap by tap (the loops run along the channels, which vectorize), each channel's
-   sum one fma a tap from the oldest input (ggml's ssm_conv order); then the window moves on. */
+enum { CONV_BLOCK = 256 }; /* channels whose taps are transposed onto the stack at once */
+
+/* Blocks of channels, and in a block each row's channels tap by tap (loops along the channels, which
+   vectorize, over taps laid out [tap][channel]): each channel's sum one fma a tap from the oldest
+   input (ggml's ssm_conv order), rows in order; then the window moves on. */
 void kiln_ssm_conv(float *y, const float *x, const float *w, const int32_t *seq, const int32_t *row, int n,
                    int channels, int taps, float *state, size_t slot_floats, int c0, int c1) {
-    const size_t width = (size_t)(c1 - c0) * sizeof(float);
-    for (int r = 0; r < n; r++) {
-        float *st = state + (size_t)seq[r] * slot_floats + c0; /* [taps - 1][channels]: oldest input first */
-        const float *xr = x + (size_t)r * channels + c0, *wc = w + (size_t)c0 * taps;
-        float *yr = y + (size_t)r * channels + c0;
-        const int nc = c1 - c0;
-        if (row[r] == 0)
-            for (int k = 0; k < taps - 1; k++) memset(st + (size_t)k * channels, 0, width);
-        for (int c = 0; c < nc; c++) yr[c] = 0.0f;
-        for (int k = 0; k < taps - 1; k++) {
-            const float *sk = st + (size_t)k * channels;
-            for (int c = 0; c < nc; c++) yr[c] = fmaf(sk[c], wc[(size_t)c * taps + k], yr[c]);
+    float wt[KILN_MAX_CONV_TAPS][CONV_BLOCK];
+    for (int b0 = c0; b0 < c1; b0 += CONV_BLOCK) {
+        const int nc = c1 - b0 < CONV_BLOCK ? c1 - b0 : CONV_BLOCK;
+        const size_t width = (size_t)nc * sizeof(float);
+        for (int c = 0; c < nc; c++)
+            for (int k = 0; k < taps; k++) wt[k][c] = w[(size_t)(b0 + c) * taps + k];
+        for (int r = 0; r < n; r++) {
+            float *st = state + (size_t)seq[r] * slot_floats + b0; /* [taps - 1][channels]: oldest input first */
+            const float *xr = x + (size_t)r * channels + b0;
+            float *yr = y + (size_t)r * channels + b0;
+            if (row[r] == 0)
+                for (int k = 0; k < taps - 1; k++) memset(st + (size_t)k * channels, 0, width);
+            for (int c = 0; c < nc; c++) yr[c] = 0.0f;
+            for (int k = 0; k < taps - 1; k++) {
+                const float *sk = st + (size_t)k * channels;
+                for (int c = 0; c < nc; c++) yr[c] = fmaf(sk[c], wt[k][c], yr[c]);
+            }
+            for (int c = 0; c < nc; c++) yr[c] = fmaf(xr[c], wt[taps - 1][c], yr[c]);
+            for (int k = 0; k + 1 < taps - 1; k++) memcpy(st + (size_t)k * channels, st + (size_t)(k + 1) * channels, width);
+            if (taps > 1) memcpy(st + (size_t)(taps - 2) * channels, xr, width);
+            silu_rows(yr, nc);
         }
-        for (int c = 0; c < nc; c++) yr[c] = fmaf(xr[c], wc[(size_t)c * taps + taps - 1], yr[c]);
-        for (int k = 0; k + 1 < taps - 1; k++) memcpy(st + (size_t)k * channels, st + (size_t)(k + 1) * channels, width);
-        if (taps > 1) memcpy(st + (size_t)(taps - 2) * channels, xr, width);
-        silu_rows(yr, nc);
     }
 }
 
