@@ -7,7 +7,7 @@ import sys
 
 from ..core.errors import KilnError
 from ..frontend.registry import BUNDLED, resolve
-from ..tools.synthetic_models import WTYPES
+from ..tools.synthetic_models import SHAPES, WTYPES
 from .common import DEFAULT_MODEL, add_build_options, add_model_argument, int_list, log
 
 
@@ -95,10 +95,11 @@ def run_bench_serve(a: argparse.Namespace) -> None:
     from ..runtime import default_threads
     from ..tools import bench_serve
 
-    for flag, value in (("--requests", a.requests), ("--concurrency", a.concurrency), ("--system-words", a.system_words)):
+    for flag, value in (("--requests", a.requests), ("--concurrency", a.concurrency), ("--system-words", a.system_words),
+                        ("--turns", a.turns)):
         if value < 1:
             raise KilnError(f"{flag} must be at least 1, got {value}")
-    w = bench_serve.Workload(a.requests, a.concurrency, a.system_words)
+    w = bench_serve.Workload(a.requests, a.concurrency, a.system_words, turns=a.turns)
     name = a.model if a.model in BUNDLED else None
     path = resolve(a.model, log)
     if a.constrained:
@@ -128,7 +129,7 @@ def register(sub) -> None:
     add_model_argument(p)
     p.add_argument("--synthetic", default=None, metavar="SHAPE",
                    help="instead of MODEL, a model of this shape with random weights and SmolLM2's tokenizer, written "
-                        "once into $KILN_CACHE/synthetic: llama-1b, llama-3b, llama-8b, qwen3moe-small")
+                        f"once into $KILN_CACHE/synthetic: {', '.join(SHAPES)}")
     p.add_argument("--wtype", default="Q4_0", type=str.upper, choices=list(WTYPES), metavar="TYPE",
                    help=f"with --synthetic: the matmul weights' type, one of {', '.join(WTYPES)} (default Q4_0)")
     p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: all cores)")
@@ -161,6 +162,8 @@ def register(sub) -> None:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight; each server gets as many slots")
     p.add_argument("--system-words", type=int, default=385, help="words of the shared system prompt (~1.3 tokens each)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="requests come as conversations of this many turns, each the whole history and a new question")
     p.add_argument("--ctx", type=int, default=1024, help="context per sequence, on both servers")
     p.add_argument("--kv-dtype", default="f16", help="KV cache dtype on both servers")
     p.add_argument("--threads", type=int, default=None, help="threads for both servers (default: physical cores)")

@@ -4,7 +4,10 @@ side by side, in one run: same GGUF, threads, KV dtype and context per sequence.
 The workload: N chat requests at concurrency C, all opening with one shared system prompt,
 then a question of mixed length, asking for a mixed number of tokens (ignore_eos, which both
 servers take, so that both generate the same counts). Streamed, so that time to first token
-and the gaps between tokens are seen as a client sees them.
+and the gaps between tokens are seen as a client sees them. With --turns T the requests are
+conversations of T turns: each turn sends the whole history (the server's own replies included)
+and a new question, one turn after another, C conversations at once: what a prefix cache (or a
+hybrid's state snapshots, or llama-server's context checkpoints) is for.
 """
 from __future__ import annotations
 
@@ -34,15 +37,20 @@ class Workload:
     concurrency: int
     system_words: int  # about 1.3 tokens each
     seed: int = 0
+    turns: int = 1  # requests a conversation makes, one after another
 
-    def requests(self) -> list[tuple[str, str, int]]:
-        """(system prompt, question, max_tokens) per request, the same for every server."""
+    def conversations(self) -> list[tuple[str, list[tuple[str, int]]]]:
+        """(system prompt, its turns' (question, max_tokens)) per conversation, the same for every
+        server: n_requests // turns of them (at least one)."""
         rng = np.random.default_rng(self.seed)
         system = "You are a patient guide. " + " ".join(rng.choice(WORDS, self.system_words))
         out = []
-        for _ in range(self.n_requests):
-            question = "Tell me about " + " ".join(rng.choice(WORDS, int(rng.integers(10, 150))))
-            out.append((system, question, int(rng.integers(32, 257))))
+        for _ in range(max(1, self.n_requests // self.turns)):
+            turns = []
+            for _ in range(self.turns):
+                question = "Tell me about " + " ".join(rng.choice(WORDS, int(rng.integers(10, 150))))
+                turns.append((question, int(rng.integers(32, 257))))
+            out.append((system, turns))
         return out
 
 
@@ -76,13 +84,13 @@ def load_client(concurrency: int) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=0))
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, system: str, question: str, max_tokens: int,
-               out: dict) -> None:
-    body = {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
-            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+async def _one(client: httpx.AsyncClient, url: str, model: str, messages: list[dict], max_tokens: int,
+               out: dict) -> str:
+    """One streamed request; its reply's text."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    stamps, usage = [], None
+    stamps, usage, reply = [], None, []
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise KilnError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
@@ -92,8 +100,10 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, system: str, que
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+            pieces = [c["delta"]["content"] for c in chunk.get("choices", []) if c.get("delta", {}).get("content")]
+            if pieces:
                 stamps.append(time.perf_counter())
+                reply += pieces
     if usage is None:
         raise KilnError(f"{url}: the stream carried no usage")
     out["ttft"].append(stamps[0] - start if stamps else float("nan"))
@@ -101,16 +111,21 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, system: str, que
     out["output"] += usage["completion_tokens"]
     out["prompt"] += usage["prompt_tokens"]
     out["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    out["requests"] += 1
+    return "".join(reply)
 
 
 async def _drive(url: str, model: str, w: Workload) -> tuple[float, dict]:
-    out = {"ttft": [], "itl": [], "output": 0, "prompt": 0, "cached": 0}
-    todo = list(w.requests())
+    out = {"ttft": [], "itl": [], "output": 0, "prompt": 0, "cached": 0, "requests": 0}
+    todo = list(w.conversations())
     async with load_client(w.concurrency) as c:
         async def worker():
             while todo:
-                system, question, n = todo.pop(0)
-                await _one(c, url, model, system, question, n, out)
+                system, turns = todo.pop(0)
+                messages = [{"role": "system", "content": system}]
+                for question, n in turns:  # each turn the whole history and a new question
+                    messages.append({"role": "user", "content": question})
+                    messages.append({"role": "assistant", "content": await _one(c, url, model, messages, n, out)})
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(w.concurrency)))
@@ -182,19 +197,20 @@ def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, 
         log(f"starting {name}")
         proc = _Process(argv, f"http://127.0.0.1:{port}", name, logdir / f"kiln-bench-serve-{name.split()[0]}.log")
         try:
-            warm = Workload(min(2, w.n_requests), 1, w.system_words, seed=w.seed + 1)  # untimed
+            warm = Workload(min(2, w.n_requests), 1, w.system_words, seed=w.seed + 1)  # untimed, single turns
             asyncio.run(_drive(proc.url, model_name, warm))
             log(f"{name}: {w.n_requests} requests at concurrency {w.concurrency}")
             wall, out = asyncio.run(_drive(proc.url, model_name, w))
         finally:
             proc.close()
-        rows.append(Result(name, wall, w.n_requests, out["output"], out["prompt"], out["cached"], out["ttft"],
+        rows.append(Result(name, wall, out["requests"], out["output"], out["prompt"], out["cached"], out["ttft"],
                            out["itl"]).row())
     return rows
 
 
 def render(rows: list[dict], w: Workload) -> str:
-    lines = [f"{w.n_requests} chat requests at concurrency {w.concurrency}, a shared system prompt of about "
+    convs = f" in conversations of {w.turns} turns (each the whole history and a new question)" if w.turns > 1 else ""
+    lines = [f"{w.n_requests} chat requests{convs} at concurrency {w.concurrency}, a shared system prompt of about "
              f"{int(w.system_words * 1.3)} tokens, questions of 10-150 words, 32-256 output tokens (ignore_eos)",
              "",
              "| server | req/s | output tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | prefix hit rate |",
