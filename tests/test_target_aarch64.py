@@ -83,7 +83,9 @@ MIXED = {"blk.0.attn_q.weight": Q.Q4_0, "blk.0.attn_k.weight": Q.Q5_0, "blk.0.at
 TINY = {"q8_0": (TinySpec(arch="llama", wtype=Q.Q8_0), {}),
         # an f16 K cache the attention reads in place (its keys transposed), a q8_0 V dequantized
         "mixed-f16-q8_0": (TinySpec(arch="llama", n_embd=128, n_head=2, n_head_kv=1, types=MIXED),
-                           {"kv_dtype_k": "f16", "kv_dtype_v": "q8_0"})}
+                           {"kv_dtype_k": "f16", "kv_dtype_v": "q8_0"}),
+        # a hybrid: the DeltaNet's conv (SiLU four at a time on NEON) and delta rule (vec_f32.h's NEON dots)
+        "qwen35": (TinySpec(arch="qwen35", wtype=Q.Q8_0, n_layer=4, head_dim=32, n_rot=16, ssm_d_state=48), {})}
 
 
 @pytest.fixture(scope="module", params=list(TINY))
