@@ -180,13 +180,13 @@ def test_sequence_refusals_name_the_option(tiny_llama):
 def test_the_c_step_checks_everything_first(tiny_llama):
     m = compiler.load(tiny_llama, ctx=64, n_seq=2, page_size=16, prefill_chunk=8)
     a = m.sequence()
-    lib, ffi = m._lib, m._ffi
+    lib, ffi = m.instance.lib, m.instance.ffi
     logits = ffi.new("float[]", 8 * m.n_vocab)
 
     def step(tokens, seqs):
         b = ffi.new("kiln_batch *", {"n": len(tokens), "token": ffi.new("int32_t[]", tokens),
                                      "seq": ffi.new("int32_t[]", seqs)})
-        return lib.kiln_step(m._m, b, logits)
+        return lib.kiln_step(m.instance.handle, b, logits)
 
     assert step([1, 2], [a.id, 1]) == lib.KILN_E_SEQ  # sequence 1 is not open
     assert step([1, 2], [a.id, 99]) == lib.KILN_E_SEQ
@@ -194,7 +194,7 @@ def test_the_c_step_checks_everything_first(tiny_llama):
     assert step([1] * 9, [a.id] * 9) == lib.KILN_E_BATCH
     assert a.n_past == 0 and m.kv_stats()["pages_used"] == 0
     assert step([1, 2], [a.id, a.id]) == lib.KILN_OK and a.n_past == 2
-    assert lib.kiln_seq_close(m._m, 5) == lib.KILN_E_SEQ and lib.kiln_seq_rollback(m._m, a.id, 3) == lib.KILN_E_ROLLBACK
+    assert lib.kiln_seq_close(m.instance.handle, 5) == lib.KILN_E_SEQ and lib.kiln_seq_rollback(m.instance.handle, a.id, 3) == lib.KILN_E_ROLLBACK
 
 
 def test_generate_batch_equals_one_at_a_time(smollm2):

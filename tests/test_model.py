@@ -85,14 +85,14 @@ def test_refusals_leave_the_model_usable(tiny_llama):
 
 def test_the_c_side_refuses_too(tiny_llama):
     m = compiler.load(tiny_llama, ctx=16)
-    lib, ffi = m._lib, m._ffi
+    lib, ffi = m.instance.lib, m.instance.ffi
     out = ffi.new("float[]", 259 * 20)
     s = m.default_sequence.id
-    assert lib.kiln_eval(m._m, s, ffi.new("int32_t[]", [1] * 17), 17, out, 1) == lib.KILN_E_CTX_FULL
-    assert lib.kiln_eval(m._m, s, ffi.new("int32_t[]", [5, 999]), 2, out, 0) == lib.KILN_E_TOKEN
-    assert lib.kiln_eval(m._m, s, ffi.NULL, 1, out, 0) == lib.KILN_E_ARG
-    assert lib.kiln_eval(m._m, s + 1, ffi.new("int32_t[]", [5]), 1, out, 0) == lib.KILN_E_SEQ
-    assert lib.kiln_seq_rollback(m._m, s, 1) == lib.KILN_E_ROLLBACK
+    assert lib.kiln_eval(m.instance.handle, s, ffi.new("int32_t[]", [1] * 17), 17, out, 1) == lib.KILN_E_CTX_FULL
+    assert lib.kiln_eval(m.instance.handle, s, ffi.new("int32_t[]", [5, 999]), 2, out, 0) == lib.KILN_E_TOKEN
+    assert lib.kiln_eval(m.instance.handle, s, ffi.NULL, 1, out, 0) == lib.KILN_E_ARG
+    assert lib.kiln_eval(m.instance.handle, s + 1, ffi.new("int32_t[]", [5]), 1, out, 0) == lib.KILN_E_SEQ
+    assert lib.kiln_seq_rollback(m.instance.handle, s, 1) == lib.KILN_E_ROLLBACK
     assert m.n_past == 0
 
 

@@ -76,8 +76,8 @@ SCRIPT = textwrap.dedent("""
     print("simd", *(k.kiln_simd_kernels(t) for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14)))
     m.reset()
     m.prefill([1] * 40)  # fills the context exactly
-    lib, ffi = m._lib, m._ffi
-    assert lib.kiln_eval(m._m, a.id, ffi.new("int32_t[]", [1]), 1, ffi.new("float[]", m.n_vocab), 0) == lib.KILN_E_CTX_FULL
+    lib, ffi = m.instance.lib, m.instance.ffi
+    assert lib.kiln_eval(m.instance.handle, a.id, ffi.new("int32_t[]", [1]), 1, ffi.new("float[]", m.n_vocab), 0) == lib.KILN_E_CTX_FULL
     print("clean", m.n_past)
 """)
 

@@ -3,27 +3,22 @@ running, in waves of as many sequences as the model has free (Model.generate_bat
 arguments and builds each prompt's sampler, constraint and speculation first)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .constraints import Guide
 from .sampling import LogitBias, SamplingParams
 from .spec_decode import decode_wave
 from .speculation import Speculation
 from .status import ModelError
 
-if TYPE_CHECKING:
-    from .model import Model
-    from .sequence import Sequence
 
-
-def run_waves(m: "Model", ids: list[list[int]], params: list[SamplingParams], stops: list[str], max_tokens: int,
+def run_waves(m, ids: list[list[int]], params: list[SamplingParams], stops: list[str], max_tokens: int,
               sinks: int | None, guides: list[Guide | None], bias: LogitBias | None,
               spec: Speculation | None) -> list[str]:
-    """Each prompt's text. A wave takes sequences until the pool has none free (at least one)."""
+    """Each prompt's text (m: the Model, which calls this). A wave takes sequences until the pool has
+    none free (at least one)."""
     out: list[str] = [""] * len(ids)
     todo = list(range(len(ids)))
     while todo:
-        wave: list[tuple[int, Sequence]] = []
+        wave: list[tuple[int, object]] = []  # (prompt index, its Sequence)
         try:
             while todo:
                 wave.append((todo[0], m.sequence()))
@@ -42,7 +37,7 @@ def run_waves(m: "Model", ids: list[list[int]], params: list[SamplingParams], st
     return out
 
 
-def _decode_together(m: "Model", wave, ids, params, stops, max_tokens, out, sinks: int | None,
+def _decode_together(m, wave, ids, params, stops, max_tokens, out, sinks: int | None,
                      guides: list[Guide | None], bias: LogitBias | None) -> None:
     running = [(i, s, m.decoding(ids[i], params[i], stops, max_tokens, context_shift=sinks is not None,
                                  guide=guides[i], bias=bias), s.prefill(ids[i])) for i, s in wave]

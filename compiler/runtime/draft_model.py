@@ -22,26 +22,6 @@ _SEED_OFFSET = 0x9E3779B97F4A7C15  # the draft's own random stream, derived from
 _CATCH_UP_IN_STEP = 8  # a longer catch-up (a prompt) is prefilled on its own first
 
 
-def check_draft_model(target, draft) -> None:
-    """OptionError unless `draft` is a loaded model with exactly the target's token list."""
-    from .model import Model
-
-    if not isinstance(draft, Model):
-        raise OptionError(f"draft_model must be a model loaded with compiler.load, got {type(draft).__name__}")
-    if draft is target:
-        raise OptionError("draft_model is the target model itself; pass a smaller model with the same vocabulary "
-                          "(or speculative='ngram')")
-    mine, theirs = target.spec.tokenizer.tokens, draft.spec.tokenizer.tokens
-    if draft.n_vocab != target.n_vocab or mine != theirs:
-        if len(mine) != len(theirs) or draft.n_vocab != target.n_vocab:
-            why = f"{len(theirs)} tokens (n_vocab {draft.n_vocab}) against the target's {len(mine)} ({target.n_vocab})"
-        else:
-            i = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-            why = f"token {i} is {theirs[i]!r} in the draft, {mine[i]!r} in the target"
-        raise OptionError(f"draft_model {draft.path.name} does not share the token list of {target.path.name}: "
-                          f"{why}; a draft model must use the target's tokenizer")
-
-
 class DraftSequence:
     """One target sequence's drafter on the draft model."""
 

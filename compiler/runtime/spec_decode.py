@@ -1,9 +1,13 @@
-"""The decoding loops with speculation on: Sequence.generate's and Model.generate_batch's.
+"""The decoding loops of one sequence (Model.generate_on) and, with speculation on, of a wave of
+them (Model.generate_batch; batch.py has the plain one).
 
-Each round drafts for every running sequence (speculation.py: how many, and what), then runs
-one step holding each sequence's current token and its drafts, and verifies them. Plain
-decoding is the same loop with no drafts, so a round with k = 0 everywhere costs what a plain
-step costs. Whatever the drafts, the tokens are those plain decoding gives (speculation.py).
+With speculation, each round drafts for every running sequence (speculation.py: how many, and
+what), then runs one step holding each sequence's current token and its drafts, and verifies
+them. Plain decoding is the same loop with no drafts, so a round with k = 0 everywhere costs what
+a plain step costs. Whatever the drafts, the tokens are those plain decoding gives.
+
+The loops act on sequences (sequence.py) and ask their model (model.py, which imports this
+module) for prompts and decoding states through the sequence: nothing here imports either.
 """
 from __future__ import annotations
 
@@ -166,9 +170,27 @@ def rounds(model, lanes: list[Lane], stats: SpecStats, sinks: int | None) -> Ite
                 ln.pending = got[-1].token
 
 
+def generate_plain(seq, prompt, max_tokens: int, params: SamplingParams, stops: list[str], sinks: int | None,
+                   guide=None, bias=None) -> Iterator[str]:
+    """Model.generate_on without speculation: the prompt's new part prefilled, then a token a step."""
+    m = seq.model
+    ids = m.prompt_ids(prompt)
+    logits = seq.prefill(seq.reuse_prefix(ids))
+    run = m.decoding(ids, params, stops, max_tokens, context_shift=sinks is not None, guide=guide, bias=bias)
+    while True:
+        out = run.next(logits, seq.n_past)
+        if out.text:
+            yield out.text
+        if out.finish_reason:
+            return
+        if sinks is not None:
+            seq.shift_if_full(sinks)
+        logits = seq.decode(out.token)
+
+
 def generate_one(seq, prompt, max_tokens: int, params: SamplingParams, stops: list[str], sinks: int | None,
                  spec: Speculation, stats: SpecStats, guide=None, bias=None) -> Iterator[str]:
-    """Sequence.generate with speculation: its text piece by piece. Stopped early (the caller
+    """Model.generate_on with speculation: its text piece by piece. Stopped early (the caller
     closes the generator), the sequence holds what plain decoding would hold at that token."""
     m = seq.model
     ids = m.prompt_ids(prompt)

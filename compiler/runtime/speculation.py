@@ -79,10 +79,26 @@ class Speculation:
         if draft_model is None:
             raise OptionError("speculative='draft' needs draft_model: a model loaded with compiler.load that "
                               "shares the target's token list")
-        from .draft_model import check_draft_model
-
         check_draft_model(target, draft_model)
         return cls("draft", int(max_draft), draft_model)
+
+
+def check_draft_model(target, draft) -> None:
+    """OptionError unless `draft` is a loaded model (the target's kind) with exactly its token list."""
+    if not isinstance(draft, type(target)):
+        raise OptionError(f"draft_model must be a model loaded with compiler.load, got {type(draft).__name__}")
+    if draft is target:
+        raise OptionError("draft_model is the target model itself; pass a smaller model with the same vocabulary "
+                          "(or speculative='ngram')")
+    mine, theirs = target.spec.tokenizer.tokens, draft.spec.tokenizer.tokens
+    if draft.n_vocab != target.n_vocab or mine != theirs:
+        if len(mine) != len(theirs) or draft.n_vocab != target.n_vocab:
+            why = f"{len(theirs)} tokens (n_vocab {draft.n_vocab}) against the target's {len(mine)} ({target.n_vocab})"
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+            why = f"token {i} is {theirs[i]!r} in the draft, {mine[i]!r} in the target"
+        raise OptionError(f"draft_model {draft.path.name} does not share the token list of {target.path.name}: "
+                          f"{why}; a draft model must use the target's tokenizer")
 
 
 # -- the n-gram drafter ---------------------------------------------------------------------------

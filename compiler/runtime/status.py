@@ -5,13 +5,7 @@ what only Python knows: which sequence, the pool's state, the option to change.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..core.errors import KilnError
-
-if TYPE_CHECKING:
-    from .model import Model
-    from .sequence import Sequence
 
 
 class ModelError(KilnError):
@@ -23,8 +17,9 @@ class PoolFullError(ModelError):
     pages (evicts cached prefixes, preempts a sequence) and tries again."""
 
 
-def status_error(m: "Model", status: int, seq: "Sequence | None", rows: int) -> ModelError:
-    lib, o = m._lib, m.options
+def status_error(m, status: int, seq, rows: int) -> ModelError:
+    """The error for a status of the C instance `m` (instance.py), about `seq` (a Sequence, or None)."""
+    lib, o = m.lib, m.options
     who = f"sequence {seq.id}" if seq is not None else "a sequence"
     windows = ", ".join(str(w) for w in sorted({w for w in m.windows if w}))
 
@@ -60,5 +55,5 @@ def status_error(m: "Model", status: int, seq: "Sequence | None", rows: int) -> 
         "position, a context shift) or borrowed from another sequence's pages; reset() and prefill again, or fork() "
         "a sequence to continue it two ways",
     }
-    text = messages[status]() if status in messages else m._ffi.string(lib.kiln_strerror(status)).decode()
+    text = messages[status]() if status in messages else m.ffi.string(lib.kiln_strerror(status)).decode()
     return (PoolFullError if status == lib.KILN_E_KV_FULL else ModelError)(text)
