@@ -32,6 +32,10 @@ SHAPES: dict[str, dict] = {
     # heads of 128, 6 gated attention layers of 8 heads of 256 (2 KV heads), a quarter of each rotated
     "qwen35-2b": dict(arch="qwen35", n_layer=24, n_embd=2048, n_head=8, n_head_kv=2, head_dim=256, n_ff=6144,
                       ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16),
+    # a small Qwen3.5-MoE: 16 layers of 1024, 12 of them DeltaNets of 8 key and 16 value heads; 32 experts of
+    # 512 and a shared one, 4 a token (Qwen3.5-35B-A3B has 40 layers of 2048, 256 experts of 512, 8 a token)
+    "qwen35moe-small": dict(arch="qwen35moe", n_layer=16, n_embd=1024, n_head=8, n_head_kv=2, head_dim=256,
+                            n_ff=512, n_expert=32, n_expert_used=4, ssm_d_state=128, ssm_n_group=8, ssm_dt_rank=16),
 }
 # --wtype: every type a GGUF weight may have (core/dtypes.py's table). A type gguf cannot quantize
 # (the K-quants, the IQ types) is written as zero blocks: the kernels' work, and so the speed, is the same
