@@ -363,3 +363,43 @@ def test_ssm_conv_kernel_is_the_rule_and_keeps_its_window():
         window[seq[r]] = full[1:]
     for s_ in (0, 1):
         np.testing.assert_array_equal(state[s_], window[s_].astype(np.float32))
+
+
+def test_the_server_speculates_on_a_hybrid_and_answers_as_plain_decoding(hybrid, monkeypatch):
+    """kiln serve --spec ngram's scheduler on a hybrid: a step with drafts saves each drafting
+    request's state, a failed draft rewinds it and runs the kept rows again; every answer is plain
+    greedy decoding's, while drafts were made, accepted and rejected."""
+    import threading
+
+    from compiler.runtime.sampling import SamplingParams
+    from compiler.runtime.speculation import DraftLength, Speculation
+    from compiler.serving.engine import Engine
+    from compiler.serving.types import Request
+
+    monkeypatch.setattr(DraftLength, "choose", lambda self, *a, **k: self.max_draft)
+    m = compiler.load(hybrid(Q.Q8_0, untied=False), ctx=512, n_seq=4, prefill_chunk=64, threads=1)
+    prompts = [m.tokenize(t) for t in ("Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+                                       "Once upon a time, in a small village by the sea,",
+                                       "the the the cat the cat the cat the")]
+    want = []
+    for p in prompts:
+        m.reset()
+        want.append(m.tokenize(m.generate(p, max_tokens=40, temperature=0), add_special=False, parse_special=False))
+    m.reset()
+    engine = Engine(m, speculation=Speculation.of(m, "ngram", None, 6)).start()
+    try:
+        got, done = [[] for _ in prompts], [threading.Event() for _ in prompts]
+        for i, p in enumerate(prompts):
+            def emit(e, i=i):
+                if e.token is not None:
+                    got[i].append(e.token)
+                if e.finish_reason or e.error:
+                    done[i].set()
+            engine.submit(Request(p, SamplingParams(temperature=0.0), 40, [], emit, speculative=True))
+        assert all(d.wait(300) for d in done)
+    finally:
+        engine.stop()
+    for g, w, p in zip(got, want, prompts):
+        assert m.detokenize(g) == m.detokenize(w), p
+    drafted, accepted = engine.metrics.spec.drafted, engine.metrics.spec.accepted
+    assert drafted > accepted > 0, (drafted, accepted)

@@ -33,6 +33,8 @@ class Drafting:
     drafts: list[int] = field(default_factory=list)
     guess: int | None = None  # the first token a k = 0 step would have drafted, scored when sampled
     verifying: bool = False  # this step's rows are to be verified
+    mark: object = None  # a hybrid's sequence before a step with drafts (Sequence.mark), to rewind to
+    fed: list[int] = field(default_factory=list)  # the rows that step fed: its current token and drafts
 
 
 class Speculating:
@@ -60,9 +62,12 @@ class Speculating:
             if d is None:
                 d = r.spec = Drafting(PromptLookup(r.decoding.history),
                                       DraftLength(self.speculation.max_draft, self.spec_cost))
-            k = min(d.length.choose(decodes, rows), draft_room(self.model, r.seq.n_past), budget)
+            k = min(d.length.choose(decodes, rows), draft_room(self.model, r.seq.n_past, rewinds=True), budget)
             proposal = d.lookup.propose(max(k, 1))
             d.drafts, d.guess, d.verifying = proposal[:k], proposal[0] if proposal and not k else None, True
+            # a hybrid's state cannot be rolled back past a failed draft: it is saved, to rewind to
+            d.mark = r.seq.mark() if self.model.recurrent and d.drafts else None
+            d.fed = chunk + d.drafts
             budget -= len(d.drafts)
             out.append((r, chunk + d.drafts))
         return out
@@ -84,7 +89,7 @@ class Speculating:
             for i, (r, chunk) in enumerate(items):
                 if r.spec is not None and r.spec.drafts:
                     items[i] = (r, chunk[:len(chunk) - len(r.spec.drafts)])
-                    r.spec.drafts, r.spec.guess = [], None
+                    r.spec.drafts, r.spec.guess, r.spec.mark = [], None, None
             return run()
 
     def _verifies(self, r: Request) -> bool:
@@ -105,7 +110,11 @@ class Speculating:
             self._finish(r, error=f"the request failed: {e}")
             return
         if n_before + len(got) < r.seq.n_past:
-            r.seq.rollback(n_before + len(got))
+            if d.mark is not None:  # the kept rows run again from the saved state
+                r.seq.back_to(d.mark, d.fed[:len(got)])
+            else:
+                r.seq.rollback(n_before + len(got))
+        d.mark = None
         if d.drafts:
             d.length.observe(accepted, len(d.drafts))
         elif d.guess is not None:
