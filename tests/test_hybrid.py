@@ -39,6 +39,8 @@ from test_batch import assert_batch_invariant
 
 FLOOR, MISSES = 1e-9, 1e-6  # as tests/test_archs.py: the control's floor, and where a missing feature lands
 SHAPE = dict(arch="qwen35", n_layer=8, n_embd=128, n_head=4, n_head_kv=2, head_dim=64, n_ff=256, seed=3)
+MOE = dict(arch="qwen35moe", n_layer=4, n_ff=64, n_expert=8, n_expert_used=2)  # experts and a shared one
+NEXT = dict(MOE, arch="qwen3next")  # interleaved head pairing; ssm_in and ssm_ba fused
 
 
 def _ids(n: int, seed: int = 5) -> list[int]:
@@ -113,8 +115,9 @@ def test_each_feature_moves_the_logits_past_the_floor(hybrid, feature):
 
 
 @pytest.mark.llamacpp
-def test_greedy_tokens_match_llamacpp(hybrid):
-    path = hybrid()
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_greedy_tokens_match_llamacpp(hybrid, arch):
+    path = hybrid() if arch == "qwen35" else hybrid(**dict(MOE, arch=arch))
     ref, kiln = Reference(path, n_ctx=128), compiler.load(path, ctx=128, prefill_chunk=16)
     ids = ref.tokenize("Once upon a time, in a small village at the edge of a forest,")
     assert kiln_greedy(kiln, ids, 32) == ref.greedy(ids, 32)
@@ -187,9 +190,6 @@ def test_positions_cannot_leave_a_recurrent_state(hybrid):
 
 
 # -- qwen35moe: the same hybrid, each FFN a mixture of experts and a shared expert ---------------------------
-MOE = dict(arch="qwen35moe", n_layer=4, n_ff=64, n_expert=8, n_expert_used=2)
-
-
 @pytest.mark.llamacpp
 def test_moe_logits_meet_llamacpp_and_miss_it_without_the_shared_expert(hybrid):
     """The shared expert's gate is one logit a row (ffn_gate_inp_shexp), sigmoid-ed; with it zero the
@@ -210,9 +210,6 @@ def test_moe_batch_chunk_and_thread_invariance_is_bitwise(hybrid):
 
 
 # -- qwen3next: value heads read their key heads in runs; q, k, v, z and b, a fused, grouped by key head --
-NEXT = dict(MOE, arch="qwen3next")
-
-
 @pytest.mark.llamacpp
 def test_qwen3next_logits_meet_llamacpp_and_miss_it_with_qwen35s_pairing(hybrid):
     """The same file read as qwen35moe (general.architecture rewritten, so kiln's template pairs value

@@ -113,8 +113,9 @@ def test_golden_model_logits_are_the_scalar_builds_bit_for_bit(golden_model, sca
 # (tanh), and the scaled ropes and fused weights they run beside; the experts (moe.c: x8 tiles or
 # GGUF rows by target), routed by softmax and renormalized (qwen3moe) or as they are (olmoe)
 # ; and the hybrid's DeltaNet (its dots and updates through vec_f32.h, its conv and gates elementwise)
-FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe", "olmoe", "qwen35"]
+FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe", "olmoe", "qwen35", "qwen3next"]
 HYBRID = dict(arch="qwen35", n_layer=4, head_dim=32, n_rot=16, ssm_d_state=48)  # 48: a dot's block of 16 and tail of 0
+HYBRIDS = {"qwen35": HYBRID, "qwen3next": dict(HYBRID, arch="qwen3next", n_expert=4, n_expert_used=2)}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def feature_runs(tmp_path_factory):
     """Each feature model, and its scalar build's run."""
     out = {}
     for name in FEATURES:
-        spec = TinySpec(**dict(FEATURE_SHAPE, **(HYBRID if name == "qwen35" else FEATURE_MODELS[name])),
+        spec = TinySpec(**dict(FEATURE_SHAPE, **(HYBRIDS[name] if name in HYBRIDS else FEATURE_MODELS[name])),
                         wtype=Q.Q8_0)
         path = write_tiny_model(tmp_path_factory.mktemp("targets") / f"{name}.gguf", spec)
         out[name] = path, tiny_run(path, SCALAR)
