@@ -279,6 +279,13 @@ def test_a_conversation_restores_its_last_turn_and_is_bitwise_a_cold_run(hybrid)
         assert cached == max(0, 26 * turn - 1), (turn, cached)
     assert engine.metrics.snapshot_hits._value.get() == 7 and engine.metrics.snapshot_misses._value.get() == 9
     assert engine.states.bytes > 0 and all(c == 0 for _, _, c in cold)
+    from prometheus_client import generate_latest
+    scraped = generate_latest(engine.metrics.registry).decode()  # what GET /metrics serves
+    for line in ("kiln_state_snapshot_hits_total 7.0", "kiln_state_snapshot_misses_total 9.0"):
+        assert line in scraped, line
+    held = {k: float(v) for k, v in (ln.split() for ln in scraped.splitlines()
+                                     if ln.startswith(("kiln_state_snapshot_bytes ", "kiln_state_snapshots ")))}
+    assert held["kiln_state_snapshot_bytes"] > 0 and held["kiln_state_snapshots"] >= 8, held  # as last published
 
 
 # -- speculation: the state saved before a step with drafts, the accepted tokens run again after --------------
