@@ -32,6 +32,19 @@ WINDOWS, LENGTH = 8, 256
 TEXT = Path(__file__).parent.parent / "compiler" / "tools" / "data" / "scandal_in_bohemia.txt"
 
 
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """softmax(q k^T / sqrt(head_dim), where mask) v in float64, query head h on key head h // group:
+    q [n, heads, d], k and v [n, kv_heads, d], mask [n, n] (query, key) -> [n, heads, d]."""
+    n, heads, hd = q.shape
+    group = heads // k.shape[1]
+    out = np.empty((n, heads, hd))
+    for h in range(heads):
+        s = np.where(mask, q[:, h] @ k[:, h // group].T / np.sqrt(F64(hd)), -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out[:, h] = (p / p.sum(-1, keepdims=True)) @ v[:, h // group]
+    return out
+
+
 def stored(name: str) -> dict[str, np.ndarray]:
     """The stored reference of a bundled model: ids [W, L], top [W, L, TOP] token ids, top_lp their
     exact log-probabilities, and the GGUF's sha256."""
@@ -167,12 +180,7 @@ class ExactForward:
         mask = pos[None, :] <= pos[:, None]
         if local:
             mask &= pos[:, None] - pos[None, :] < self.window
-        group = self.n_head // self.n_head_kv
-        out = np.empty((n, self.n_head, hd))
-        for h_ in range(self.n_head):
-            s = np.where(mask, q[:, h_] @ k[:, h_ // group].T / np.sqrt(F64(hd)), -np.inf)
-            p = np.exp(s - s.max(-1, keepdims=True))
-            out[:, h_] = (p / p.sum(-1, keepdims=True)) @ v[:, h_ // group]
+        out = attend(q, k, v, mask)
         a = out.reshape(n, -1) @ w["attn_output"].T
         if gemma:
             a = _rms(a, w["post_attention_norm"], self.eps)

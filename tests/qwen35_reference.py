@@ -34,6 +34,8 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+from exact import attend  # tests/ is on the path: the float64 attention both exact passes share
+
 F64 = np.float64
 
 
@@ -169,13 +171,7 @@ def _attention(h: np.ndarray, w: dict[str, np.ndarray], hp: Hparams, v: Variant)
     pos = np.arange(n)
     n_rot = hp.n_rot if v.rope_dims is None else v.rope_dims
     q, k = _rope(q, pos, hp, n_rot), _rope(k, pos, hp, n_rot)
-    causal = pos[None, :] <= pos[:, None]
-    group = hp.n_head // hp.n_head_kv
-    out = np.empty((n, hp.n_head, hd))
-    for hh in range(hp.n_head):
-        s = np.where(causal, q[:, hh] @ k[:, hh // group].T / np.sqrt(F64(hd)), -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        out[:, hh] = (p / p.sum(-1, keepdims=True)) @ val[:, hh // group]
+    out = attend(q, k, val, pos[None, :] <= pos[:, None])
     if v.attn_gate:
         out = out * _sigmoid(gate)
     return out.reshape(n, -1) @ w["attn_output.weight"].T
