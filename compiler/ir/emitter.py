@@ -1,0 +1,178 @@
+"""The graph builder's primitives: it emits IR nodes in schedule order, binds each layer weight
+role to its tensor in the first layer of the body being built, and builds the head, the tail and
+the layer table. The block stages (stages.py) use these; builder.py puts the whole graph together.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import sqrt
+
+import numpy as np
+
+from ..core.dtypes import DType
+from ..core.errors import ArchitectureError, ModelFileError
+from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Scalar
+from ..frontend.spec import ModelSpec, TensorInfo
+from .graph import (Attrs, EmbedAttrs, Layer, MatmulAttrs, Node, NormAttrs, Op, RegroupAttrs, ScaleAttrs, SoftcapAttrs,
+                    Value, ValueKind)
+from .rope import rope_factors
+
+AS_ROW = (-1, 1)  # bind's marker: a vector read as a matrix of one row
+
+# The step's inputs: the batch's arrays, one entry per row.
+INPUTS = (
+    ("inp_tokens", "token ids"),
+    ("inp_pos", "rope positions"),
+    ("inp_seq", "each row's sequence"),
+    ("inp_row", "each row's index in its sequence's cache"),
+    ("inp_out", "the rows whose logits are wanted"),
+)
+
+
+class GraphBuilder:
+    """Emits nodes in schedule order and tracks the working values of the current stage."""
+
+    def __init__(self, spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None):
+        self.spec, self.arch, self.T = spec, arch, n_tokens
+        self.hp = spec.hparams
+        self.nodes: list[Node] = []
+        self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor (blk.0.*), and rows
+        self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers) for il in range(self.hp.n_layer))
+        self.first = 0  # the first layer of the kind whose body is being built: its tensors give the shapes
+        self.factors, self.unused = rope_factors(spec, arch, n_ctx)
+        self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
+        self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
+        self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
+        self.gate: Value | None = None  # attention's output gate (attn_output_gate)
+        self.ffn_in = self.x  # the FFN's normed input (a shared expert reads it beside the experts)
+
+    # -- primitives -------------------------------------------------------------------------
+    def weight(self, name: str, view_of: str | None = None) -> Value:
+        t = self.spec.tensor(view_of or name)
+        return Value(name, ValueKind.WEIGHT, t.shape, t.dtype, t)
+
+    def layer_weight(self, name: str, suffix: str = "weight") -> Value:
+        role = name if suffix == "weight" else f"{name}_{suffix}"
+        return self.bind(role, f"blk.0.{name}.{suffix}")
+
+    def bind(self, role: str, tensor: str, rows: tuple[int, int] | None = None, as_row: bool = False) -> Value:
+        """The role's weight: a tensor of layer 0 (blk.0.*, the same name in each layer; another
+        name is one tensor every layer shares), or its rows first .. first + count - 1; as_row: a
+        vector read as a matrix of one row (rows (0, 1) of its one-row view)."""
+        if as_row:
+            rows = AS_ROW
+        self.roles[role] = (tensor, rows)
+        return Value(role, ValueKind.WEIGHT, self._tensor(self.first, tensor, rows).shape, None)
+
+    def has(self, name0: str) -> bool:
+        """Whether the first layer of the body being built has this tensor (named as in layer 0)."""
+        return name0.replace("blk.0.", f"blk.{self.first}.", 1) in self.spec.tensors
+
+    def first_tensor(self, name0: str) -> TensorInfo:
+        """A tensor (named as in layer 0) of the first layer of the body being built."""
+        return self.spec.tensor(name0.replace("blk.0.", f"blk.{self.first}.", 1))
+
+    def _tensor(self, il: int, name0: str, rows: tuple[int, int] | None) -> TensorInfo:
+        t = self.spec.tensor(name0.replace("blk.0.", f"blk.{il}.", 1))
+        if rows is AS_ROW:
+            return replace(t, shape=(1, *t.shape))
+        if rows is None:
+            return t
+        if t.shape[0] < rows[0] + rows[1]:
+            raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' has {t.shape[0]} rows; the {self.arch.arch} "
+                                 f"architecture reads rows {rows[0]}..{rows[0] + rows[1] - 1} of it")
+        return t.rows(*rows)
+
+    def fused(self, tensor: str, parts: tuple[tuple[str, int], ...]) -> tuple[Value, ...]:
+        """Roles that are consecutive row ranges of one tensor, which must hold exactly them."""
+        rows = self.first_tensor(tensor).shape[0]
+        if rows != sum(n for _, n in parts):
+            raise ModelFileError(f"{self.spec.path}: tensor '{tensor}' has {rows} rows; the {self.arch.arch} "
+                                 f"architecture reads it as {' + '.join(f'{r} ({n})' for r, n in parts)}")
+        starts = np.cumsum([0] + [n for _, n in parts])
+        return tuple(self.bind(role, tensor, (int(at), n)) for (role, n), at in zip(parts, starts))
+
+    def scalar(self, key: str) -> float:
+        """A number the template takes from the file; absent or 0 reads as unset (0.0), as llama.cpp's do."""
+        return self.hp.scalar(key) or 0.0
+
+    def emit(self, op: Op, name: str, inputs: tuple[Value, ...], shape: tuple[int, ...], attrs: Attrs = None) -> Value:
+        out = Value(name, ValueKind.ACTIVATION, shape, DType.F32)
+        self.nodes.append(Node(op, name, inputs, (out,), attrs))
+        return out
+
+    def add_into_x(self, name: str, y: Value) -> None:
+        self.nodes.append(Node(Op.ADD, name, (y, self.x), (self.x,)))
+
+    def norm(self, name: str, x: Value, w: Value) -> Value:
+        attrs = NormAttrs(eps=self.hp.norm_eps, weight_offset=self.arch.norm_weight_offset)
+        return self.emit(Op.RMS_NORM, name, (x, w), x.shape, attrs)
+
+    def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
+        w = role if isinstance(role, Value) else self.layer_weight(role)
+        inputs = (x, w) + ((self.layer_weight(w.name, "bias"),) if bias else ())
+        return self.emit(Op.MATMUL, name, inputs, shape, MatmulAttrs())
+
+    def regroup(self, name: str, x: Value, groups: int, parts: tuple[int, ...], outputs: tuple[tuple[int, ...], ...],
+                values: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[Value, ...]:
+        outs = tuple(Value(v, ValueKind.ACTIVATION, shape, DType.F32) for v, shape in values)
+        self.nodes.append(Node(Op.REGROUP, name, (x,), outs, RegroupAttrs(groups, parts, outputs)))
+        return outs
+
+    def scale(self, name: str, x: Value, by: float) -> Value:
+        return self.emit(Op.SCALE, name, (x,), x.shape, ScaleAttrs(by))
+
+    def take(self) -> tuple[Node, ...]:
+        nodes, self.nodes = tuple(self.nodes), []
+        return nodes
+
+    # -- head, body, tail --------------------------------------------------------------------
+    def head(self) -> tuple[Node, ...]:
+        scale = {EmbeddingScale.NONE: 1.0, EmbeddingScale.SQRT_N_EMBD: sqrt(self.hp.n_embd),
+                 EmbeddingScale.METADATA: self.scalar("embedding_scale") or 1.0}[self.arch.embedding_scale]
+        self.nodes.append(Node(Op.EMBED, "inp_embd", (self.inputs["inp_tokens"], self.weight("token_embd.weight")),
+                               (self.x,), EmbedAttrs(scale)))
+        return self.take()
+
+    def tail(self) -> tuple[Node, ...]:
+        x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
+        x = self.emit(Op.SELECT_ROWS, "result_rows", (x, self.inputs["inp_out"]), x.shape)
+        tied = self.arch.lm_head is LMHead.TIED or (self.arch.lm_head is LMHead.OUTPUT_OR_TIED
+                                                    and "output.weight" not in self.spec.tensors)
+        head = self.weight("output.weight", view_of="token_embd.weight" if tied else None)
+        logits = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_vocab), DType.F32)
+        self.nodes.append(Node(Op.LOGITS, "result_output", (x, head), (logits,)))
+        if self.arch.logit_scale is Scalar.METADATA:  # in place, in the caller's buffer
+            by = float(np.float32(1) / np.float32(self.scalar("logit_scale")))  # llama.cpp's scale by 1/s
+            self.nodes.append(Node(Op.SCALE, "result_scaled", (logits,), (logits,), ScaleAttrs(by)))
+        cap = self.arch.softcap_value("final_softcap", self.hp.scalar("final_logit_softcapping"))
+        if cap:
+            self.nodes.append(Node(Op.SOFTCAP, "result_capped", (logits,), (logits,), SoftcapAttrs(cap)))
+        return self.take()
+
+    def layers(self, roles: dict, recurrent_roles: dict) -> tuple[Layer, ...]:
+        out = []
+        for il in range(self.hp.n_layer):
+            kind = self.kinds[il]
+            window = None
+            if kind is LayerKind.LOCAL:
+                if self.hp.sliding_window is None:
+                    raise ArchitectureError(
+                        f"{self.spec.path}: the {self.arch.arch} architecture makes layer {il} a sliding-window "
+                        f"layer, but the file has no '{self.spec.arch}.attention.sliding_window'")
+                window = self.hp.sliding_window
+            local = kind is LayerKind.LOCAL and self.arch.rope_base_local is not None
+            base = self.arch.rope_base_local if local else self.hp.rope_base
+            own = recurrent_roles if kind is LayerKind.RECURRENT else roles
+            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, name0, rows, kind)
+                                                      for role, (name0, rows) in own.items()}))
+        return tuple(out)
+
+    def _layer_tensor(self, il: int, name0: str, rows: tuple[int, int] | None, kind: LayerKind) -> TensorInfo:
+        first = self.kinds.index(kind) if kind is LayerKind.RECURRENT else \
+            next(i for i, k in enumerate(self.kinds) if k is not LayerKind.RECURRENT)
+        t, t0 = (self.spec.tensor(name0.replace("blk.0.", f"blk.{i}.", 1)) for i in (il, first))
+        if t.shape != t0.shape:
+            raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' is {list(t.shape)} but "
+                                 f"'{t0.name}' is {list(t0.shape)}; every layer of a kind must have the same shapes")
+        return self._tensor(il, name0, rows)
