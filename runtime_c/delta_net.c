@@ -1,6 +1,7 @@
-/* delta_net.c: the Gated DeltaNet's ops (Qwen3.5, Qwen3-Next), as llama.cpp's qwen35 graph and
- * ggml's CPU kernels compute them, with each sequence's recurrent state in its slot of the state
- * pool (compiler/planner/state_plan.py places every layer's part of a slot).
+/* delta_net.c: the ops of the Qwen3.5 / Qwen3-Next hybrids, as llama.cpp's qwen35 graph and ggml's
+ * CPU kernels compute them: the Gated DeltaNet's conv and delta rule, with each sequence's recurrent
+ * state in its slot of the state pool (compiler/planner/state_plan.py places every layer's part of a
+ * slot), and the elementwise ops around them (regroup, the sigmoid gates).
  *
  * A recurrence runs token by token in one order of operations: row r of a step continues the
  * state its sequence's previous row left, and a row at cache row 0 starts from zeros. So a

@@ -34,7 +34,7 @@ import compiler
 from compiler.build.runtime import runtime_kernels
 from compiler.core.options import CompileOptions
 from compiler.planner.plan import plan
-from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_OFF, FEATURE_SHAPE
+from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_OFF, FEATURE_SHAPE
 from ggml_ops import ROPE_NEOX, llamacpp_ropes, rope
 from reference import Reference, compare, kiln_greedy
 

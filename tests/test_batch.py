@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 import compiler
 from compiler.runtime import Model, ModelError
-from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_SHAPE
 
 KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]  # q4_0: K and V in Hadamard blocks
 

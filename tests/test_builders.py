@@ -145,7 +145,7 @@ def test_gemma2_caps_and_scale(tiny):
 
 
 def test_rope_scaling_and_factors_become_the_ropes_parameters(tiny):
-    from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+    from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_SHAPE
 
     def model(name):
         return tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name]))

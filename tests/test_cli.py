@@ -147,7 +147,7 @@ def test_tokenize_jsonl_is_one_array_a_line(smollm2):
 def test_layout_and_ir_on_the_new_architectures(capsys, tiny, name, shows):
     """`kiln ir` and `kiln layout` (text and JSON) run on each: the IR names the new ops and
     variants, the map the fused tensors' row ranges, the factors and the scaling."""
-    from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+    from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_SHAPE
     path = str(tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name])))
     out = ""
     for argv in (("ir", path, "--ctx", "128"), ("layout", path, "--ctx", "128"), ("layout", path, "--ctx", "128", "--json")):

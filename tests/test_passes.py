@@ -205,7 +205,7 @@ def test_kv_rotate_before_after(tiny, k, v, rotated):
 
 # -- the new architectures' ops and variants ------------------------------------------------------------------
 def _feature(tiny, name, **kw):
-    from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+    from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_SHAPE
     return tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name], **kw))
 
 

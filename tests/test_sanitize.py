@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_SHAPE
 
 SCRIPT = textwrap.dedent("""
     import sys

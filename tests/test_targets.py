@@ -24,7 +24,7 @@ from compiler.build import targets as build
 from compiler.build.runtime import runtime_kernels
 from compiler.core.dtypes import X8_DTYPES
 from compiler.core.errors import BuildError
-from compiler.tools.synthetic import FEATURE_MODELS, FEATURE_SHAPE
+from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_SHAPE
 from synthetic import TinySpec, write_tiny_model
 
 SCALAR = "x86-64"

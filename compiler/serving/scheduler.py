@@ -9,11 +9,8 @@ output is what it would have been. A cancelled request (its client went away) is
 next step. A failure in one request's sampling, stop strings or client callback ends that
 request alone.
 
-A constrained request's next mask is computed on a worker thread, while the step runs or right
-after it (runtime/constraints.py). A row whose mask is not ready when the step's logits are is
-waited for up to half the step's time, then keeps its logits and is sampled in a later round; the step does
-not wait longer for it, so one slow grammar slows its own request alone. A mask that takes longer than MASK_TIMEOUT, or a constraint that allows no
-token, ends its request.
+A constrained request's mask may come after its logits (late_masks.py); a mask that takes longer
+than MASK_TIMEOUT, or a constraint that allows no token, ends its request.
 """
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ import logging
 import math
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Callable
 
 import numpy as np
@@ -31,8 +27,8 @@ from ..core.errors import KilnError
 from ..core.sequences import common_prefix
 from ..planner.kv_plan import window_pages
 from ..runtime import DeadEnd, Model, ModelError, PoolFullError, Sequence
-from ..runtime.constraints import MASK_TIMEOUT
 from ..runtime.speculation import Speculation
+from .late_masks import LateMasks
 from .metrics import Metrics
 from .state_cache import Snapshots, StateCache
 from .radix_cache import Match, RadixCache
@@ -40,13 +36,9 @@ from .speculating import Speculating
 from .types import Event, QueueFull, Request, TokenLogprob, Usage
 
 log = logging.getLogger("kiln.serve")
-# After a step the engine waits, in all, this share of the step's time (at least MASK_GRACE_MIN
-# seconds) for masks not yet computed: a normal mask is far shorter, even on a loaded machine whose
-# steps are slow too, and a slow grammar costs the other requests at most that share.
-MASK_GRACE_SHARE, MASK_GRACE_MIN = 0.5, 0.002
 
 
-class Scheduler(Speculating):
+class Scheduler(Speculating, LateMasks):
     """Which requests run in each step, and what becomes of them. Used from the engine thread only
     (but for the counts behind _lock, which callers read)."""
 
@@ -225,7 +217,7 @@ class Scheduler(Speculating):
             if r.decoding.guide is not None:
                 r.decoding.guide.start()
         now = time.monotonic()
-        self._grace_until = now + max(MASK_GRACE_MIN, MASK_GRACE_SHARE * (now - started))
+        self._grace_after(started, now)
         for (r, chunk), logits in zip(items, rows):
             r.todo = r.todo[len(chunk):]
             if self.cache and len(chunk) > 1 and not r.private:  # share a prompt's pages as they fill
@@ -278,39 +270,6 @@ class Scheduler(Speculating):
             self._finish(r, reason=got.finish_reason)
         else:
             r.todo = [got.token]
-
-    # -- constrained rows whose masks come late ---------------------------------------------------
-    def _sample_late(self) -> None:
-        """Sample the rows whose mask has come since their logits did; end one whose mask has taken
-        longer than MASK_TIMEOUT (its grammar's fault, not the server's)."""
-        for r in [r for r in self.running if r.pending is not None]:
-            if r.decoding.ready():
-                logits, r.pending = r.pending, None
-                self._sample(r, logits)
-            elif r.decoding.guide.waited() > MASK_TIMEOUT:
-                r.pending = None
-                self.metrics.dead_ends.inc()
-                self._finish(r, error=f"{r.decoding.guide.constraint.name}: the constraint took longer than "
-                                      f"{MASK_TIMEOUT:g} s to compute one token's mask", invalid=True)
-
-    _grace_until = 0.0  # until when, after the last step, a row's mask is waited for
-
-    def _mask_ready(self, r: Request) -> bool:
-        """Whether r's constraint's mask is computed, waiting for it until this round's grace ends."""
-        future = r.decoding.guide.waiting() if r.decoding.guide is not None else None
-        if future is None or future.done():
-            return True
-        left = self._grace_until - time.monotonic()
-        if left > 0:
-            wait([future], timeout=left)
-        return future.done()
-
-    def _await_masks(self) -> None:
-        """Every running row waits for its mask: wait for the first (briefly, so that the engine
-        still takes its inbox and counts its heartbeat)."""
-        futures = [f for r in self.running if r.pending is not None and (f := r.decoding.guide.waiting()) is not None]
-        if futures:
-            wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
 
     def _finish(self, r: Request, reason: str | None = None, error: str | None = None, cancelled: bool = False,
                 invalid: bool = False) -> None:

@@ -44,9 +44,10 @@ class StateCache:
     def take(self, seq: Sequence) -> None:
         """Snapshot seq as it stands (once per token list), then evict down to the budget."""
         key = tuple(seq.tokens)
-        if not key or key in self.entries or not seq.exact:
-            if key in self.entries:
-                self.entries.move_to_end(key)
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return
+        if not key or not seq.exact:  # a shifted sequence's state is no prefix's
             return
         tokens, state = seq.snapshot()
         if len(state) > self.budget:
