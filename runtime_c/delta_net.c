@@ -17,13 +17,34 @@
 #include "kernels_mt.h"
 #include "vec_f32.h"
 
+/* ln x for softplus: x = m 2^e with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s) for s = (m - 1) /
+ * (m + 1), by its odd series to s^9 in Horner's order (each step an fma), and e ln2 added in its two parts. For finite
+ * x >= 2^-126 (softplus's 1 + e^x); relative error < 3e-7. libm's logf differs between C libraries,
+ * and a value may not depend on the machine that computed it. */
+static inline float ln(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    int e = (int)((bits >> 23) & 0xffu) - 127;
+    bits = (bits & 0x007fffffu) | 0x3f800000u;
+    float m;
+    memcpy(&m, &bits, sizeof m);
+    if (m > 1.41421356f) m *= 0.5f, e += 1;
+    const float s = (m - 1.0f) / (m + 1.0f), z = s * s;
+    float p = 1.0f / 9;
+    p = fmaf(p, z, 1.0f / 7);
+    p = fmaf(p, z, 1.0f / 5);
+    p = fmaf(p, z, 1.0f / 3);
+    p = fmaf(p, z, 1.0f);
+    return fmaf((float)e, KILN_EXP_LN2_HI, fmaf((float)e, KILN_EXP_LN2_LO, 2.0f * s * p));
+}
+
 /* silu(v) = v / (1 + e^-v), as kiln_swiglu's scalar spelling */
 static inline float silu(float v) { return v / (1.0f + kiln_expf(0.0f - v)); }
 
 static inline float sigmoid(float v) { return 1.0f / (1.0f + kiln_expf(0.0f - v)); }
 
 /* ggml_compute_softplus_f32 */
-static inline float softplus(float v) { return v > 20.0f ? v : kiln_logf(1.0f + kiln_expf(v)); }
+static inline float softplus(float v) { return v > 20.0f ? v : ln(1.0f + kiln_expf(v)); }
 
 /* y = silu(y) in place: kiln_swiglu's spelling with up = 1, eight at a time where the build has
    AVX2 (kiln_exp8 is kiln_expf lane by lane), the rest one by one: the same bits on every path */

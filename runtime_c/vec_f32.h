@@ -53,28 +53,6 @@ static inline float kiln_expf(float x) {
     return p * scale;
 }
 
-/* -- ln x ------------------------------------------------------------------------------------
- * x = m 2^e with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(s) for s = (m - 1) / (m + 1), by its odd
- * series to s^9 in Horner's order (each step an fma), and e ln2 added in its two parts. For finite
- * x >= 2^-126 (softplus's 1 + e^x); relative error < 3e-7. libm's logf differs between C libraries,
- * and a value may not depend on the machine that computed it. */
-static inline float kiln_logf(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    int e = (int)((bits >> 23) & 0xffu) - 127;
-    bits = (bits & 0x007fffffu) | 0x3f800000u;
-    float m;
-    memcpy(&m, &bits, sizeof m);
-    if (m > 1.41421356f) m *= 0.5f, e += 1;
-    const float s = (m - 1.0f) / (m + 1.0f), z = s * s;
-    float p = 1.0f / 9;
-    p = fmaf(p, z, 1.0f / 7);
-    p = fmaf(p, z, 1.0f / 5);
-    p = fmaf(p, z, 1.0f / 3);
-    p = fmaf(p, z, 1.0f);
-    return fmaf((float)e, KILN_EXP_LN2_HI, fmaf((float)e, KILN_EXP_LN2_LO, 2.0f * s * p));
-}
-
 /* -- tanh ------------------------------------------------------------------------------------
  * |x| < 0.625: x + x^3 P(x^2), Cephes' tanhf polynomial in Horner's order (each step an fma), then
  * fma(P(x^2) x^2, x, x); else 1 - 2 / (e^2|x| + 1) with kiln_expf, x's sign put back. A vector
