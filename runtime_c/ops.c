@@ -54,7 +54,12 @@ static inline void rotate_plain(float *y0, float *y1, float x0, float x1, float 
 
 void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, int n_rot,
                    float base, int neox, const kiln_rope_scaling *sc, const float *factors) {
-    /* the first n_rot dims of a head rotate, as ggml's n_dims; the rest are copied */
+    /* the first n_rot dims of a head rotate, as ggml's n_dims; the rest are copied. Base 0 marks
+       a layer without rope (NoPE), as it marks a cache whose K a shift leaves alone (kv_rows.c) */
+    if (base == 0.0f) {
+        if (y != x) memcpy(y, x, (size_t)rows * n_head * head_dim * sizeof(float));
+        return;
+    }
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
     const int half = n_rot / 2, fused = neox ? half : half - half % 4;
     float lo = 0.0f, hi = 0.0f;

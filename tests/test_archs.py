@@ -103,7 +103,7 @@ def test_each_rope_is_ggmls_with_llamacpps_own_parameters(tiny, smollm2, name):
     same rows at positions 0 to 4095: the same bits."""
     path = feature_model(tiny, smollm2, name, Q.F32)
     ropes, g = llamacpp_ropes(path, n_ctx=128), plan(path, CompileOptions(ctx=128)).graph
-    assert sorted(ropes) == list(range(len(g.layers)))
+    assert sorted(ropes) == [ly.index for ly in g.layers if ly.rope_base], "a rope where llama.cpp has none, or none where it has one"
     pos = np.concatenate([np.arange(80), [97, 128, 200, 511, 1000, 4095]]).astype(np.int32)
     for layer, (params, factors) in sorted(ropes.items()):
         d = params["n_dims"]
@@ -154,7 +154,10 @@ def test_greedy_tokens_match_llamacpp(tiny, smollm2, name):
 @pytest.mark.parametrize("name", ["llama-rope-freqs", "llama-linear"])
 def test_a_context_shift_rotates_with_the_factors_and_scale(tiny, smollm2, name):
     """kiln re-rotates kept keys with the layer's frequency factors and scaling, as llama.cpp's
-    shift does (compared where llama.cpp's shift keeps the keys' magnitude: no attention factor)."""
+    shift does (compared where llama.cpp's shift keeps the keys' magnitude: no attention factor).
+    Not SmolLM3: kiln leaves a NoPE layer's keys as they are, since they hold no position, where
+    llama.cpp's shift rotates every layer's (its hparams.has_rope is true but for granite's router
+    layer), measured 2.2e-4 apart after this shift."""
     path = feature_model(tiny, smollm2, name, Q.F32, raised=True)
     ref, kiln = Reference(path, n_ctx=128), compiler.load(path, ctx=128, prefill_chunk=16)
     ids = _ids(110, seed=7)

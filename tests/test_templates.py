@@ -13,7 +13,7 @@ from compiler.frontend.architecture_file import available_archs, load_architectu
 
 
 def test_shipped_templates():
-    assert available_archs() == ("gemma2", "gemma3", "granite", "llama", "olmoe", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next")
+    assert available_archs() == ("gemma2", "gemma3", "granite", "llama", "olmoe", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "smollm3")
     llama, qwen2, qwen3, gemma3 = (load_architecture(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
     assert llama.rope_layout is RopeLayout.PAIRWISE and not llama.qkv_bias and not llama.qk_norm
     assert qwen2.rope_layout is RopeLayout.NEOX and qwen2.qkv_bias
@@ -46,6 +46,12 @@ def test_gemma3_layer_pattern_every_sixth_is_global():
     assert kinds.count(LayerKind.LOCAL) == 15
 
 
+def test_smollm3_every_fourth_layer_has_no_rope():
+    t = load_architecture("smollm3")
+    assert [il for il in range(12) if not t.rotates(il)] == [3, 7, 11]
+    assert all(load_architecture("llama").rotates(il) for il in range(12))
+
+
 def _variant(tmp_path, base="llama", **changes):
     raw = json.loads((ARCH_DIR / f"{base}.json").read_text())
     for k, v in changes.items():
@@ -74,6 +80,7 @@ def _variant(tmp_path, base="llama", **changes):
                 "ffn_glu", "ffn_down", "ffn_residual", "mystery"]}, "field 'block'.*'mystery' is not a valid Stage"),
     ({"layer_pattern": ["local", "global"]}, "field 'layer_pattern'"),
     ({"arch": "qwen2"}, "field 'arch' is 'qwen2'"),
+    ({"nope_layer_step": 1}, "field 'nope_layer_step': 1 is not null or an integer of at least 2"),
 ])
 def test_bad_templates_name_the_field(tmp_path, changes, message):
     with pytest.raises(ArchitectureError, match=message):

@@ -180,6 +180,9 @@ class Architecture:
     # which key head a DeltaNet's value head h reads: h % n_k ("modulo", llama.cpp's qwen35) or
     # h // (n_v / n_k) ("interleaved", its qwen3next's repeat_interleave)
     head_pairing: str = "modulo"
+    # every n-th layer ((il + 1) % n == 0) has no rotary embedding (NoPE): llama.cpp's fixed
+    # n_no_rope_layer_step (SmolLM3's 4); None: every attention layer rotates
+    nope_layer_step: int | None = None
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""
@@ -221,6 +224,10 @@ class Architecture:
         if self.layer_pattern is None:
             return LayerKind.GLOBAL
         return self.layer_pattern[il % len(self.layer_pattern)]
+
+    def rotates(self, il: int) -> bool:
+        """Whether attention layer il applies rope (not a NoPE layer)."""
+        return self.nope_layer_step is None or (il + 1) % self.nope_layer_step != 0
 
 
 # The keys (under '{arch}.') a recurrent template reads: the DeltaNet's sizes, which layers are

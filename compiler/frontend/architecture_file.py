@@ -46,11 +46,13 @@ _PARSERS = {
     "attn_output_gate": lambda v: _boolean(v),
     "ffn_norm_weight": lambda v: _one_of(v, ("ffn_norm", "post_attention_norm")),
     "head_pairing": lambda v: _one_of(v, ("modulo", "interleaved")),
+    "nope_layer_step": lambda v: None if v is None else _positive(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
 _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
-             "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo"}
+             "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
+             "nope_layer_step": None}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
@@ -113,6 +115,12 @@ def _moe(v) -> MoE | None:
         raise ValueError(f"{v!r} is not null or an object of {sorted(keys)}")
     _one_of(v["gating"], ("softmax",))
     return MoE(_boolean(v["normalize_top_k"]), _one_of(v["expert_ffn_length"], MOE_FFN_LENGTH_KEYS))
+
+
+def _positive(v):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+        raise ValueError(f"{v!r} is not null or an integer of at least 2")
+    return v
 
 
 def _boolean(v):

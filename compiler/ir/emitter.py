@@ -162,7 +162,7 @@ class GraphBuilder:
                         f"layer, but the file has no '{self.spec.arch}.attention.sliding_window'")
                 window = self.hp.sliding_window
             local = kind is LayerKind.LOCAL and self.arch.rope_base_local is not None
-            base = self.arch.rope_base_local if local else self.hp.rope_base
+            base = (self.arch.rope_base_local if local else self.hp.rope_base) if self.arch.rotates(il) else 0.0
             own = recurrent_roles if kind is LayerKind.RECURRENT else roles
             out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, name0, rows, kind)
                                                       for role, (name0, rows) in own.items()}))

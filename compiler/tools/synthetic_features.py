@@ -28,7 +28,7 @@ def llama3_rope_freqs(head_dim: int, base: float, factor: float = 8.0, low_freq_
 
 
 # One tiny model for each architecture feature kiln implements beyond the plain blocks (rope scaling
-# and factors, granite's scalars, Phi-3's fused tensors and LongRoPE, Gemma 2's soft-caps): TinySpec
+# and factors, granite's scalars, Phi-3's fused tensors and LongRoPE, Gemma 2's soft-caps, SmolLM3's NoPE layers): TinySpec
 # fields on top of the shape they share. The tests compare each with llama.cpp, check its batch
 # invariance and its bits on every target. Rope bases are low and contexts short so that scaling
 # moves angles within 70 positions.
@@ -58,17 +58,21 @@ FEATURE_MODELS: dict[str, dict] = {
     # token; OLMoE's q/k norms span a whole row, so its K has as many heads as Q (llama.cpp's shapes)
     "qwen3moe": dict(arch="qwen3moe", n_expert=8, n_expert_used=2),
     "olmoe": dict(arch="olmoe", n_head_kv=4, n_expert=8, n_expert_used=3),
+    # SmolLM3: layer 3 of 4 has no rope (NoPE)
+    "smollm3": dict(arch="smollm3", n_layer=4),
 }
 
 
 # The same models with the feature switched off, for the tests' negative controls: RoPE's scaling
 # and factors left out, Gemma 2's caps at the template's defaults, granite's scalars at 1 (it needs
-# its logit scale; its attention scale falls to the default 1/sqrt(head_dim)). A mixture of
+# its logit scale; its attention scale falls to the default 1/sqrt(head_dim)), SmolLM3 read as llama. A mixture of
 # experts' feature is its template's routing, which tests/test_moe.py switches there.
 def _switched_off(name: str, spec: dict) -> dict:
     off = {k: v for k, v in spec.items() if k not in ("extra_meta", "extra_tensors")}
     if name == "granite":
         off["extra_meta"] = {"embedding_scale": 1.0, "residual_scale": 1.0, "logit_scale": 1.0}
+    if name == "smollm3":  # the same file read as llama: every layer rotates
+        off["metadata_arch"] = "llama"
     return off
 
 
