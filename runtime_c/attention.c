@@ -107,6 +107,12 @@ static void fold(attn_state r, const float *p_acc, float p_max, float p_denom, i
     *r.max = m;
 }
 
+/* A head's sink (gpt-oss): one more logit in the softmax, with no value row: a span of one
+ * weight and a zero sum, folded in after the history's spans, as ggml adds it last */
+static void fold_sink(attn_state r, float sink, int hd) {
+    fold(r, ZERO_ROW, sink, 1.0f, hd);
+}
+
 static void clear(attn_state st, int hd) {
     *st.max = -INFINITY, *st.denom = 0.0f;
     memset(st.acc, 0, (size_t)hd * sizeof(float));
@@ -229,7 +235,7 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
  * states in scratch; after a barrier each query head folds its spans in order. */
 static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, const kiln_kv_view *kv,
                          const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale, float softcap,
-                         int max_spans, float *scratch) {
+                         const float *sinks, int max_spans, float *scratch) {
     const int group = n_head / n_head_kv, first = kiln_kv_first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + KILN_ATTN_SPAN_STATE;
     const int32_t *table = kiln_kv_table(kv, seq);
@@ -265,6 +271,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
             const float *slot = scratch + ((size_t)h * max_spans + sp) * part;
             fold(r, slot + KILN_ATTN_SPAN_STATE, slot[0], slot[1], hd);
         }
+        if (sinks) fold_sink(r, sinks[h], hd);
         for (int d = 0; d < hd; d++) oh[d] /= denom;
     }
 }
@@ -275,7 +282,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
  * time; each query folds its spans in order, as on every path. */
 static void attend_block(float *out, const float *q, int seq, const int32_t *row, int ta, int tb,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int h0, int heads, int g, int n_head,
-                         int hd, float scale, float softcap) {
+                         int hd, float scale, float softcap, const float *sinks) {
     float acc[ATTN_ITEM_FLOATS], max[ATTN_ITEM_Q], denom[ATTN_ITEM_Q];
     float pacc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], pmax[ATTN_MAX_Q], pdenom[ATTN_MAX_Q];
     const float *qs[ATTN_ITEM_Q];
@@ -321,20 +328,21 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
     }
     for (int i = 0; i < nq; i++) {
         float *oh = out + ((size_t)(ta + i / heads) * n_head + h0 + i % heads) * hd;
+        if (sinks) fold_sink((attn_state){acc + (size_t)i * hd, &max[i], &denom[i]}, sinks[h0 + i % heads], hd);
         for (int d = 0; d < hd; d++) oh[d] = acc[(size_t)i * hd + d] / denom[i];
     }
 }
 
-void kiln_attention_softcap_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq,
-                               const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
-                               int head_dim, float scale, float softcap, void *scratch, int max_spans) {
+void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq,
+                           const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
+                           int head_dim, float scale, float softcap, const float *sinks, void *scratch, int max_spans) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
     if (kv->mass && th->ith == 0) /* H2O's bookkeeping, when asked for: one thread, the others wait at the barrier */
-        kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap);
+        kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks);
     if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - kiln_kv_first_visible(kv, row[0]) / SPAN < max_spans) {
-        attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, softcap, max_spans,
-                     scratch);
+        attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, softcap, sinks,
+                     max_spans, scratch);
         return;
     }
     /* An item is a block of consecutive tokens of one sequence, with the query heads of one kv
@@ -354,7 +362,7 @@ void kiln_attention_softcap_mt(const kiln_thread *th, float *out, const float *q
             for (int hb = 0; hb < per_block; hb++)
                 if ((item + hb) % th->nth == th->ith)
                     attend_block(out, q, seq[ta], row, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
-                                 n_head, head_dim, scale, softcap);
+                                 n_head, head_dim, scale, softcap, sinks);
         }
         t0 += run;
     }
@@ -363,14 +371,14 @@ void kiln_attention_softcap_mt(const kiln_thread *th, float *out, const float *q
 void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,
                        int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
                        void *scratch, int max_spans) {
-    kiln_attention_softcap_mt(th, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, scratch,
-                              max_spans);
+    kiln_attention_ext_mt(th, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, NULL, scratch,
+                          max_spans);
 }
 
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                    void *scratch, int max_spans) {
+                    const float *sinks, void *scratch, int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
-    kiln_attention_softcap_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap,
-                              scratch, max_spans);
+    kiln_attention_ext_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks,
+                          scratch, max_spans);
 }

@@ -11,7 +11,7 @@
 #include "vec_f32.h"
 
 void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale, float softcap) {
+                         int n_head, int n_head_kv, int head_dim, float scale, float softcap, const float *sinks) {
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
     float kr[KILN_MAX_HEAD_DIM];
@@ -34,7 +34,9 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
                 if (softcap != 0.0f) kiln_vsoftcap(&s[j], 1, softcap);
                 max = s[j] > max ? s[j] : max;
             }
+            if (sinks) max = sinks[h] > max ? sinks[h] : max;
             for (int j = 0; j < n; j++) denom += s[j] = kiln_expf(s[j] - max);
+            if (sinks) denom += kiln_expf(sinks[h] - max);
             for (int j = 0; j < n; j++) mass[j] += s[j] / denom;
         }
     }
@@ -43,7 +45,8 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
 
 /* The reference: one row at a time, online softmax in scalar float. */
 void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap) {
+                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
+                        const float *sinks) {
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
@@ -72,6 +75,11 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
             denom += w;
             kiln_dequantize_row_ref(kv->v_type, kiln_kv_row(kv, table, 1, h / group, j, v_row), vr, head_dim);
             for (int d = 0; d < head_dim; d++) acc[d] += w * vr[d];
+        }
+        if (sinks) { /* the sink: a logit with no value row, last (ggml's order) */
+            const float m = sinks[h] > max ? sinks[h] : max;
+            denom = denom * expf(max - m) + expf(sinks[h] - m);
+            for (int d = 0; d < head_dim; d++) acc[d] *= expf(max - m);
         }
         for (int d = 0; d < head_dim; d++) oh[d] = acc[d] / denom;
     }

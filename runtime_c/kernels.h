@@ -101,6 +101,7 @@ void kiln_scale(float *y, const float *x, int n, float s);      /* y = x * s */
 void kiln_softcap(float *y, const float *x, int n, float cap);  /* y = cap * tanh(x / cap) (kiln_tanhf) */
 void kiln_swiglu(float *y, const float *gate, const float *up, int n);  /* silu(gate) * up */
 void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* the same through expf */
+void kiln_swiglu_oai(float *y, const float *gate, const float *up, int n); /* gpt-oss's clamped SwiGLU (ops.c) */
 void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
 void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the same without the table */
 /* -- Gated DeltaNet (delta_net.c) ----------------------------------------------------------- */
@@ -137,21 +138,31 @@ void kiln_embed(int type, float *y, const void *table, const int32_t *ids, int r
 void kiln_argsort_desc(const float *v, int32_t *idx, int n);
 /* Each row's router: p = softmax(logits[r][0 .. n_expert)) (kiln_expf, the sum in double), the top
    n_used experts by p in argsort order into ids[r], their p into weights[r], divided by their sum
-   (at least 6.103515625e-5) where normalize: llama.cpp's softmax gating, with and without norm_w. */
+   (at least 6.103515625e-5) where normalize: llama.cpp's softmax gating, with and without norm_w.
+   softmax_weight: the top n_used by the logits themselves, weighted by the softmax of those n_used
+   logits (llama.cpp's softmax_weight gating, gpt-oss's); normalize is then not read. */
 void kiln_moe_route(int32_t *ids, float *weights, const float *logits, int n_rows, int n_expert, int n_used,
-                    int normalize);
+                    int normalize, int softmax_weight);
+/* An expert FFN's activation: silu(g) u (KILN_ACT_SWIGLU), or gpt-oss's clamped one (kiln_swiglu_oai) */
+enum kiln_activation { KILN_ACT_SWIGLU = 0, KILN_ACT_SWIGLU_OAI = 1 };
+/* What an expert adds beyond its three matrices: each one's bias, [n_expert][its output width]
+   (NULL: none), added to its matmul's rows as ggml_add_id does, and the activation */
+typedef struct {
+    const float *gate_b, *up_b, *down_b;
+    int act;
+} kiln_moe_extra;
 /* The scratch kiln_moe_ffn takes (its parts: moe.c; compiler/passes/scratch.py plans the same). */
 size_t kiln_moe_scratch_bytes(int gate_type, int up_type, int down_type, int n_rows, int n_expert, int n_used,
                               int n_ff, int n_embd);
 /* y[r] = sum over j < n_used, in rank order, of weights[r][j] * FFN_e(x[r]) for e = ids[r][j]:
-   FFN_e(x) = down_e (silu(gate_e x) * up_e x), expert e the slice e of gate and up [n_expert][n_ff]
+   FFN_e(x) = down_e act(gate_e x, up_e x), expert e the slice e of gate and up [n_expert][n_ff]
    [n_embd] and of down [n_expert][n_embd][n_ff] (their packed copies where given and the build reads
    them). Each expert's weights are read once for all the rows that chose it, each row's value is
    the same bits however the rows are batched. Runs on a pool of n_threads of its own; reads, where
    not NULL, gets [n_expert][3] += the rows of each expert's gate, up and down the kernel read. */
 int kiln_moe_ffn(float *y, const float *x, const int32_t *ids, const float *weights, const kiln_weight *gate,
-                 const kiln_weight *up, const kiln_weight *down, int n_rows, int n_expert, int n_used, int n_ff,
-                 int n_embd, void *scratch, int n_threads, int32_t *reads);
+                 const kiln_weight *up, const kiln_weight *down, const kiln_moe_extra *extra, int n_rows, int n_expert,
+                 int n_used, int n_ff, int n_embd, void *scratch, int n_threads, int32_t *reads);
 
 
 /* -- KV cache and attention ---------------------------------------------------------------- */
@@ -187,7 +198,8 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
                        int head_dim, float rope_base, int neox, const kiln_rope_scaling *sc, const float *factors,
                        int hadamard);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
-   its sequence; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
+   its sequence; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
+   where not NULL, adds a logit sinks[h] with no value row to each head's softmax (gpt-oss). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
    softmax is computed on its own and the spans are merged in order, so a token's result does not
    depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
    its (kv head, span) items over the threads; scratch holds n_head * max_spans * (head_dim + 2)
@@ -195,14 +207,15 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
 #define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + KILN_ATTN_SPAN_STATE))
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                    void *scratch, int max_spans);
+                    const float *sinks, void *scratch, int max_spans);
 /* mass[seq[t]][j] += softmax(q[t][h] . K[j] * scale)[j] summed over heads, for every position j token
    t sees: the attention each position receives, which heavy-hitter eviction (H2O) keeps the largest
    of. kiln_attention_mt calls it after its own work when kv->mass is set. */
 void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale, float softcap);
+                         int n_head, int n_head_kv, int head_dim, float scale, float softcap, const float *sinks);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
 void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap);
+                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
+                        const float *sinks);
 
 #endif

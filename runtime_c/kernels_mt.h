@@ -28,17 +28,18 @@ void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const 
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
                        const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
                        int head_dim, float scale, void *scratch, int max_spans);
-/* the same with soft-capped scores (Gemma 2) */
-void kiln_attention_softcap_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
-                               const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
-                               int head_dim, float scale, float softcap, void *scratch, int max_spans);
+/* the same with soft-capped scores (Gemma 2) or sinks (gpt-oss), either 0 / NULL: none */
+void kiln_attention_ext_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
+                           const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
+                           int head_dim, float scale, float softcap, const float *sinks, void *scratch, int max_spans);
 
 /* a mixture of experts (kernels.h): the router by rows; the experts' FFN by granules of output rows */
 void kiln_moe_route_mt(const kiln_thread *t, int32_t *ids, float *weights, const float *logits, int n_rows,
-                       int n_expert, int n_used, int normalize);
+                       int n_expert, int n_used, int normalize, int softmax_weight);
 void kiln_moe_ffn_mt(const kiln_thread *t, float *y, const float *x, const int32_t *ids, const float *weights,
-                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, int n_rows,
-                     int n_expert, int n_used, int n_ff, int n_embd, void *scratch);
+                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, const float *gate_b,
+                     const float *up_b, const float *down_b, int act, int n_rows, int n_expert, int n_used, int n_ff,
+                     int n_embd, void *scratch);
 
 /* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
 void kiln_embed_mt(const kiln_thread *t, float *y, const kiln_weight *table, const int32_t *ids, int rows,

@@ -17,7 +17,7 @@
  *   1. x's rows quantized for gate's (and up's, where its format differs) dot; the slots' list;
  *      each slot's copy of its row's activations (one row, decode: each thread quantizes it on
  *      its stack, no list and no copy needed beyond its k slots)
- *   2. gate and up rows of every chosen expert, then act(gate) * up, by granules of n_ff
+ *   2. gate and up rows of every chosen expert (plus their biases), then act(gate, up), by granules of n_ff
  *   3. those rows quantized for down's dot
  *   4. down rows of every chosen expert and the weighted sum, by granules of n_embd
  */
@@ -47,14 +47,22 @@ typedef struct {
     int n_rows, n_expert, n_used, n_ff, n_embd;
     size_t ag, au, ad; /* activation row bytes for gate (and up) over n_embd, for down over n_ff */
     int split_up;      /* up's activations are in another format than gate's */
+    const kiln_moe_extra *extra; /* the experts' biases and activation; NULL: none, SwiGLU */
 } moe_shape;
 
 static moe_shape shape_of(const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, int n_rows,
-                          int n_expert, int n_used, int n_ff, int n_embd) {
+                          int n_expert, int n_used, int n_ff, int n_embd, const kiln_moe_extra *extra) {
     const int split = kiln_act_type(up->type) != kiln_act_type(gate->type);
     return (moe_shape){gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd,
                        kiln_act_row_bytes(gate->type, n_embd), split ? kiln_act_row_bytes(up->type, n_embd) : 0,
-                       kiln_act_row_bytes(down->type, n_ff), split};
+                       kiln_act_row_bytes(down->type, n_ff), split, extra};
+}
+
+/* rows[i][o0 .. o1) += bias[o0 .. o1) for i < n: one add a value, as ggml_add_id */
+static void add_bias(float *rows, size_t stride, int n, const float *bias, int o0, int o1) {
+    if (!bias) return;
+    for (int i = 0; i < n; i++)
+        for (int o = o0; o < o1; o++) rows[(size_t)i * stride + o] += bias[o];
 }
 
 static size_t carve(const moe_shape *m, uint8_t *base, moe_scratch *s) {
@@ -76,7 +84,7 @@ static size_t carve(const moe_shape *m, uint8_t *base, moe_scratch *s) {
 size_t kiln_moe_scratch_bytes(int gate_type, int up_type, int down_type, int n_rows, int n_expert, int n_used,
                               int n_ff, int n_embd) {
     const kiln_weight g = {gate_type, NULL, NULL}, u = {up_type, NULL, NULL}, d = {down_type, NULL, NULL};
-    const moe_shape m = shape_of(&g, &u, &d, n_rows, n_expert, n_used, n_ff, n_embd);
+    const moe_shape m = shape_of(&g, &u, &d, n_rows, n_expert, n_used, n_ff, n_embd, NULL);
     return carve(&m, NULL, NULL);
 }
 
@@ -158,8 +166,14 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
         expert_rows(m->gate, e, n_ff, n_embd, o0, o1, ag, m->ag, c, g, n_ff, reads ? reads + 3 * e : NULL);
         expert_rows(m->up, e, n_ff, n_embd, o0, o1, au, m->split_up ? m->au : m->ag, c, u, n_ff,
                     reads ? reads + 3 * e + 1 : NULL);
-        for (int i = 0; i < c; i++) kiln_swiglu(g + (size_t)i * n_ff + o0, g + (size_t)i * n_ff + o0,
-                                                u + (size_t)i * n_ff + o0, o1 - o0);
+        const kiln_moe_extra *x = m->extra;
+        if (x && x->gate_b) add_bias(g, n_ff, c, x->gate_b + (size_t)e * n_ff, o0, o1);
+        if (x && x->up_b) add_bias(u, n_ff, c, x->up_b + (size_t)e * n_ff, o0, o1);
+        for (int i = 0; i < c; i++) {
+            float *gi = g + (size_t)i * n_ff + o0;
+            if (x && x->act == KILN_ACT_SWIGLU_OAI) kiln_swiglu_oai(gi, gi, u + (size_t)i * n_ff + o0, o1 - o0);
+            else kiln_swiglu(gi, gi, u + (size_t)i * n_ff + o0, o1 - o0);
+        }
     }
     kiln_barrier(t);
     /* 3. the slots' rows quantized for down: on each thread's stack where they fit, as in decode */
@@ -173,8 +187,11 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
     if (o1 == o0) return;
     for (int e = 0; e < m->n_expert; e++) {
         const int c = first[e + 1] - first[e];
-        if (c) expert_rows(m->down, e, n_embd, n_ff, o0, o1, act_h + first[e] * m->ad, m->ad, c,
-                           s.y + (size_t)first[e] * n_embd, n_embd, reads ? reads + 3 * e + 2 : NULL);
+        if (!c) continue;
+        expert_rows(m->down, e, n_embd, n_ff, o0, o1, act_h + first[e] * m->ad, m->ad, c,
+                    s.y + (size_t)first[e] * n_embd, n_embd, reads ? reads + 3 * e + 2 : NULL);
+        if (m->extra && m->extra->down_b)
+            add_bias(s.y + (size_t)first[e] * n_embd, n_embd, c, m->extra->down_b + (size_t)e * n_embd, o0, o1);
     }
     for (int r = 0; r < m->n_rows; r++) {
         float *yr = out + (size_t)r * n_embd;
@@ -189,9 +206,11 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
 }
 
 void kiln_moe_ffn_mt(const kiln_thread *t, float *y, const float *x, const int32_t *ids, const float *weights,
-                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, int n_rows,
-                     int n_expert, int n_used, int n_ff, int n_embd, void *scratch) {
-    const moe_shape m = shape_of(gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd);
+                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, const float *gate_b,
+                     const float *up_b, const float *down_b, int act, int n_rows, int n_expert, int n_used, int n_ff,
+                     int n_embd, void *scratch) {
+    const kiln_moe_extra extra = {gate_b, up_b, down_b, act};
+    const moe_shape m = shape_of(gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd, &extra);
     moe_ffn(t, &m, y, x, ids, weights, scratch, NULL);
 }
 
@@ -211,9 +230,9 @@ static void moe_region(void *arg, const kiln_thread *t) {
 }
 
 int kiln_moe_ffn(float *y, const float *x, const int32_t *ids, const float *weights, const kiln_weight *gate,
-                 const kiln_weight *up, const kiln_weight *down, int n_rows, int n_expert, int n_used, int n_ff,
-                 int n_embd, void *scratch, int n_threads, int32_t *reads) {
-    const moe_shape m = shape_of(gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd);
+                 const kiln_weight *up, const kiln_weight *down, const kiln_moe_extra *extra, int n_rows, int n_expert,
+                 int n_used, int n_ff, int n_embd, void *scratch, int n_threads, int32_t *reads) {
+    const moe_shape m = shape_of(gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd, extra);
     kiln_pool *pool = kiln_pool_create(n_threads);
     if (!pool) return -1;
     moe_call call = {&m, y, x, weights, ids, scratch, reads};

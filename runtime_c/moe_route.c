@@ -1,7 +1,8 @@
 /* moe_route.c: a mixture of experts' router, row by row: the softmax of the router's logits, the
  * top k experts by it, and their weights, as llama.cpp's build_moe_ffn computes them with softmax
  * gating (ggml_soft_max, ggml_argsort_top_k, ggml_get_rows, and for norm_w ggml_sum_rows,
- * ggml_clamp, ggml_div).
+ * ggml_clamp, ggml_div); or with softmax_weight gating (gpt-oss), the top k by the logits and the
+ * softmax of those k.
  *
  * The choice of experts must be llama.cpp's even where probabilities tie, as they do exactly when
  * two experts' router rows are equal: ggml's CPU argsort is std::sort with `a > b`, which does not
@@ -180,6 +181,19 @@ static double soft_max_exp(float *y, const float *x, float max, int n) {
     return sum;
 }
 
+/* softmax_weight gating (gpt-oss): the top n_used by the logits, then the softmax of those */
+static void route_row_by_logits(int32_t *ids, float *weights, const float *logits, int n_expert, int n_used) {
+    int32_t order[KILN_MOE_MAX_EXPERTS];
+    float top[KILN_MOE_MAX_EXPERTS], max = -INFINITY;
+    kiln_argsort_desc(logits, order, n_expert);
+    for (int j = 0; j < n_used; j++) {
+        ids[j] = order[j], top[j] = logits[order[j]];
+        max = top[j] > max ? top[j] : max;
+    }
+    const float inv = (float)(1.0 / soft_max_exp(weights, top, max, n_used));
+    for (int j = 0; j < n_used; j++) weights[j] *= inv;
+}
+
 static void route_row(int32_t *ids, float *weights, const float *logits, int n_expert, int n_used, int normalize) {
     float p[KILN_MOE_MAX_EXPERTS];
     int32_t order[KILN_MOE_MAX_EXPERTS];
@@ -200,17 +214,20 @@ static void route_row(int32_t *ids, float *weights, const float *logits, int n_e
 }
 
 void kiln_moe_route(int32_t *ids, float *weights, const float *logits, int n_rows, int n_expert, int n_used,
-                    int normalize) {
-    for (int r = 0; r < n_rows; r++)
-        route_row(ids + (size_t)r * n_used, weights + (size_t)r * n_used, logits + (size_t)r * n_expert, n_expert,
-                  n_used, normalize);
+                    int normalize, int softmax_weight) {
+    for (int r = 0; r < n_rows; r++) {
+        int32_t *ir = ids + (size_t)r * n_used;
+        float *wr = weights + (size_t)r * n_used;
+        if (softmax_weight) route_row_by_logits(ir, wr, logits + (size_t)r * n_expert, n_expert, n_used);
+        else route_row(ir, wr, logits + (size_t)r * n_expert, n_expert, n_used, normalize);
+    }
 }
 
 void kiln_moe_route_mt(const kiln_thread *t, int32_t *ids, float *weights, const float *logits, int n_rows,
-                       int n_expert, int n_used, int normalize) {
+                       int n_expert, int n_used, int normalize, int softmax_weight) {
     int r0, r1;
     kiln_share(t, n_rows, 1, &r0, &r1);
     if (r1 > r0)
         kiln_moe_route(ids + (size_t)r0 * n_used, weights + (size_t)r0 * n_used, logits + (size_t)r0 * n_expert,
-                       r1 - r0, n_expert, n_used, normalize);
+                       r1 - r0, n_expert, n_used, normalize, softmax_weight);
 }

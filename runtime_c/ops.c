@@ -153,6 +153,17 @@ void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
     for (; i < n; i++) y[i] = gate[i] / (1.0f + kiln_expf(0.0f - gate[i])) * up[i];
 }
 
+/* gpt-oss's clamped SwiGLU, as ggml's swiglu_oai with llama.cpp's alpha 1.702 and limit 7:
+ * g = min(gate, 7), g / (1 + e^(1.702 (-g))) (clamp(up, -7, 7) + 1), exp through kiln_expf */
+void kiln_swiglu_oai(float *y, const float *gate, const float *up, int n) {
+    const float alpha = 1.702f, limit = 7.0f;
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        y[i] = g / (1.0f + kiln_expf(alpha * (0.0f - g))) * (u + 1.0f);
+    }
+}
+
 /* GELU is evaluated as llama.cpp's CPU backend does: at the input rounded to f16, with the
  * result rounded to f16 (its lookup-table path), and cut off outside [-10, 10]. Exact tanh-GELU
  * drifts Gemma's logits measurably away from the reference. */

@@ -140,7 +140,7 @@ def test_tokenize_jsonl_is_one_array_a_line(smollm2):
     ("qwen2-yarn", ["[kiln_rope_ext]", "rope_scaling", "yarn", "yarn_beta_fast"]),
     ("granite", ["attn_scaled", "[kiln_scale]", "result_scaled", "logit_scale", "embedding_scale"]),
     ("phi3-long", ["blk.0.attn_qkv.weight[0:128]", "blk.0.ffn_up.weight[256:512]", "rope_factors_long.weight"]),
-    ("gemma2", ["[kiln_attention_softcap]", "result_capped", "[kiln_softcap]", "attn_logit_softcapping 5.0"]),
+    ("gemma2", ["[kiln_attention_ext]", "result_capped", "[kiln_softcap]", "attn_logit_softcapping 5.0"]),
     ("qwen3moe", ["[kiln_moe_route]", "[kiln_moe_ffn]", "n_expert_used", "8 experts of", "a token reads",
                   "expert_bytes_per_token"]),
 ])

@@ -411,11 +411,12 @@ class PagedCache:
         return out
 
     def attend(self, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
-               max_spans: int = 0, softcap: float = 0.0) -> np.ndarray:
+               max_spans: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
         out = np.zeros((len(rows), n_head, self.hd), np.float32)
         seq = np.zeros(len(rows), np.int32)
         args = (ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
-                len(rows), self.view, n_head, self.n_kv, self.hd, scale, softcap)
+                len(rows), self.view, n_head, self.n_kv, self.hd, scale, softcap,
+                ffi.NULL if sinks is None else ptr(sinks, "float *"))
         if ref:
             lib.kiln_attention_ref(*args)
         else:
@@ -625,6 +626,38 @@ def test_softcapped_attention(t):
         assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
     uncapped = cache.attend(q, rows, n_head, 0.125)
     assert np.abs(uncapped - block).max() > 1e-2  # the cap changes the result: scores reach past it
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
+def test_attention_sinks(t):
+    """gpt-oss's sinks: a logit per head in the softmax's denominator with no value row. The SIMD
+    path against the scalar reference and numpy in float64, the same bits alone, split or in a
+    block; sinks from far below the scores (no effect) to far above (most of the weight)."""
+    rng = np.random.default_rng(9)
+    n_head, n_kv, hd, n_pos = 8, 2, 64, 200
+    cache = PagedCache(t, n_kv, hd, n_pos, 16, seed=5)
+    cache.store(rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32),
+                rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32), np.arange(n_pos, dtype=np.int32))
+    q = rng.standard_normal((5, n_head, hd)).astype(np.float32)
+    sinks = np.array([-30.0, -2.0, 0.0, 0.5, 1.0, 2.0, 4.0, 8.0], np.float32)
+    rows = np.array([0, 63, 64, 130, 199], np.int32)
+    block = cache.attend(q, rows, n_head, 0.125, sinks=sinks)
+    ref = cache.attend(q, rows, n_head, 0.125, ref=True, sinks=sinks)
+    np.testing.assert_allclose(block, ref, rtol=2e-5, atol=1e-6)
+    K, V = cache.rows(0, n_pos), cache.rows(1, n_pos)
+    for i, p in enumerate(rows):
+        for h in range(n_head):
+            s = K[h // 4, :p + 1] @ q[i, h].astype(np.float64) * 0.125
+            m = max(s.max(), sinks[h])
+            w = np.exp(s - m)
+            np.testing.assert_allclose(block[i, h], w @ V[h // 4, :p + 1] / (w.sum() + np.exp(sinks[h] - m)),
+                                       rtol=1e-4, atol=1e-6)
+        alone = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, sinks=sinks)
+        split = cache.attend(q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125, max_spans=4, sinks=sinks)
+        assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
+    plain = cache.attend(q, rows, n_head, 0.125)
+    assert np.array_equal(plain[:, 0], block[:, 0])  # a sink far below the scores changes no bit
+    assert np.abs(plain[:, 7] - block[:, 7]).max() > 1e-2  # one far above takes most of the weight
 
 
 def test_geglu_table_equals_direct_evaluation():

@@ -88,7 +88,7 @@ def test_route_is_softmax_then_top_k(normalize):
     logits = rng.standard_normal((rows, n_expert)).astype(np.float32) * 3
     ids, weights = np.zeros((rows, k), np.int32), np.zeros((rows, k), np.float32)
     lib.kiln_moe_route(ptr(ids, "int32_t *"), ptr(weights, "float *"), ptr(logits, "float *"), rows, n_expert, k,
-                       normalize)
+                       normalize, 0)
     p = np.exp(logits.astype(np.float64) - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     top = np.argsort(-p, axis=1, kind="stable")[:, :k]
@@ -112,7 +112,7 @@ def test_routing_is_ggmls_bit_for_bit(n_expert, k, normalize):
     logits[::5, 3] = logits[::5, 1]
     ids, weights = np.zeros((rows, k), np.int32), np.zeros((rows, k), np.float32)
     lib.kiln_moe_route(ptr(ids, "int32_t *"), ptr(weights, "float *"), ptr(logits, "float *"), rows, n_expert, k,
-                       normalize)
+                       normalize, 0)
     want_ids, want_weights = moe_route(logits, k, bool(normalize))
     np.testing.assert_array_equal(ids, want_ids, err_msg="the experts chosen")
     np.testing.assert_array_equal(weights, want_weights, err_msg="their weights")
@@ -149,7 +149,7 @@ class Experts:
         scratch = np.zeros(lib.kiln_moe_scratch_bytes(int(g), int(u), int(d), rows, self.n_expert, k, self.n_ff,
                                                       self.n_embd), np.uint8)
         status = lib.kiln_moe_ffn(ptr(y, "float *"), ptr(x, "float *"), ptr(ids, "int32_t *"), ptr(w, "float *"),
-                                  *self.weights, rows, self.n_expert, k, self.n_ff, self.n_embd, ptr(scratch),
+                                  *self.weights, ffi.NULL, rows, self.n_expert, k, self.n_ff, self.n_embd, ptr(scratch),
                                   threads, ptr(reads, "int32_t *"))
         assert status == 0
         return y, reads

@@ -213,11 +213,11 @@ def _feature(tiny, name, **kw):
     ("llama-rope-freqs", "kiln_rope_ext", "kiln_attention", ["kiln_matmul"]),  # factors: the rope with a third input
     ("qwen2-yarn", "kiln_rope_ext", "kiln_attention", ["kiln_matmul"]),  # scaled
     ("granite", "kiln_rope", "kiln_attention", ["kiln_matmul", "kiln_scale"]),
-    ("gemma2", "kiln_rope", "kiln_attention_softcap", ["kiln_matmul", "kiln_softcap"]),
+    ("gemma2", "kiln_rope", "kiln_attention_ext", ["kiln_matmul", "kiln_softcap"]),
 ])
 def test_kernel_select_picks_the_variant_an_attribute_asks_for(tiny, name, q_rope, attn, tail):
     """Before: no kernels. After: a scaled or factored rope runs kiln_rope_ext, a capped attention
-    kiln_attention_softcap, the logits' scale and cap their own kernels; the plain ones are unchanged."""
+    kiln_attention_ext, the logits' scale and cap their own kernels; the plain ones are unchanged."""
     spec, g, kv = _setup(_feature(tiny, name))
     g = insert_kv_ops(g, kv)
     assert all(n.kernel is None for n in g.nodes)

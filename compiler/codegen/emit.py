@@ -94,7 +94,7 @@ def _kv_store(n: Node) -> list[str]:
 
 
 def _attention(n: Node) -> list[str]:
-    q, seq, pos, _, _ = n.inputs
+    q, seq, pos = n.inputs[:3]
     a = n.attrs
     spans = n.scratch.shape[0] // (4 * a.n_head * (a.head_dim + ATTN_SPAN_STATE)) if n.scratch else 0
     return [c_name(n.outputs[0]), c_name(q), c_name(seq), c_name(pos), "n", "&s->kv_view[l]", str(a.n_head),
@@ -102,22 +102,26 @@ def _attention(n: Node) -> list[str]:
             str(spans)]
 
 
-def _attention_softcap(n: Node) -> list[str]:
+def _attention_ext(n: Node) -> list[str]:
+    sinks = floats(n.inputs[5]) if len(n.inputs) > 5 else "NULL"
     args = _attention(n)
-    return args[:10] + [c_float(n.attrs.softcap)] + args[10:]
+    return args[:10] + [c_float(n.attrs.softcap), sinks] + args[10:]
 
 
 def _moe_route(n: Node) -> list[str]:
     (logits,), (ids, weights) = n.inputs, n.outputs
     a = n.attrs
-    return [c_name(ids), c_name(weights), c_name(logits), "n", str(a.n_expert), str(a.n_used), str(int(a.normalize))]
+    return [c_name(ids), c_name(weights), c_name(logits), "n", str(a.n_expert), str(a.n_used), str(int(a.normalize)),
+            str(int(a.softmax_weight))]
 
 
 def _moe_ffn(n: Node) -> list[str]:
-    x, ids, weights, gate, up, down = n.inputs
+    x, ids, weights, gate, up, down, *biases = n.inputs
     a = n.attrs
+    bias = [floats(b) for b in biases] or ["NULL"] * 3
     return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate), weight(up), weight(down),
-            "n", str(a.n_expert), str(a.n_used), str(gate.shape[1]), str(x.shape[1]), c_name(n.scratch)]
+            *bias, f"KILN_ACT_{a.activation.name}", "n", str(a.n_expert), str(a.n_used), str(gate.shape[1]),
+            str(x.shape[1]), c_name(n.scratch)]
 
 
 def _state(part: str) -> str:
@@ -186,7 +190,7 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_hadamard": _unary,
     "kiln_kv_store": _kv_store,
     "kiln_attention": _attention,
-    "kiln_attention_softcap": _attention_softcap,
+    "kiln_attention_ext": _attention_ext,
     "kiln_add": _binary,
     "kiln_swiglu": _binary,
     "kiln_geglu": _binary,

@@ -50,6 +50,9 @@ class Activation(Enum):
     SWIGLU = "swiglu"  # silu(gate) * up
     GEGLU = "geglu"  # gelu_tanh(gate) * up
     SIGMOID = "sigmoid"  # sigmoid(gate) * up: an attention output gate (attn_output_gate), not an FFN's
+    # gpt-oss's experts (llama.cpp's swiglu_oai, alpha 1.702 and limit 7): g = min(gate, 7),
+    # g sigmoid(1.702 g) (clamp(up, -7, 7) + 1)
+    SWIGLU_OAI = "swiglu_oai"
 
 
 class EmbeddingScale(Enum):
@@ -111,14 +114,19 @@ class QKNormSpan(Enum):
 
 @dataclass(frozen=True)
 class MoE:
-    """A mixture-of-experts FFN (stage ffn_moe), as llama.cpp's build_moe_ffn computes it with
-    softmax gating: the router ffn_gate_inp gives each row n_expert logits; their softmax, the
-    top n_expert_used experts by it (argsort order, ties as llama.cpp's sort leaves them), those
-    probabilities (divided by their sum where `normalize`); each chosen expert's GLU FFN (the 3-D
-    ffn_gate_exps, ffn_up_exps, ffn_down_exps: an expert is one slice), its output times its
-    weight, summed over the experts in rank order."""
+    """A mixture-of-experts FFN (stage ffn_moe), as llama.cpp's build_moe_ffn computes it: the
+    router ffn_gate_inp gives each row n_expert logits (plus its bias where `router_bias`). With
+    softmax gating, their softmax, the top n_expert_used experts by it (argsort order, ties as
+    llama.cpp's sort leaves them), those probabilities (divided by their sum where `normalize`);
+    with softmax_weight gating (gpt-oss), the top experts by the logits themselves, and the softmax
+    of those k logits. Each chosen expert's GLU FFN (the 3-D ffn_gate_exps, ffn_up_exps,
+    ffn_down_exps: an expert is one slice; each matmul plus its expert's row of the 2-D bias where
+    `expert_biases`), its output times its weight, summed over the experts in rank order."""
     normalize: bool  # llama.cpp's norm_w: qwen3moe renormalizes the top-k weights, olmoe does not
     ffn_length_key: str  # the GGUF key (under '{arch}.') of an expert's FFN width
+    gating: str = "softmax"  # or "softmax_weight"
+    router_bias: bool = False  # ffn_gate_inp.bias
+    expert_biases: bool = False  # ffn_gate_exps.bias, ffn_up_exps.bias, ffn_down_exps.bias
 
 
 # An expert's FFN width: qwen3moe's own key (absent: feed_forward_length / expert_used_count, as
@@ -183,6 +191,9 @@ class Architecture:
     # every n-th layer ((il + 1) % n == 0) has no rotary embedding (NoPE): llama.cpp's fixed
     # n_no_rope_layer_step (SmolLM3's 4); None: every attention layer rotates
     nope_layer_step: int | None = None
+    # a learned logit per head (attn_sinks) joins each softmax's denominator (gpt-oss)
+    attn_sinks: bool = False
+    attn_output_bias: bool = False  # attn_output.bias (gpt-oss)
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""

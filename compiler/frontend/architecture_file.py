@@ -47,12 +47,14 @@ _PARSERS = {
     "ffn_norm_weight": lambda v: _one_of(v, ("ffn_norm", "post_attention_norm")),
     "head_pairing": lambda v: _one_of(v, ("modulo", "interleaved")),
     "nope_layer_step": lambda v: None if v is None else _positive(v),
+    "attn_sinks": lambda v: _boolean(v),
+    "attn_output_bias": lambda v: _boolean(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
 _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
              "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
-             "nope_layer_step": None}
+             "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
@@ -107,14 +109,16 @@ def _requires(v) -> tuple[tuple[str, tuple], ...]:
 
 
 def _moe(v) -> MoE | None:
-    """null: a dense FFN; {"gating": "softmax", "normalize_top_k": bool, "expert_ffn_length": key}."""
+    """null: a dense FFN; {"gating": "softmax" | "softmax_weight", "normalize_top_k": bool,
+    "expert_ffn_length": key}, and optionally "router_bias" and "expert_biases" (bool)."""
     if v is None:
         return None
-    keys = {"gating", "normalize_top_k", "expert_ffn_length"}
-    if not isinstance(v, dict) or set(v) != keys:
-        raise ValueError(f"{v!r} is not null or an object of {sorted(keys)}")
-    _one_of(v["gating"], ("softmax",))
-    return MoE(_boolean(v["normalize_top_k"]), _one_of(v["expert_ffn_length"], MOE_FFN_LENGTH_KEYS))
+    keys, optional = {"gating", "normalize_top_k", "expert_ffn_length"}, {"router_bias", "expert_biases"}
+    if not isinstance(v, dict) or not keys <= set(v) <= keys | optional:
+        raise ValueError(f"{v!r} is not null or an object of {sorted(keys)} (and optionally {sorted(optional)})")
+    return MoE(_boolean(v["normalize_top_k"]), _one_of(v["expert_ffn_length"], MOE_FFN_LENGTH_KEYS),
+               _one_of(v["gating"], ("softmax", "softmax_weight")), _boolean(v.get("router_bias", False)),
+               _boolean(v.get("expert_biases", False)))
 
 
 def _positive(v):

@@ -141,6 +141,7 @@ class RouteAttrs:
     n_expert: int
     n_used: int  # k: experts a row runs
     normalize: bool  # the k weights divided by their sum (llama.cpp's norm_w)
+    softmax_weight: bool = False  # the top k by the logits, weighted by the softmax of those k (gpt-oss)
 
 
 @dataclass(frozen=True)

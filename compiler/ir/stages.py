@@ -74,7 +74,14 @@ def _attention(b: GraphBuilder) -> None:
     hp = b.hp
     attrs = AttentionAttrs(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, scale=_attention_scale(b),
                            softcap=b.arch.softcap_value("attn_softcap", b.hp.scalar("attn_logit_softcapping")))
-    b.cur = b.emit(Op.ATTENTION, "attn", (b.q, b.k, b.v), (b.T, hp.n_head * hp.head_dim), attrs)
+    sinks = ()
+    if b.arch.attn_sinks:  # one logit a head, in every softmax's denominator
+        t = b.first_tensor("blk.0.attn_sinks.weight")
+        if t.shape != (hp.n_head,) or t.dtype is not DType.F32:
+            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; attention "
+                                 f"sinks are one F32 logit per head ({hp.n_head})")
+        sinks = (b.layer_weight("attn_sinks"),)
+    b.cur = b.emit(Op.ATTENTION, "attn", (b.q, b.k, b.v, *sinks), (b.T, hp.n_head * hp.head_dim), attrs)
 
 
 def _residual(b: GraphBuilder, name: str, scaled: str) -> None:
@@ -85,7 +92,7 @@ def _residual(b: GraphBuilder, name: str, scaled: str) -> None:
 def _attn_output(b: GraphBuilder) -> None:
     if b.arch.attn_output_gate:
         b.cur = b.emit(Op.GLU, "attn_gated", (b.gate, b.cur), b.cur.shape, GluAttrs(Activation.SIGMOID))
-    b.cur = b.matmul("attn_out", b.cur, "attn_output", (b.T, b.hp.n_embd))
+    b.cur = b.matmul("attn_out", b.cur, "attn_output", (b.T, b.hp.n_embd), b.arch.attn_output_bias)
 
 
 def _attn_post_norm(b: GraphBuilder) -> None:
@@ -122,18 +129,26 @@ def _ffn_moe(b: GraphBuilder) -> None:
     n_exp, k, n_ff, n_embd = hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd
     expected = {"ffn_gate_inp": (n_exp, n_embd), "ffn_gate_exps": (n_exp, n_ff, n_embd),
                 "ffn_up_exps": (n_exp, n_ff, n_embd), "ffn_down_exps": (n_exp, n_embd, n_ff)}
+    if moe.expert_biases:  # a row of each expert's output width an expert
+        expected |= {"ffn_gate_exps.bias": (n_exp, n_ff), "ffn_up_exps.bias": (n_exp, n_ff),
+                     "ffn_down_exps.bias": (n_exp, n_embd)}
+    if moe.router_bias:
+        expected["ffn_gate_inp.bias"] = (n_exp,)
     for role, shape in expected.items():
-        t = b.first_tensor(f"blk.0.{role}.weight")
-        if t.shape != shape:
-            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {list(t.shape)} but expert_count "
+        t = b.first_tensor(f"blk.0.{role}" + ("" if role.endswith(".bias") else ".weight"))
+        if t.shape != shape or (role.endswith(".bias") and t.dtype is not DType.F32):
+            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)} but expert_count "
                                  f"{n_exp}, an expert's FFN width {n_ff} ({moe.ffn_length_key}) and n_embd {n_embd} "
-                                 f"make it {list(shape)}")
-    logits = b.matmul("ffn_moe_logits", b.cur, "ffn_gate_inp", (b.T, n_exp))
+                                 f"make it {list(shape)}" + (" of F32" if role.endswith(".bias") else ""))
+    logits = b.matmul("ffn_moe_logits", b.cur, "ffn_gate_inp", (b.T, n_exp), moe.router_bias)
     ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (b.T, k), DType.I32)
     weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (b.T, k), DType.F32)
-    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights), RouteAttrs(n_exp, k, moe.normalize)))
-    experts = tuple(b.layer_weight(role) for role in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
-    b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts), (b.T, n_embd),
+    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights),
+                        RouteAttrs(n_exp, k, moe.normalize, moe.gating == "softmax_weight")))
+    roles = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    experts = tuple(b.layer_weight(role) for role in roles)
+    biases = tuple(b.layer_weight(role, "bias") for role in roles) if moe.expert_biases else ()
+    b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts, *biases), (b.T, n_embd),
                    MoeAttrs(n_exp, k, b.arch.activation))
 
 

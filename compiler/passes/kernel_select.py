@@ -2,7 +2,7 @@
 the function takes the node's operand types.
 
 The variant distinguishes ops whose math differs by an attribute (the GLU's activation; a rope
-with scaling or frequency factors; an attention with soft-capped scores), so that each function
+with scaling or frequency factors; an attention with soft-capped scores or sinks), so that each function
 does one thing and the plain ones stay as they were. A
 kernel takes its weights' and the cache's element types as arguments and dispatches through the
 runtime's one type table (runtime_c/types.c), so one function serves every type it lists here;
@@ -39,7 +39,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.HADAMARD, ""): Kernel("kiln_hadamard"),
     (Op.KV_STORE, ""): Kernel("kiln_kv_store", cache=tuple(KV_DTYPES.values())),
     (Op.ATTENTION, ""): Kernel("kiln_attention", cache=tuple(KV_DTYPES.values())),
-    (Op.ATTENTION, "softcap"): Kernel("kiln_attention_softcap", cache=tuple(KV_DTYPES.values())),
+    (Op.ATTENTION, "ext"): Kernel("kiln_attention_ext", F32, tuple(KV_DTYPES.values())),  # soft-cap, sinks
     (Op.ADD, ""): Kernel("kiln_add"),
     (Op.SELECT_ROWS, ""): Kernel("kiln_select_rows"),
     (Op.GLU, "swiglu"): Kernel("kiln_swiglu"),
@@ -48,6 +48,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.SOFTCAP, ""): Kernel("kiln_softcap"),
     (Op.MOE_ROUTE, ""): Kernel("kiln_moe_route"),
     (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
+    (Op.MOE_FFN, "swiglu_oai"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.GLU, "sigmoid"): Kernel("kiln_sigmoid_gate"),
     (Op.GLU, "sigmoid_row"): Kernel("kiln_sigmoid_row_gate"),  # one gate a row
     (Op.REGROUP, ""): Kernel("kiln_regroup"),
@@ -61,7 +62,7 @@ VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.GLU: lambda n: n.attrs.activation.value + ("_row" if n.inputs[0].shape[1:] == (1,) != n.inputs[1].shape[1:]
                                                     else ""),
     Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 or n.attrs.n_rot < n.inputs[0].shape[-1] else "",
-    Op.ATTENTION: lambda n: "softcap" if n.attrs.softcap else "",
+    Op.ATTENTION: lambda n: "ext" if n.attrs.softcap or any(v.kind is ValueKind.WEIGHT for v in n.inputs) else "",
     Op.MOE_FFN: lambda n: n.attrs.activation.value,
 }
 

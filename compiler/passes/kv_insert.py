@@ -24,12 +24,12 @@ def insert_kv_ops(g: Graph, kv: KVConfig) -> Graph:
     seq, row = g.input("inp_seq"), g.input("inp_row")
     cache = kv_values(kv)
     attn = next(n for n in g.body if n.op is Op.ATTENTION)
-    _, k, v = attn.inputs
+    k, v = attn.inputs[1:3]
     last = max(i for i, n in enumerate(g.body) if set(n.outputs) & {k, v})  # the write follows the later of k, v
     nodes: list[Node] = []
     for i, n in enumerate(g.body):
         if n.op is Op.ATTENTION:
-            n = replace(n, inputs=(n.inputs[0], seq, row, *cache))
+            n = replace(n, inputs=(n.inputs[0], seq, row, *cache, *n.inputs[3:]))  # then its sinks, if any
         nodes.append(n)
         if i == last:
             nodes.append(Node(Op.KV_STORE, "kv_store", (k, v, seq, row, *cache), ()))

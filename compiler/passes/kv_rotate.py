@@ -28,7 +28,7 @@ def rotate_kv(g: Graph, kv: KVConfig) -> Graph:
         if n.op is not Op.ATTENTION:
             nodes.append(n)
             continue
-        q, k, v = n.inputs
+        q, k, v, *sinks = n.inputs
         if kv.k_hadamard:
             (rq, q), (rk, k) = _rotated(q, "q_rot"), _rotated(k, "k_rot")
             nodes += [rq, rk]
@@ -37,8 +37,8 @@ def rotate_kv(g: Graph, kv: KVConfig) -> Graph:
             nodes.append(rv)
             (out,) = n.outputs
             inner = replace(out, name="attn_rot")
-            nodes.append(replace(n, name="attn_rot", inputs=(q, k, v), outputs=(inner,)))
+            nodes.append(replace(n, name="attn_rot", inputs=(q, k, v, *sinks), outputs=(inner,)))
             nodes.append(Node(Op.HADAMARD, "attn", (inner,), (out,)))
         else:
-            nodes.append(replace(n, inputs=(q, k, v)))
+            nodes.append(replace(n, inputs=(q, k, v, *sinks)))
     return g.with_nodes(Section.BODY, nodes)

@@ -48,7 +48,7 @@ def moe_scratch_bytes(gate: DType, up: DType, down: DType, rows: int, n_expert: 
 
 
 def _moe_bytes(g: Graph, n: Node, kv: KVConfig) -> int:
-    x, _, _, gate, up, down = n.inputs
+    x, _, _, gate, up, down = n.inputs[:6]
     a = n.attrs
     return max(moe_scratch_bytes(tg.dtype, tu.dtype, td.dtype, x.shape[0], a.n_expert, a.n_used, gate.shape[1],
                                  x.shape[1]) for tg, tu, td in zip(*(g.tensors(w) for w in (gate, up, down))))

@@ -73,6 +73,10 @@ def _attention(n: Node) -> str | None:
     (out,) = n.outputs
     if q.shape[1:] != (a.n_head, a.head_dim) or out.shape != (q.shape[0], a.n_head * a.head_dim):
         return f"q {q.shape} or output {out.shape} disagree with {a.n_head} heads of {a.head_dim}"
+    sinks = [v for v in rest if v.kind is ValueKind.WEIGHT]
+    rest = [v for v in rest if v.kind is not ValueKind.WEIGHT]
+    if sinks and (len(sinks) > 1 or sinks[0].shape != (a.n_head,)):
+        return f"sinks {[s.shape for s in sinks]} are not one logit per head ({a.n_head})"
     if rest[-1].kind is ValueKind.KV:
         *_, kc, vc = rest
         if not _same(kc.shape[::2], vc.shape[::2], (a.n_head_kv, a.head_dim)):
@@ -137,12 +141,14 @@ def _moe_route(n: Node) -> str | None:
 
 def _moe_ffn(n: Node) -> str | None:
     a = n.attrs
-    (x, ids, weights, gate, up, down), (out,) = n.inputs, n.outputs
+    (x, ids, weights, gate, up, down, *biases), (out,) = n.inputs, n.outputs
     n_embd, n_ff = x.shape[-1], gate.shape[1]
     if ids.shape != (x.shape[0], a.n_used) or weights.shape != ids.shape or out.shape != x.shape:
         return f"x {x.shape}, ids {ids.shape}, weights {weights.shape}, output {out.shape} disagree"
     if not _same(gate.shape, up.shape, (a.n_expert, n_ff, n_embd)) or down.shape != (a.n_expert, n_embd, n_ff):
         return f"experts {gate.shape}, {up.shape}, {down.shape} are not {a.n_expert} x (ff, {n_embd}) and (..., ff)"
+    if biases and [b.shape for b in biases] != [(a.n_expert, n_ff), (a.n_expert, n_ff), (a.n_expert, n_embd)]:
+        return f"expert biases {[b.shape for b in biases]} are not a row of gate's, up's and down's outputs an expert"
     return None
 
 

@@ -99,11 +99,20 @@ def _template_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
         else:
             shapes |= {b + "attn_q.weight": (q, s.n_embd), b + "attn_k.weight": (kv, s.n_embd),
                        b + "attn_v.weight": (kv, s.n_embd)}
-        shapes |= {b + "attn_output.weight": (s.n_embd, q), b + "ffn_norm.weight": (s.n_embd,)}
+        shapes |= {b + "attn_output.weight": (s.n_embd, q), b + f"{t.ffn_norm_weight}.weight": (s.n_embd,)}
+        if t.attn_output_bias:
+            shapes[b + "attn_output.bias"] = (s.n_embd,)
+        if t.attn_sinks:
+            shapes[b + "attn_sinks.weight"] = (s.n_head,)
         if t.moe is not None:  # the router, then each expert's gate, up and down as one 3-D tensor
             e = s.n_expert
             shapes |= {b + "ffn_gate_inp.weight": (e, s.n_embd), b + "ffn_gate_exps.weight": (e, s.n_ff, s.n_embd),
                        b + "ffn_up_exps.weight": (e, s.n_ff, s.n_embd), b + "ffn_down_exps.weight": (e, s.n_embd, s.n_ff)}
+            if t.moe.router_bias:
+                shapes[b + "ffn_gate_inp.bias"] = (e,)
+            if t.moe.expert_biases:  # a row of each matrix's output width an expert
+                shapes |= {b + "ffn_gate_exps.bias": (e, s.n_ff), b + "ffn_up_exps.bias": (e, s.n_ff),
+                           b + "ffn_down_exps.bias": (e, s.n_embd)}
         elif t.fused_ffn_up:
             shapes[b + "ffn_up.weight"] = (2 * s.n_ff, s.n_embd)
         else:
@@ -186,7 +195,7 @@ def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
 def tensor_qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
     """1-D tensors, the router and DeltaNet's conv taps stay F32, as llama.cpp's converter keeps them
     (ggml's ssm_conv reads its taps as F32 only)."""
-    matrix = len(shape) >= 2 and "gate_inp" not in name and "ssm_conv1d" not in name
+    matrix = len(shape) >= 2 and name.endswith(".weight") and "gate_inp" not in name and "ssm_conv1d" not in name
     return s.types.get(name, s.wtype if matrix else Q.F32)
 
 
@@ -203,7 +212,10 @@ def _quantized(data: np.ndarray, qtype: Q) -> np.ndarray:
 def _values(s: TinySpec, name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     # the LM head (tied or not) gets unit scale so that next-token distributions are peaked, as in a
     # trained model: top-1 comparisons on random weights are otherwise coin flips between near-ties
-    scale = 1.0 if name in ("token_embd.weight", "output.weight") else 0.1
+    # sinks O(1), as the scores they compete with; the experts' gate and up biases O(4), so that
+    # gpt-oss's clamp at 7 bites
+    scale = 1.0 if name in ("token_embd.weight", "output.weight") or name.endswith("attn_sinks.weight") else \
+        4.0 if name.endswith(("gate_exps.bias", "up_exps.bias")) else 0.1
     data = rng.standard_normal(shape).astype(np.float32) * scale
     if name.endswith("norm.weight"):
         data += np.float32(s.norm_mean)
@@ -262,7 +274,7 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     w.add_head_count_kv(s.n_head_kv)
-    w.add_rope_freq_base(s.rope_base or (10000.0 if s.arch == "llama" else 1_000_000.0))
+    w.add_rope_freq_base(s.rope_base or (10000.0 if s.arch in ("llama", "gpt-oss") else 1_000_000.0))
     w.add_layer_norm_rms_eps(1e-6)
     if s.head_dim or t is None:
         w.add_key_length(s.head_dim or s.n_embd // s.n_head)

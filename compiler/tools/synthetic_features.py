@@ -58,6 +58,10 @@ FEATURE_MODELS: dict[str, dict] = {
     # token; OLMoE's q/k norms span a whole row, so its K has as many heads as Q (llama.cpp's shapes)
     "qwen3moe": dict(arch="qwen3moe", n_expert=8, n_expert_used=2),
     "olmoe": dict(arch="olmoe", n_head_kv=4, n_expert=8, n_expert_used=3),
+    # gpt-oss: windows of 8 and full layers alternating, sinks, biases, YaRN, 4 of 8 experts a token
+    "gpt-oss": dict(arch="gpt-oss", n_layer=4, n_ff=128, n_expert=8, n_expert_used=4, sliding_window=8,
+                    rope_base=10000.0, extra_meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                                   "rope.scaling.original_context_length": 32}),
     # SmolLM3: layer 3 of 4 has no rope (NoPE)
     "smollm3": dict(arch="smollm3", n_layer=4),
 }
