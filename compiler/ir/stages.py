@@ -136,10 +136,12 @@ def _ffn_moe(b: GraphBuilder) -> None:
         expected["ffn_gate_inp.bias"] = (n_exp,)
     for role, shape in expected.items():
         t = b.first_tensor(f"blk.0.{role}" + ("" if role.endswith(".bias") else ".weight"))
-        if t.shape != shape or (role.endswith(".bias") and t.dtype is not DType.F32):
-            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)} but expert_count "
-                                 f"{n_exp}, an expert's FFN width {n_ff} ({moe.ffn_length_key}) and n_embd {n_embd} "
-                                 f"make it {list(shape)}" + (" of F32" if role.endswith(".bias") else ""))
+        bias = role.endswith(".bias")
+        if t.shape != shape or (bias and t.dtype is not DType.F32):
+            raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name + ' ' if bias else ''}"
+                                 f"{list(t.shape)} but expert_count {n_exp}, an expert's FFN width {n_ff} "
+                                 f"({moe.ffn_length_key}) and n_embd {n_embd} make it {list(shape)}"
+                                 + (" of F32" if bias else ""))
     logits = b.matmul("ffn_moe_logits", b.cur, "ffn_gate_inp", (b.T, n_exp), moe.router_bias)
     ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (b.T, k), DType.I32)
     weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (b.T, k), DType.F32)
