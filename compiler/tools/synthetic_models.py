@@ -36,6 +36,14 @@ SHAPES: dict[str, dict] = {
     # 512 and a shared one, 4 a token (Qwen3.5-35B-A3B has 40 layers of 2048, 256 experts of 512, 8 a token)
     "qwen35moe-small": dict(arch="qwen35moe", n_layer=16, n_embd=1024, n_head=8, n_head_kv=2, head_dim=256,
                             n_ff=512, n_expert=32, n_expert_used=4, ssm_d_state=128, ssm_n_group=8, ssm_dt_rank=16),
+    # a small gpt-oss: 16 layers of 1024 (gpt-oss-20b: 24 of 2880), 16 heads of 64 (8 KV heads), windows of 128
+    # and full layers alternating, 32 experts of 1024, 4 a token (as 20b), YaRN 32 over 4096
+    "gpt-oss-small": dict(arch="gpt-oss", n_layer=16, n_embd=1024, n_head=16, n_head_kv=8, head_dim=64, n_ff=1024,
+                          untied=True, n_expert=32, n_expert_used=4, sliding_window=128, rope_base=150000.0, extra_meta={
+                              "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+                              "rope.scaling.original_context_length": 4096}),
+    # SmolLM3's 3B shape: 36 layers of 2048, 16 heads of 128 (4 KV heads), every fourth layer without rope
+    "smollm3-3b": dict(arch="smollm3", n_layer=36, n_embd=2048, n_head=16, n_head_kv=4, n_ff=11008),
 }
 # --wtype: every type a GGUF weight may have (core/dtypes.py's table). A type gguf cannot quantize
 # (the K-quants, the IQ types) is written as zero blocks: the kernels' work, and so the speed, is the same
