@@ -51,6 +51,7 @@ class TinySpec:
     metadata_arch: str | None = None  # write this as general.architecture instead of `arch`
     tokenizer_from: Path | None = None  # copy a real GGUF's tokenizer (so llama.cpp loads the model)
     tokenizer_pre: str | None = None  # override its pre-tokenizer name
+    chat_template: str | None = None  # tokenizer.chat_template (jinja), e.g. a reasoning model's
     extra_meta: dict = field(default_factory=dict)  # more '{arch}.<key>' metadata: str, bool, int or float values
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-tensor shape overrides (numpy order)
     extra_tensors: dict[str, tuple[float, ...]] = field(default_factory=dict)  # 1-D F32 tensors (rope factors)
@@ -297,6 +298,8 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_bos_token_id(tok.bos_id)
         w.add_eos_token_id(tok.eos_id)
         w.add_add_bos_token(tok.add_bos)
+        if s.chat_template:
+            w.add_chat_template(s.chat_template)
     else:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("smollm")
