@@ -67,17 +67,18 @@ $(AVX2_VENV)/.stamp: $(VENV)/.dev-stamp
 models: setup
 	$(BIN)/kiln models fetch --all
 
-# llama.cpp's own tokenizer test suites (vocab-only ggml-vocab-*.gguf with .inp/.out), from the
+# llama.cpp's own tokenizer test suites (vocab-only ggml-vocab-*.gguf with .inp/.out) and the chat templates
+# of the models it tests (templates/*.jinja: Qwen3, Qwen3.5, gpt-oss, the R1 distills...), from the
 # sdist of the llama-cpp-python that make dev installed; tests/test_tokenizer_suites.py runs them.
 VOCAB_DIR := build/vocab
-vocab: $(VOCAB_DIR)/.stamp
-$(VOCAB_DIR)/.stamp: $(VENV)/.dev-stamp
+vocab: $(VOCAB_DIR)/.stamp-templates
+$(VOCAB_DIR)/.stamp-templates: $(VENV)/.dev-stamp
 	rm -rf $(VOCAB_DIR) && mkdir -p $(VOCAB_DIR)/sdist
 	$(BIN)/pip download --quiet --no-deps --no-binary llama-cpp-python \
 	  "llama-cpp-python==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')" \
 	  -d $(VOCAB_DIR)/sdist
 	tar xzf $(VOCAB_DIR)/sdist/llama_cpp_python-*.tar.gz -C $(VOCAB_DIR) --strip-components=4 --wildcards \
-	  '*/vendor/llama.cpp/models/ggml-vocab-*'
+	  '*/vendor/llama.cpp/models/ggml-vocab-*' '*/vendor/llama.cpp/models/templates/*.jinja'
 	rm -rf $(VOCAB_DIR)/sdist
 	touch $@
 

@@ -29,13 +29,13 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args: str, env: dict | None = None, metrics_key: str | None = None):
+    def __init__(self, *args: str, env: dict | None = None, metrics_key: str | None = None, model: str = MODEL):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.metrics_headers = {"Authorization": f"Bearer {metrics_key}"} if metrics_key else {}
         self.http = httpx.Client(timeout=HANG)  # keeps its connections: the checks between requests are cheap
         self.output = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the server
-        self.proc = subprocess.Popen([sys.executable, "-m", "compiler", "serve", MODEL, "--port", str(self.port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "compiler", "serve", str(model), "--port", str(self.port),
                                       *args], stdout=self.output, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 300  # a first run compiles the library

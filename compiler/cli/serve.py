@@ -69,6 +69,8 @@ def run(a: argparse.Namespace) -> None:
         slot_dir = Path(a.slot_save_path)
         if not slot_dir.is_dir():
             raise KilnError(f"--slot-save-path {slot_dir}: not a directory; create it first")
+    if a.reasoning_budget < -1:
+        raise KilnError(f"--reasoning-budget: -1 (no bound) or a number of tokens, got {a.reasoning_budget}")
     keys = api_keys(a)
     if ray_requested(a):  # replicas of this server on a Ray cluster, each loading the model itself
         return serve_on_ray(a, o, keys, allowed_hosts(a), a.host in LOOPBACK)
@@ -76,7 +78,8 @@ def run(a: argparse.Namespace) -> None:
     spec = speculation(a, m)
     name = a.alias or (a.model if a.model in BUNDLED else m.path.stem)
     config = ServerConfig(name, keys, allowed_hosts(a), a.max_body_bytes, a.max_tokens, a.request_timeout, slot_dir,
-                          a.slot_max_bytes, a.slot_share, a.metrics_key, a.max_header_bytes)
+                          a.slot_max_bytes, a.slot_share, a.metrics_key, a.max_header_bytes,
+                          reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget)
     if a.snapshot_interval < 1 or a.snapshot_mib < 0:
         raise KilnError("--snapshot-interval must be at least 1 token and --snapshot-mib at least 0")
     engine = Engine(m, max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, context_shift=a.context_shift,
@@ -119,6 +122,12 @@ def register(sub) -> None:
                         "loopback, any otherwise)")
     p.add_argument("--metrics-key", default=None, help="require 'Authorization: Bearer KEY' on /metrics")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not share prompt prefixes across requests")
+    p.add_argument("--reasoning-format", default="auto", choices=["auto", "none"],
+                   help="auto: a reasoning model's thinking comes back as reasoning_content, apart from the content; "
+                        "none: left in the content (llama-server's)")
+    p.add_argument("--reasoning-budget", type=int, default=-1,
+                   help="thinking tokens a chat request may take unless it sets reasoning_budget; then the end of "
+                        "the thinking is forced (-1: no bound)")
     p.add_argument("--snapshot-interval", type=int, default=256,
                    help="a hybrid (qwen35, qwen3next): tokens of a prompt between snapshots of a sequence's whole state, "
                         "which later requests with the same prefix restore (also at each prompt's and request's end)")

@@ -48,7 +48,8 @@ def serve_on_ray(a: argparse.Namespace, opts: CompileOptions, keys: tuple[str, .
     from ..serving.ray_settings import Settings, model_name
 
     config = ServerConfig(a.alias or model_name(a.model), keys, hosts, a.max_body_bytes, a.max_tokens,
-                          a.request_timeout, None, a.slot_max_bytes, False, a.metrics_key, a.max_header_bytes)
+                          a.request_timeout, None, a.slot_max_bytes, False, a.metrics_key, a.max_header_bytes,
+                          reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget)
     settings = Settings(a.model, opts, config, 1 if a.threads_per_replica is None else a.threads_per_replica,
                         a.target, a.isa, 1 if a.replicas is None else a.replicas, a.autoscale, a.router, a.max_queue,
                         not a.no_prefix_cache, a.context_shift, a.keep, a.spec, a.spec_max_draft)

@@ -20,7 +20,7 @@ from ..driver import Compiled
 from ..text.tokenizer import make_tokenizer
 from .batch import run_waves
 from .constraints import Constraint, Guidance, Guide, constraint_of
-from .generation import Decoding, stop_list
+from .generation import Decoding, ThinkingBudget, stop_list
 from .instance import Instance
 from .sampling import DEFAULTS, LogitBias, SamplingParams
 from .sequence import Sequence
@@ -248,11 +248,13 @@ class Model:
 
     def decoding(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], max_tokens: int,
                  ignore_eos: bool = False, context_shift: bool = False, guide: Guide | None = None,
-                 bias: LogitBias | None = None) -> Decoding:
+                 bias: LogitBias | None = None, thinking: ThinkingBudget | None = None,
+                 special: bool = False) -> Decoding:
         """The per-token state of one generation: its sampler, stop rules, text, and constraint
-        (a Guide from self.guidance.guide) or logit bias (generation.py)."""
+        (a Guide from self.guidance.guide), logit bias or thinking budget (generation.py); special:
+        control tokens come out as text (a harmony model's channels)."""
         return Decoding(self.tokenizer, self.spec.tokenizer.eog_ids, self.n_ctx, prompt_ids, params, stops,
-                        max_tokens, ignore_eos, context_shift, guide, bias)
+                        max_tokens, ignore_eos, context_shift, guide, bias, thinking, special)
 
     def sinks(self, tokens: SequenceABC[int], sinks: int) -> int:
         """Positions a context shift keeps: `sinks`, plus the BOS token when the sequence starts with

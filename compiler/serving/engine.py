@@ -60,7 +60,8 @@ class Engine(Scheduler):
                             "and at least one must be left to generate")
         # everything that can refuse the request runs before it is counted
         r.decoding = self.model.decoding(r.prompt_ids, r.params, r.stops, r.max_tokens, r.ignore_eos,
-                                          context_shift=self.sinks is not None, guide=r.guide, bias=r.bias)
+                                          context_shift=self.sinks is not None, guide=r.guide, bias=r.bias,
+                                          thinking=r.thinking, special=r.special)
         with self._queue_slot():
             self._inbox.put(("submit", r))
         if r.guide is not None:

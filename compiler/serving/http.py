@@ -37,6 +37,8 @@ class ServerConfig:
     metrics_key: str | None = None
     max_header_bytes: int = 16 << 10  # a request's header block, names and values together
     max_headers: int = 100
+    reasoning_format: str = "auto"  # "none": a reasoning model's thinking stays in the content
+    reasoning_budget: int = -1  # thinking tokens a request may take unless it says (-1: no bound)
     hide_cached_tokens: bool = field(init=False)
 
     def __post_init__(self):

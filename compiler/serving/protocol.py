@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_v
 
 from ..runtime.constraints import Constraint, ConstraintError
 from ..runtime.sampling import SamplingParams
+from .reasoning import ReasoningFields
 from .tools import call_constraint
 from .types import TokenLogprob, Usage
 
@@ -218,7 +219,7 @@ class NamedToolChoice(_Strict):
     function: FunctionName
 
 
-class ChatRequest(_Sampling):
+class ChatRequest(_Sampling, ReasoningFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False

@@ -28,13 +28,13 @@ from ..core.errors import KilnError
 from ..core.version import __version__
 from ..runtime.constraints import Constraint, ConstraintError, Guide
 from ..runtime.sampling import LogitBias
-from ..text.chat import render_chat_spans
+from ..text.chat import chat_template, render_chat_spans
 from .engine import Engine
 from .http import (ApiError, Events, HeaderLimits, ServerConfig, busy, check_host, check_json_content_type, check_key, read_json,
                    validated)
 from .protocol import ChatRequest, CompletionRequest, Envelope, FieldError, chat_logprobs, completion_logprobs
+from .reasoning import ChatStream, Reasoning
 from .slots import add_slot_routes
-from .tools import ToolStream, message_of
 from .types import Event, QueueFull, Request
 
 HEALTHY_HEARTBEAT = 60.0  # seconds: an engine that has not gone round its loop for longer is stuck
@@ -106,7 +106,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             raise ApiError(400, str(e), param=c.field if c is not None else None) from None
 
     def submit(ids: list[int], req, max_tokens: int | None, logprobs: int | None,
-               guide: Guide | None = None) -> tuple[Request, Events]:
+               guide: Guide | None = None, reasoning: Reasoning | None = None) -> tuple[Request, Events]:
         field = "messages" if isinstance(req, ChatRequest) else "prompt"
         room = model.n_ctx - len(ids)
         if room < 1 and engine.sinks is None:
@@ -133,6 +133,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                     req.id_slot, guide, bias)
         r.emit = events = Events(lambda: engine.cancel(r))
         r.speculative = req.speculative
+        if reasoning is not None:
+            budget = req.reasoning_budget if req.reasoning_budget is not None else config.reasoning_budget
+            r.thinking = reasoning.budget(budget, lambda text: model.tokenize(text, add_special=False))
+            r.special = reasoning.special
+            r.speculative = r.speculative and r.thinking is None  # a draft would skip the forced close
         try:
             engine.submit(r)
         except QueueFull as e:
@@ -239,21 +244,29 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def chat_completions(request: HttpRequest):
         req = await admitted(request, ChatRequest)
 
-        def render() -> list[int]:
+        try:
+            variables = req.template_kwargs()
+        except ValueError as e:
+            raise ApiError(400, str(e), param="chat_template_kwargs") from None
+
+        def render() -> tuple[list[int], Reasoning]:
             for i, m in enumerate(req.messages):
                 fits(m.text(), f"messages.{i}.content")
             try:
-                text, plain = render_chat_spans(model.spec, req.chat_messages(), tools=req.tool_list())
+                text, plain = render_chat_spans(model.spec, req.chat_messages(), tools=req.tool_list(),
+                                                variables=variables)
+                reasoning = Reasoning.of(chat_template(model.spec).source, text, config.reasoning_format)
             except KilnError as e:
                 raise ApiError(400, str(e), param="messages") from None
             fits(text, "messages")
-            return model.tokenizer.tokenize(text, plain=plain)  # the messages' special-token look-alikes stay text
+            # the messages' special-token look-alikes stay text
+            return model.tokenizer.tokenize(text, plain=plain), reasoning
 
-        ids = await run_in_threadpool(render)
-        guide = await run_in_threadpool(guided, lambda: req.tools_constraint() or req.constraint())
+        ids, reasoning = await run_in_threadpool(render)
+        guide = await run_in_threadpool(guided, lambda: reasoning.answer_only(req.tools_constraint() or req.constraint()))
         tools = req.tool_list() is not None  # the answer's calls become tool_calls
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        r, events = submit(ids, req, req.max_new_tokens(), logprobs, guide)
+        r, events = submit(ids, req, req.max_new_tokens(), logprobs, guide, reasoning)
         env = Envelope("chat.completion", name)
         token_text = model.tokenizer.token_bytes
 
@@ -261,16 +274,16 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             return chat_logprobs(lps, token_text) if req.logprobs else None
 
         if req.stream:
-            calls = ToolStream() if tools else None
+            parts = ChatStream(reasoning, tools) if tools or reasoning.apart else None
 
             def chunk(e: Event) -> list[dict]:
-                if calls is None:
+                if parts is None:
                     deltas = [{"content": e.text}] if e.text or e.logprob else []
                 else:
-                    deltas = calls.push(e.text) + (calls.finish() if e.finish_reason else [])
+                    deltas = parts.push(e.text, final=bool(e.finish_reason))
                 if not deltas and (e.logprob or e.finish_reason):
                     deltas = [{}]
-                finish = "tool_calls" if calls is not None and calls.called and e.finish_reason == "stop" \
+                finish = "tool_calls" if parts is not None and parts.called and e.finish_reason == "stop" \
                     else e.finish_reason
                 lps = lp_json([e.logprob] if e.logprob else [])
                 out = [env.wrap([{"index": 0, "delta": d, "logprobs": lps if i == 0 else None,
@@ -283,8 +296,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                                 "finish_reason": None}], chunk=True)]
             return stream(request, r, events, first, chunk)
         got = await collect(request, r, events)
-        text, finish = "".join(e.text for e in got), got[-1].finish_reason
-        message, finish = message_of(text, finish) if tools else ({"role": "assistant", "content": text}, finish)
+        message, finish = reasoning.message("".join(e.text for e in got), got[-1].finish_reason, tools)
         return env.wrap([{"index": 0, "message": message, "logprobs": lp_json([e.logprob for e in got if e.logprob]),
                           "finish_reason": finish}], usage=usage_of(got[-1]))
 

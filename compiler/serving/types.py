@@ -13,7 +13,7 @@ from ..core.errors import KilnError
 from ..core.numerics import log_softmax
 from ..runtime import Sequence
 from ..runtime.constraints import Guide
-from ..runtime.generation import Decoding
+from ..runtime.generation import Decoding, ThinkingBudget
 from ..runtime.sampling import LogitBias, SamplingParams
 from .radix_cache import Match
 
@@ -85,6 +85,8 @@ class Request:
     id_slot: int | None = None  # llama-server's: start from this slot's own (restored) cache, if it matches
     guide: Guide | None = None  # its constraint (runtime/constraints.py), compiled before it is submitted
     bias: LogitBias | None = None  # OpenAI's logit_bias
+    thinking: ThinkingBudget | None = None  # its reasoning budget
+    special: bool = False  # its output's control tokens come out as text (harmony's channels)
     # the engine's state
     private: bool = False  # it read a slot's own cache: its pages never enter the shared prefix cache
     output: list[int] = field(default_factory=list)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 
 from jinja2.exceptions import TemplateError as JinjaTemplateError
@@ -50,6 +51,8 @@ def _raise(message: str):
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
+    # transformers' and llama.cpp's: gpt-oss's template writes today's date into its system message
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
 
 
@@ -68,17 +71,19 @@ def renders_tools(source: str) -> bool:
 
 
 def render_chat(spec: ModelSpec, messages: list[dict], add_generation_prompt: bool = True,
-                tools: list[dict] | None = None) -> str:
-    return render_chat_spans(spec, messages, add_generation_prompt, tools)[0]
+                tools: list[dict] | None = None, variables: dict | None = None) -> str:
+    return render_chat_spans(spec, messages, add_generation_prompt, tools, variables)[0]
 
 
 def render_chat_spans(spec: ModelSpec, messages: list[dict], add_generation_prompt: bool = True,
-                      tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
+                      tools: list[dict] | None = None,
+                      variables: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The rendered prompt, and the spans of it that are the messages' own text (to tokenize with
     their special-token look-alikes as text: Tokenizer.tokenize's `plain`). Each message's text,
     less its outer whitespace (which a template may trim), is framed by markers no one can guess
     before rendering; they are taken out after, and where they were are the spans. `tools`
-    (OpenAI's function tools) go to a template that renders them, else into the fallback prompt."""
+    (OpenAI's function tools) go to a template that renders them, else into the fallback prompt;
+    `variables` are the template's own (enable_thinking, reasoning_effort, ...)."""
     template = chat_template(spec)
     tok = spec.tokenizer
     env = _environment()
@@ -99,7 +104,7 @@ def render_chat_spans(spec: ModelSpec, messages: list[dict], add_generation_prom
         return f"{lead}{open_}{core}{close}{content[len(lead) + len(core):]}"
 
     try:
-        extra = {"tools": tools} if tools else {}
+        extra = {**(variables or {}), **({"tools": tools} if tools else {})}
         out = env.from_string(template.source).render(
             messages=[{**m, "content": framed(m.get("content"))} for m in messages],
             add_generation_prompt=add_generation_prompt, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
