@@ -32,6 +32,7 @@ class Server:
     def __init__(self, *args: str, env: dict | None = None, metrics_key: str | None = None, model: str = MODEL):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.model = str(model)
         self.metrics_headers = {"Authorization": f"Bearer {metrics_key}"} if metrics_key else {}
         self.http = httpx.Client(timeout=HANG)  # keeps its connections: the checks between requests are cheap
         self.output = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the server

@@ -131,3 +131,30 @@ def test_reasoning_format_none_leaves_the_thinking_in_the_content():
     r = Reasoning.of(_template("Qwen3.5-4B.jinja"), "<|im_start|>assistant\n<think>\n", "none")
     assert r.open_at_start and not r.apart
     assert r.message(THINK_OPEN, "stop", tools=False)[0] == {"role": "assistant", "content": THINK_OPEN}
+
+
+class _Terminal:
+    def __init__(self, tty: bool):
+        self.text, self.tty = "", tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_terminal_shows_the_thinking_dimmed_apart_from_the_answer(tty):
+    from compiler.cli.thinking import DIM, RESET, ThinkingView
+
+    out = _Terminal(tty)
+    view = ThinkingView(Format.THINK, False, out)
+    for i in range(0, len(THINK), 3):
+        view.write(THINK[i:i + 3])
+    view.write("", final=True)
+    dim, reset = (DIM, RESET) if tty else ("", "")
+    assert out.text == f"{dim}The user adds 2 and 2.\n{reset}\n\nThe answer is 4."

@@ -106,3 +106,24 @@ def test_bad_reasoning_fields_are_400s_naming_the_field(server, extra, field, wo
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == field and words in err["message"], err
+
+
+def test_kiln_run_chat_shows_the_thinking_apart_and_no_think_skips_it(server):
+    """`kiln run --chat`: the reply's thinking without its markers (here all of it: the random model
+    never closes the section); with --no-think the template closes it in the prompt, and the same
+    greedy reply is then another text."""
+    import subprocess
+    import sys
+
+    def run(*more):
+        p = subprocess.run([sys.executable, "-m", "compiler", "run", server.model, "--chat", "-p", "What is 2 + 2?",
+                            "-n", "8", "--temp", "0", "--ctx", "512", *more], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    thinking, plain = run(), run("--no-think")
+    assert thinking.strip() and plain.strip() and thinking != plain
+    assert not any(m in thinking + plain for m in ("<think>", "</think>"))
+    with pytest.raises(AssertionError, match="--no-think: only with --chat"):
+        p = subprocess.run([sys.executable, "-m", "compiler", "run", server.model, "-p", "x", "--no-think"],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr

@@ -14,6 +14,7 @@ from ..runtime.sampling import SamplingParams
 from ..text.chat import chat_template
 from .common import (add_build_options, add_model_options, add_sampling_options, add_spec_options, add_threads, load,
                      log, options, speculation)
+from .thinking import ThinkingView, add_think_option
 
 HELP = """commands:
   /system TEXT   set the system message (empty: none)
@@ -65,10 +66,13 @@ def repl(session: ChatSession, banner: str, out=sys.stdout) -> None:
             continue
         session.interrupted = False
         previous = signal.signal(signal.SIGINT, on_sigint)
+        view = None
         try:
             for piece in session.reply(line):
-                out.write(piece)
-                out.flush()
+                view = view or ThinkingView(session.format, session.opened, out)  # once the prompt is rendered
+                view.write(piece)
+            if view is not None:
+                view.write("", final=True)
         except KilnError as e:  # a message that does not fit the context: say so, keep the conversation
             out.write(f"kiln: {e}; /reset to start over, or run kiln chat with a larger --ctx")
         finally:
@@ -82,7 +86,7 @@ def run(a: argparse.Namespace) -> None:
     template = chat_template(read_model(resolve(a.model, log)))  # before compiling: no template fails at once
     m = load(a, options(a))
     session = ChatSession(m, SamplingParams(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed=a.seed), a.n,
-                          speculation(a, m))
+                          speculation(a, m), think=not a.no_think)
     session.system = a.system or ""
     repl(session, f"kiln chat: {m.path.name}, ctx {m.n_ctx}, chat template from {template.origin}. "
                   "/help for commands, Ctrl-C stops a reply, Ctrl-D leaves.")
@@ -96,6 +100,7 @@ def register(sub) -> None:
     add_sampling_options(p)
     p.add_argument("-n", type=int, default=512, help="tokens a reply may take at most")
     p.add_argument("--system", default=None, help="the system message to start with (/system changes it)")
+    add_think_option(p)
     add_threads(p)
     add_spec_options(p)
     p.set_defaults(run=run)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..text.chat import chat_template, render_chat
+from ..text.reasoning import format_of, opens_in_thinking
 from ..core.errors import KilnError
 from ..core.sequences import common_prefix
 from .model import Model
@@ -39,10 +40,14 @@ class TurnStats:
 class ChatSession:
     """A conversation held in one sequence of `model`."""
 
-    def __init__(self, model: Model, params: SamplingParams, max_tokens: int, speculation: dict | None = None):
+    def __init__(self, model: Model, params: SamplingParams, max_tokens: int, speculation: dict | None = None,
+                 think: bool = True):
         self.model, self.params, self.max_tokens = model, params, max_tokens
         self.speculation = speculation or {}  # generate()'s speculative, draft_model, max_draft
         self.template = chat_template(model.spec)  # refused at once when the model has none
+        self.format = format_of(self.template.source)  # how its replies mark their thinking (text/reasoning.py)
+        self.variables = {"enable_thinking": think}  # as llama-server passes it; a template may ignore it
+        self.opened = False  # this turn's reply starts inside a thinking section its prompt opened
         self.seq = model.sequence()
         self.system = ""
         self.history: list[dict[str, str]] = []
@@ -57,7 +62,9 @@ class ChatSession:
         the context cannot take raises a KilnError and leaves the history as it was."""
         self.history.append({"role": "user", "content": message})
         try:
-            ids = self.model.prompt_ids(render_chat(self.model.spec, self.messages()))
+            prompt = render_chat(self.model.spec, self.messages(), variables=self.variables)
+            self.opened = opens_in_thinking(self.format, prompt)
+            ids = self.model.prompt_ids(prompt)
         except KilnError:
             self.history.pop()
             raise

@@ -10,7 +10,7 @@ scaling, rope factors, granite's scalars, soft-caps) are the caller's, through `
 
 Qwen3.5 (`qwen35`: Gated DeltaNet layers, every `full_attention_interval`-th layer gated full
 attention) has its own branch, written from llama.cpp's loader rather than a template, so that the
-template can be checked against it.
+template can be checked against it. So has Gemma 4 (`gemma4`), in synthetic_gemma4.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ..frontend.architecture import LMHead, QKNormSpan
 from ..frontend.architecture_file import load_architecture
 from ..frontend.gguf_reader import read_model
 from ..text.tokenizer import gpt2_byte_chars
+from .synthetic_gemma4 import add_gemma4_meta, gemma4_qtype, gemma4_shapes, gemma4_values
 
 
 def _byte_vocab() -> list[str]:
@@ -68,7 +69,7 @@ class TinySpec:
     # qwen35's (the other archs ignore them): a DeltaNet head's width (k and v alike), its k heads (llama.cpp's
     # ssm group count), its v heads (the time-step rank: d_inner = ssm_dt_rank * ssm_d_state; more v heads than k
     # heads, so that their pairing matters), the causal conv's taps; layer il is full attention when
-    # (il + 1) % full_attention_interval == 0 (llama.cpp aborts on a model with none: n_layer >= the interval)
+    # (il + 1) % full_attention_interval == 0 (gemma4's too; llama.cpp aborts on qwen35 with none)
     ssm_d_state: int = 32
     ssm_n_group: int = 2
     ssm_dt_rank: int = 4
@@ -80,7 +81,8 @@ class TinySpec:
 
 def tensor_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
     """Name -> numpy-order shape of every tensor the arch's template (qwen35: llama.cpp's loader) expects."""
-    shapes = _qwen35_shapes(s, n_vocab) if s.arch in HYBRIDS else _template_shapes(s, n_vocab)
+    shapes = gemma4_shapes(s, n_vocab) if s.arch == "gemma4" else _qwen35_shapes(s, n_vocab) if s.arch in HYBRIDS \
+        else _template_shapes(s, n_vocab)
     return {k: v for k, v in (shapes | s.shapes).items() if k not in s.drop}
 
 
@@ -196,6 +198,8 @@ def _qwen35_shapes(s: TinySpec, n_vocab: int) -> dict[str, tuple[int, ...]]:
 def tensor_qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
     """1-D tensors, the router and DeltaNet's conv taps stay F32, as llama.cpp's converter keeps them
     (ggml's ssm_conv reads its taps as F32 only)."""
+    if s.arch == "gemma4":
+        return gemma4_qtype(s, name, shape)
     matrix = len(shape) >= 2 and name.endswith(".weight") and "gate_inp" not in name and "ssm_conv1d" not in name
     return s.types.get(name, s.wtype if matrix else Q.F32)
 
@@ -262,7 +266,7 @@ def _add_qwen35_meta(w: gguf.GGUFWriter, s: TinySpec) -> None:
 
 def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
     s = s or TinySpec()
-    t = None if s.arch in HYBRIDS else load_architecture(s.arch)  # the hybrids follow llama.cpp's loader
+    t = None if s.arch in HYBRIDS + ("gemma4",) else load_architecture(s.arch)  # these follow llama.cpp's loader
     tok = read_model(s.tokenizer_from).tokenizer if s.tokenizer_from else None
     vocab = list(tok.tokens) if tok else _byte_vocab()
     arch = s.metadata_arch or s.arch
@@ -281,7 +285,7 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_key_length(s.head_dim or s.n_embd // s.n_head)
         w.add_value_length(s.head_dim or s.n_embd // s.n_head)
     if t is None:
-        _add_qwen35_meta(w, s)
+        (add_gemma4_meta if s.arch == "gemma4" else _add_qwen35_meta)(w, s)
     elif t.layer_pattern is not None:
         w.add_sliding_window(s.sliding_window or 8)
     if t is not None and t.moe is not None:
@@ -310,7 +314,7 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_eos_token_id(256)
         w.add_add_bos_token(False)
 
-    for key, value in s.extra_meta.items():
+    for key, value in ((k, v) for k, v in s.extra_meta.items() if not k.startswith("synthetic.")):  # not: gemma4's
         add = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}[type(value)]
         add(f"{arch}.{key}", value)
 
@@ -330,7 +334,8 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         if name in s.extra_tensors:
             w.write_tensor_data(np.asarray(s.extra_tensors[name], dtype=np.float32))
             continue
-        data = (_qwen35_values if t is None else _values)(s, name, shape, rng)
+        values = gemma4_values if s.arch == "gemma4" else _qwen35_values if t is None else _values
+        data = values(s, name, shape, rng)
         for suffix, value in s.fill.items():  # drawn all the same, so that every other tensor keeps its values
             if name.endswith(suffix):
                 data = np.broadcast_to(np.asarray(value, dtype=np.float32), shape).copy()
