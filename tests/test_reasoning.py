@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from compiler.serving.reasoning import ChatStream, Reasoning, ReasoningFields
+from compiler.serving.tools import Calls
 from compiler.text.chat import _environment
 from compiler.text.reasoning import Format, ReasoningStream, format_of, opens_in_thinking, split
 from means import skip_for_want_of
@@ -114,11 +115,11 @@ def test_a_harmony_answer_and_its_calls_as_the_api_returns_them():
     """message: content and reasoning_content apart; the call a tool_call with its arguments, its
     finish_reason tool_calls; streamed, the same in deltas."""
     r = Reasoning(Format.HARMONY, False, True)
-    message, finish = r.message(HARMONY_CALL, "stop", tools=True)
+    message, finish = r.message(HARMONY_CALL, "stop", Calls())
     assert finish == "tool_calls" and message["reasoning_content"] == "Need the weather." and message["content"] is None
     (call,) = message["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    stream = ChatStream(r, tools=True)
+    stream = ChatStream(r, Calls())
     deltas = [d for i in range(0, len(HARMONY_CALL), 7) for d in stream.push(HARMONY_CALL[i:i + 7])]
     deltas += stream.push("", final=True)
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the weather."
@@ -130,7 +131,7 @@ def test_a_harmony_answer_and_its_calls_as_the_api_returns_them():
 def test_reasoning_format_none_leaves_the_thinking_in_the_content():
     r = Reasoning.of(_template("Qwen3.5-4B.jinja"), "<|im_start|>assistant\n<think>\n", "none")
     assert r.open_at_start and not r.apart
-    assert r.message(THINK_OPEN, "stop", tools=False)[0] == {"role": "assistant", "content": THINK_OPEN}
+    assert r.message(THINK_OPEN, "stop", None)[0] == {"role": "assistant", "content": THINK_OPEN}
 
 
 class _Terminal:
@@ -158,3 +159,23 @@ def test_the_terminal_shows_the_thinking_dimmed_apart_from_the_answer(tty):
     view.write("", final=True)
     dim, reset = (DIM, RESET) if tty else ("", "")
     assert out.text == f"{dim}The user adds 2 and 2.\n{reset}\n\nThe answer is 4."
+
+
+def test_xml_calls_read_and_streamed_whole():
+    from compiler.serving.tools import ToolStream, message_of
+    from compiler.text.tool_calls_xml import split_xml_call
+
+    functions = {"f": {"name": "f", "parameters": {"properties": {"s": {"type": "string"}, "n": {"type": "integer"}}}}}
+    text = "Calling.\n<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n" \
+           "</function>\n</tool_call>"
+    assert split_xml_call(text.split("<tool_call>")[1].split("</tool_call>")[0], functions) == \
+        ("f", '{"s": "42", "n": 42}')  # the schema types each value
+    calls = Calls(True, functions)
+    message, finish = message_of(text, "stop", calls)
+    assert message["content"] == "Calling." and finish == "tool_calls"
+    assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"s": "42", "n": 42}'}
+    stream = ToolStream(calls)
+    deltas = [d for i in range(0, len(text), 5) for d in stream.push(text[i:i + 5])] + stream.finish()
+    assert "".join(d.get("content", "") for d in deltas) == "Calling."
+    (call,) = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert call["function"] == {"name": "f", "arguments": '{"s": "42", "n": 42}'}

@@ -127,3 +127,51 @@ def test_kiln_run_chat_shows_the_thinking_apart_and_no_think_skips_it(server):
         p = subprocess.run([sys.executable, "-m", "compiler", "run", server.model, "-p", "x", "--no-think"],
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_qwen35s_xml_calls_after_the_thinking_whole_and_streamed(server, stream):
+    """Qwen3.5's template teaches its XML calls (<function=...><parameter=...>); with tools the
+    output is held to that format once the thinking ends, and its call comes back as OpenAI's
+    tool_calls with JSON arguments typed by the schema (days an integer)."""
+    r = server.client().chat.completions.create(
+        model=ALIAS, messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}], max_tokens=64,
+        temperature=0, tools=[WEATHER], tool_choice="required", stream=stream, extra_body={"reasoning_budget": 3})
+    if stream:
+        calls, finish = {}, None
+        for chunk in r:
+            for c in chunk.choices:
+                for t in c.delta.tool_calls or []:
+                    calls.setdefault(t.index, ["", ""])
+                    calls[t.index][0] += t.function.name or ""
+                    calls[t.index][1] += t.function.arguments or ""
+                finish = c.finish_reason or finish
+        (name, arguments), = calls.values()
+    else:
+        choice = r.choices[0]
+        finish, (call,) = choice.finish_reason, choice.message.tool_calls
+        name, arguments = call.function.name, call.function.arguments
+        assert choice.message.model_extra["reasoning_content"]
+    args = json.loads(arguments)
+    assert finish == "tool_calls" and name == "get_weather", (finish, name)
+    assert set(args) == {"city", "days"} and args["city"] in ("Paris", "Oslo") and isinstance(args["days"], int)
+
+
+def test_a_call_and_its_result_go_back_through_qwen35s_template(server):
+    """The next turn: the assistant's call (its arguments an object, as transformers passes them to
+    the template's `arguments|items`) and the tool's result, rendered by the real template."""
+    messages = [{"role": "user", "content": "Weather in Paris for 3 days?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]
+    r = server.client().chat.completions.create(model=ALIAS, messages=messages, max_tokens=4, temperature=0,
+                                                tools=[WEATHER])
+    assert r.usage.prompt_tokens > 60 and r.choices[0].finish_reason in ("length", "stop")

@@ -262,9 +262,10 @@ class ChatRequest(_Sampling, ReasoningFields):
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
-    def tools_constraint(self) -> Constraint | None:
+    def tools_constraint(self, xml: bool = False) -> Constraint | None:
         """What tool_choice asks of the output: calls only ("required", or a named function), a call
-        held to its grammar once it begins ("auto", the default with tools), or nothing. FieldError
+        held to its grammar once it begins ("auto", the default with tools), or nothing; `xml`: in
+        Qwen3.5's format (tools.Calls). FieldError
         for a tool_choice naming no tool, or tools beside another constraint."""
         if not self.tools or self.tool_choice == "none":
             if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
@@ -282,7 +283,7 @@ class ChatRequest(_Sampling, ReasoningFields):
                 raise FieldError("tool_choice", f"tool_choice: no tool is named {wanted!r} (the tools: {names})")
         forced = self.tool_choice not in (None, "auto")
         try:
-            return call_constraint(functions, forced, self.parallel_tool_calls)
+            return call_constraint(functions, forced, self.parallel_tool_calls, xml=xml)
         except ConstraintError as e:
             raise FieldError("tools", str(e)) from None
 

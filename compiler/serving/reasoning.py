@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from ..runtime.constraints import Constraint
 from ..runtime.generation import ThinkingBudget
 from ..text.reasoning import THINK_CLOSE, THINK_OPEN, Format, ReasoningStream, format_of, opens_in_thinking, split
-from .tools import ToolStream, message_of, new_call_id
+from .tools import Calls, ToolStream, message_of, new_call_id
 
 MAX_TEMPLATE_KWARGS = 32
 MAX_TEMPLATE_KWARGS_BYTES = 4096
@@ -90,18 +90,19 @@ class Reasoning:
             return c
         return replace(c, trigger=THINK_CLOSE)
 
-    def message(self, text: str, finish: str | None, tools: bool) -> tuple[dict, str | None]:
-        """A whole answer's `message` and finish_reason."""
+    def message(self, text: str, finish: str | None, calls: Calls | None) -> tuple[dict, str | None]:
+        """A whole answer's `message` and finish_reason; `calls`: the request's tools' format (None:
+        it has none)."""
         if not self.apart:
-            return message_of(text, finish) if tools else ({"role": "assistant", "content": text}, finish)
+            return message_of(text, finish, calls) if calls else ({"role": "assistant", "content": text}, finish)
         parsed = split(text, self.fmt, self.open_at_start)
         if parsed.calls:  # harmony's: the calls are messages of their own
             calls = [{"id": new_call_id(), "type": "function", "function": {"name": n, "arguments": a}}
                      for n, a in parsed.calls]
             message = {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}
             finish = "tool_calls" if finish == "stop" else finish
-        elif tools:
-            message, finish = message_of(parsed.content, finish)
+        elif calls:
+            message, finish = message_of(parsed.content, finish, calls)
         else:
             message = {"role": "assistant", "content": parsed.content}
         message["reasoning_content"] = parsed.reasoning or None
@@ -112,9 +113,9 @@ class ChatStream:
     """A streamed answer's deltas: reasoning_content while it thinks, then the answer's content
     (through ToolStream where the request has tools), and harmony's calls as tool_calls."""
 
-    def __init__(self, reasoning: Reasoning, tools: bool):
+    def __init__(self, reasoning: Reasoning, calls: Calls | None):
         self.thinking = ReasoningStream(reasoning.fmt, reasoning.open_at_start) if reasoning.apart else None
-        self.calls = ToolStream() if tools else None
+        self.calls = ToolStream(calls) if calls else None
         self.harmony_calls = 0
 
     @property

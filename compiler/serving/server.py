@@ -34,6 +34,7 @@ from .http import (ApiError, Events, HeaderLimits, ServerConfig, busy, check_hos
                    validated)
 from .protocol import ChatRequest, CompletionRequest, Envelope, FieldError, chat_logprobs, completion_logprobs
 from .reasoning import ChatStream, Reasoning
+from .tools import Calls
 from .slots import add_slot_routes
 from .types import Event, QueueFull, Request
 
@@ -249,22 +250,25 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         except ValueError as e:
             raise ApiError(400, str(e), param="chat_template_kwargs") from None
 
-        def render() -> tuple[list[int], Reasoning]:
+        def render() -> tuple[list[int], Reasoning, Calls | None]:
             for i, m in enumerate(req.messages):
                 fits(m.text(), f"messages.{i}.content")
             try:
                 text, plain = render_chat_spans(model.spec, req.chat_messages(), tools=req.tool_list(),
                                                 variables=variables)
-                reasoning = Reasoning.of(chat_template(model.spec).source, text, config.reasoning_format)
+                source = chat_template(model.spec).source
+                reasoning = Reasoning.of(source, text, config.reasoning_format)
+                tools = req.tool_list()
+                calls = Calls.of(source, [t["function"] for t in tools]) if tools is not None else None
             except KilnError as e:
                 raise ApiError(400, str(e), param="messages") from None
             fits(text, "messages")
             # the messages' special-token look-alikes stay text
-            return model.tokenizer.tokenize(text, plain=plain), reasoning
+            return model.tokenizer.tokenize(text, plain=plain), reasoning, calls
 
-        ids, reasoning = await run_in_threadpool(render)
-        guide = await run_in_threadpool(guided, lambda: reasoning.answer_only(req.tools_constraint() or req.constraint()))
-        tools = req.tool_list() is not None  # the answer's calls become tool_calls
+        ids, reasoning, calls = await run_in_threadpool(render)  # calls: the answer's become tool_calls
+        guide = await run_in_threadpool(guided, lambda: reasoning.answer_only(
+            req.tools_constraint(calls is not None and calls.xml) or req.constraint()))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         r, events = submit(ids, req, req.max_new_tokens(), logprobs, guide, reasoning)
         env = Envelope("chat.completion", name)
@@ -274,7 +278,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             return chat_logprobs(lps, token_text) if req.logprobs else None
 
         if req.stream:
-            parts = ChatStream(reasoning, tools) if tools or reasoning.apart else None
+            parts = ChatStream(reasoning, calls) if calls or reasoning.apart else None
 
             def chunk(e: Event) -> list[dict]:
                 if parts is None:
@@ -296,7 +300,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                                 "finish_reason": None}], chunk=True)]
             return stream(request, r, events, first, chunk)
         got = await collect(request, r, events)
-        message, finish = reasoning.message("".join(e.text for e in got), got[-1].finish_reason, tools)
+        message, finish = reasoning.message("".join(e.text for e in got), got[-1].finish_reason, calls)
         return env.wrap([{"index": 0, "message": message, "logprobs": lp_json([e.logprob for e in got if e.logprob]),
                           "finish_reason": finish}], usage=usage_of(got[-1]))
 

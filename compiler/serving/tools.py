@@ -2,7 +2,8 @@
 the output as `message.tool_calls`, whole or streamed as `delta.tool_calls`.
 
 The calls are written in the format of text/tool_calls.py (`<tool_call>{"name": ..., "arguments":
-...}</tool_call>`). With tool_choice "required" or a named function the whole output is held to
+...}</tool_call>`), or in Qwen3.5's XML (text/tool_calls_xml.py) where the chat template teaches
+that (`Calls.of`). With tool_choice "required" or a named function the whole output is held to
 one or more valid calls (of that function; its parameters' JSON schema); with "auto" the model
 writes freely until it begins a call (the `<tool_call>` marker), and the call is held to the
 grammar from there (a lazy constraint). "none" renders no tools and constrains nothing.
@@ -12,34 +13,58 @@ from __future__ import annotations
 import json
 import uuid
 
+from dataclasses import dataclass, field
+
 from ..runtime.constraints import JSON_OPTIONS, Constraint
 from ..text.tool_calls import CALL_HEAD, CLOSE, OPEN, split_call, split_calls
+from ..text.tool_calls_xml import split_xml_call, uses_xml_calls, xml_call_rules
 
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def call_constraint(functions: list[dict], forced: bool, parallel: bool, field: str = "tools") -> Constraint:
+@dataclass(frozen=True)
+class Calls:
+    """How this model writes its calls: JSON (kiln's format) or XML (Qwen3.5's), and the request's
+    functions by name (the XML's parameters are typed by them)."""
+    xml: bool = False
+    functions: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, template: str, functions: list[dict] | None = None) -> "Calls":
+        return cls(uses_xml_calls(template), {f["name"]: f for f in functions or []})
+
+    def split(self, block: str) -> tuple[str, str] | None:
+        return split_xml_call(block, self.functions) if self.xml else split_call(block)
+
+
+def call_constraint(functions: list[dict], forced: bool, parallel: bool, field: str = "tools",
+                    xml: bool = False) -> Constraint:
     """The output's grammar for calls of `functions` (OpenAI's function objects): each call a JSON
-    object of a function's name and arguments valid for its parameters. `forced`: the output is
-    nothing but calls; else the constraint starts at the first `<tool_call>` (what precedes is free)."""
-    calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                        "properties": {"name": {"const": f["name"]},
-                                       "arguments": f.get("parameters") or {"type": "object"}}}
-                       for f in functions], "x-guidance": JSON_OPTIONS}
+    object of a function's name and arguments valid for its parameters (or, `xml`, Qwen3.5's
+    `<function=...>` block of them). `forced`: the output is nothing but calls; else the constraint
+    starts at the first `<tool_call>` (what precedes is free)."""
     block = f'ws call ws "{CLOSE}"'
     more = f' (ws "{OPEN}" {block})*' if parallel else ""
-    lark = (f'start: {json.dumps(OPEN) + " " if forced else ""}{block}{more} ws\n'
-            'ws: /[ \\n]{0,2}/\n'
-            f'call: %json {json.dumps(calls)}\n')
+    head = (f'start: {json.dumps(OPEN) + " " if forced else ""}{block}{more} ws\n'
+            'ws: /[ \\n]{0,2}/\n')
+    if xml:
+        rules = [r for i, f in enumerate(functions) for r in xml_call_rules(i, f)]
+        lark = head + f"call: {' | '.join(f'fn_{i}' for i in range(len(functions)))}\n" + "\n".join(rules) + "\n"
+    else:
+        calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                            "properties": {"name": {"const": f["name"]},
+                                           "arguments": f.get("parameters") or {"type": "object"}}}
+                           for f in functions], "x-guidance": JSON_OPTIONS}
+        lark = head + f'call: %json {json.dumps(calls)}\n'
     return Constraint("lark", lark, field, trigger=None if forced else OPEN)
 
 
-def message_of(text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+def message_of(text: str, finish_reason: str | None, calls_in: Calls = Calls()) -> tuple[dict, str | None]:
     """A whole answer's `message` (content, and tool_calls when it made any) and its finish_reason
     ("tool_calls" for an answer that ended after its calls)."""
-    content, calls = split_calls(text)
+    content, calls = split_calls(text, calls_in.split)
     if not calls:
         return {"role": "assistant", "content": text}, finish_reason
     message = {"role": "assistant", "content": content or None,
@@ -61,9 +86,10 @@ class ToolStream:
     its arguments' text in pieces as they are written (OpenAI's `delta.tool_calls`). Their
     concatenation is what message_of gives whole."""
 
-    def __init__(self):
+    def __init__(self, calls_in: Calls = Calls()):
         self.text, self.sent = "", 0  # content characters sent
         self.calls: list[list] = []  # per call begun: [header end within its block, argument characters sent]
+        self.calls_in = calls_in  # XML calls go out whole, at their block's end
 
     @property
     def called(self) -> bool:
@@ -83,6 +109,18 @@ class ToolStream:
         blocks = self.text[at:].split(OPEN)[1:]
         for i, block in enumerate(blocks):
             body, closed = block.partition(CLOSE)[0], CLOSE in block
+            if self.calls_in.xml:  # a call goes out whole once its block closes
+                if i < len(self.calls):
+                    continue
+                if not closed:
+                    break
+                call = self.calls_in.split(body)
+                if call is None:  # not one of ours
+                    continue
+                self.calls.append([None, len(call[1])])
+                deltas.append({"tool_calls": [{"index": i, "id": new_call_id(), "type": "function",
+                                               "function": {"name": call[0], "arguments": call[1]}}]})
+                continue
             if i == len(self.calls):
                 head = CALL_HEAD.match(body)
                 if head is None and not closed:

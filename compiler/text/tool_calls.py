@@ -103,14 +103,15 @@ def split_call(block: str) -> tuple[str, str] | None:
     return obj["name"], arguments_text(obj["arguments"])
 
 
-def split_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
-    """The text before the first call (stripped), and every complete call block after it."""
+def split_calls(text: str, split=split_call) -> tuple[str, list[tuple[str, str]]]:
+    """The text before the first call (stripped), and every complete call block after it, each
+    read by `split` (this format's, or tool_calls_xml.py's)."""
     at = text.find(OPEN)
     if at < 0:
         return text, []
     calls = []
     for block in re.findall(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), text[at:], re.S):
-        call = split_call(block)
+        call = split(block)
         if call is not None:
             calls.append(call)
     return text[:at].strip(), calls

@@ -14,8 +14,8 @@ n_kv - 2 sliding; this rule makes them so. The shared layers' FFN is twice n_ff 
 use_double_wide_mlp: a per-layer feed_forward_length array).
 K as V: full layers that own their KV have no attn_v, so llama.cpp uses K's projection as V (the
 31B's and 26B-A4B's attention_k_eq_v); sliding layers have attn_v.
-Per-layer embeddings (dense only): n_embd_per_layer = 32 (the smallest width blk.N.proj, whose rows
-are that wide, can take 32-wide quant blocks in).
+Per-layer embeddings (dense only): n_embd_per_layer = 32, so that blk.N.proj (rows that wide) takes
+32-element quant blocks (Q8_0, Q4_0); per_layer_token_embd stays F32 unless s.types says otherwise.
 MoE (26B-A4B-like): on when s.extra_meta has "expert_feed_forward_length" (the real key, the experts'
 width); every layer then has the router, s.n_expert experts (s.n_expert_used a token) with their
 gate and up fused as ffn_gate_up_exps (as the converter writes HF's experts.gate_up_proj), a
