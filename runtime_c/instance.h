@@ -35,6 +35,7 @@ typedef struct {
     float rope_base;
     int recurrent;               /* a recurrent layer: its state lies in each sequence's slot, */
     size_t conv_off, delta_off;  /* its conv window and delta-rule matrices at these bytes of a slot */
+    int body;                    /* the body it runs, where the step has several */
 } kiln_layer_desc;
 
 /* One step's rows, and what the step function reads and writes. */

@@ -81,11 +81,12 @@ def generate(p: Planned) -> str:
                 _check_unfenced(other, n, spans)
     packed = {pw.tensor: pw.offset for pw in lay.packed}
     schedule = iter(range(len(g.nodes)))
-    indent = {"body": "        ", "recurrent": "            "}
-    sections = {s.value: [line for n, then in zip(nodes, (*nodes[1:], None))
-                          for line in _node_lines(n, next(schedule), offsets, indent.get(s.value, "    "), then)]
+    # a body's lines sit in the layer loop, and in a switch on the layer's body where there are several
+    indent = {s: " " * (4 if not g.is_body(s) else 8 if len(g.bodies) == 1 else 12) for s, _ in g.sections()}
+    sections = {s: [line for n, then in zip(nodes, (*nodes[1:], None))
+                    for line in _node_lines(n, next(schedule), offsets, indent[s], then)]
                 for s, nodes in g.sections()}
-    # the layer struct's fields: every role of either body (a layer of the other kind leaves its own empty)
+    # the layer struct's fields: every role of every body (a layer of another body leaves its own empty)
     roles = list({v.name: v for n in g.body_nodes for v in n.inputs if v.kind is ValueKind.WEIGHT}.values())
     outer = [v for n in g.head + g.tail for v in n.inputs if v.kind is ValueKind.WEIGHT]
     layer_at = [[(weight_field(v), *(_weight_at(ly.weights[v.name], packed) if v.name in ly.weights else _ABSENT))
@@ -104,13 +105,14 @@ def generate(p: Planned) -> str:
         "groups": [{"window": grp.window or 0, "n_pages": grp.n_pages, "page_bytes": grp.page_bytes}
                    for grp in kv.groups],
         "layers": [_layer_desc(g, ly, kv, lay.state) for ly in g.layers],
+        "bodies": [{"name": b.name, "lines": sections[b.name],
+                    "layers": ", ".join(str(ly.index) for ly in g.layers_of(b.name))} for b in g.bodies],
         "state_slot_bytes": lay.state.slot_bytes if lay.state else 0,
         "roles": [(weight_field(v), " x ".join(map(str, v.shape))) for v in roles],
         "outer": [(weight_field(v), " x ".join(map(str, v.shape)), _view_note(v)) for v in outer],
         "layer_at": layer_at, "model_at": model_at,
         "state": [(c_name(v), f"{offsets[v.name]:#x}", _shape(v)) for v in g.state],
-        "head": sections["head"], "body": sections["body"], "tail": sections["tail"],
-        "recurrent": sections.get("recurrent", []),
+        "head": sections["head"], "tail": sections["tail"], "recurrent": bool(g.recurrent),
         **_rope_scaling(g),
     }
     return _ENV.get_template("model.c.j2").render(ctx)
@@ -122,13 +124,14 @@ _ABSENT = ("KILN_F32", "0x0", "KILN_NOT_PACKED")  # a role of the other kind's b
 def _layer_desc(g, ly, kv, state) -> dict:
     """A layer's row of LAYERS: its place in its group's KV pages, or (recurrent) in a state slot."""
     st = state.of(ly.index) if state else None
+    body = [b.name for b in g.bodies].index(ly.body) if len(g.bodies) > 1 else None
     if st is not None:
-        return {"group": -1, "k": "0", "v": "0", "rope_base": c_float(0.0), "recurrent": 1,
+        return {"group": -1, "k": "0", "v": "0", "rope_base": c_float(0.0), "recurrent": 1, "body": body,
                 "conv": f"{st.conv_offset:#x}", "delta": f"{st.delta_offset:#x}", "kind": ly.kind.value, "window": None}
     kl = kv.of(ly.index)
     return {"group": kl.group, "k": f"{kl.offset:#x}", "v": f"{kl.v_offset:#x}", "recurrent": 0, "conv": "0",
             "delta": "0", "rope_base": c_float(ly.rope_base if _rotates_keys(g) else 0.0), "kind": ly.kind.value,
-            "window": ly.window}
+            "window": ly.window, "body": body}
 
 
 def _rope_scaling(g) -> dict:

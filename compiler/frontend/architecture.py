@@ -194,6 +194,12 @@ class Architecture:
     # a learned logit per head (attn_sinks) joins each softmax's denominator (gpt-oss)
     attn_sinks: bool = False
     attn_output_bias: bool = False  # attn_output.bias (gpt-oss)
+    # each layer kind runs a body of its own (Gemma 4: sliding and global layers differ in head
+    # dims, KV heads and tensors, read from the file per layer)
+    kind_bodies: bool = False
+    # the file's attention.shared_kv_layers last layers keep no KV: each attends to the last earlier
+    # layer of its kind that does (Gemma 4, as llama.cpp reuses them)
+    shared_kv: bool = False
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""

@@ -49,12 +49,15 @@ _PARSERS = {
     "nope_layer_step": lambda v: None if v is None else _positive(v),
     "attn_sinks": lambda v: _boolean(v),
     "attn_output_bias": lambda v: _boolean(v),
+    "kind_bodies": lambda v: _boolean(v),
+    "shared_kv": lambda v: _boolean(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
 _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
              "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
-             "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False}
+             "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False,
+             "kind_bodies": False, "shared_kv": False}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)

@@ -93,6 +93,13 @@ class HParams:
     # a recurrent template's (Gated DeltaNet): which layers are recurrent, and their sizes
     recurrent_layers: tuple[bool, ...] = ()
     ssm: "SSMParams | None" = None
+    # the last shared_kv_layers layers keep no KV of their own (Gemma 4's attention.shared_kv_layers)
+    shared_kv_layers: int = 0
+
+    def for_layer(self, il: int) -> "HParams":
+        """The hyperparameters layer il's body is built with (the same for every layer, where the
+        file gives no per-layer values)."""
+        return self
 
     @property
     def rope_scaled(self) -> bool:
@@ -109,7 +116,7 @@ class HParams:
                  "rope_attn_factor": self.rope_scaled, "rope_n_ctx_orig": self.rope_scaled,
                  "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn",
                  **{name: self.n_expert > 0 for name in ("n_expert", "n_expert_used", "n_ff_exp")},
-                 "recurrent_layers": False, "ssm": False}
+                 "recurrent_layers": False, "ssm": False, "shared_kv_layers": self.shared_kv_layers > 0}
         out = [(f.name, getattr(self, f.name)) for f in fields(self) if shown.get(f.name, True)]
         if self.ssm is not None:  # the layer kinds as a pattern, and the DeltaNet's sizes by their names
             out.append(("recurrent_layers", "".join("R" if r else "A" for r in self.recurrent_layers)))

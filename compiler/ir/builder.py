@@ -1,8 +1,9 @@
 """Build the step graph of a model: the head, one layer's body stage by stage, the tail.
 
 An architecture's `block` lists stages; `STAGES` maps each to the function that emits its nodes.
-A body is built once, from the tensors of the first layer of its kind (a hybrid model has two:
-attention layers run `block`, recurrent ones `recurrent_block`); every layer of that kind must then
+A body is built once, from the tensors and hyperparameters of the first layer that runs it (a
+hybrid model has two: attention layers run `block`, recurrent ones `recurrent_block`; Gemma 4 one
+per layer kind and KV ownership, emitter.py's body_names); every layer that runs it must then
 have a tensor of the same shape for every role the body uses, and `Graph.layers` records which
 (with each layer's kind, window and rope base). A role may be a range of rows of a file tensor (Phi-3's fused attn_qkv and
 ffn_up) or a tensor every layer shares (the rope factors).
@@ -15,15 +16,21 @@ from ..core.errors import ArchitectureError
 from ..frontend.architecture import Architecture, LayerKind
 from ..frontend.spec import ModelSpec
 from .emitter import GraphBuilder
-from .graph import Graph, Node, Value, ValueKind
+from .graph import Body, Graph, Node, Section, Value, ValueKind
 from .stages import STAGES
 
-# The recurrent body's nodes and activations are named like the attention body's, with this prefix:
-# the two share stage names (attn_norm, ffn_up) but never an arena value.
+# A body's nodes and activations are named after llama.cpp's, with a prefix for every body but the
+# first: bodies share stage names (attn_norm, ffn_up) but never an arena value.
 RECURRENT_PREFIX = "rec."
 
 
+def body_prefix(name: str) -> str:
+    return "" if name == Section.BODY else RECURRENT_PREFIX if name == Section.RECURRENT else f"{name}."
+
+
 def _prefixed(nodes: tuple[Node, ...], prefix: str) -> tuple[Node, ...]:
+    if not prefix:
+        return nodes
     renamed: dict[Value, Value] = {}
 
     def name(v: Value) -> Value:
@@ -34,15 +41,15 @@ def _prefixed(nodes: tuple[Node, ...], prefix: str) -> tuple[Node, ...]:
                  for n in nodes)
 
 
-def _body(b: GraphBuilder, recurrent: bool = False) -> tuple[tuple[Node, ...], dict]:
-    """One kind's body, built from the first layer of that kind, and the roles it binds."""
-    kind = LayerKind.RECURRENT
-    b.first = next(il for il, k in enumerate(b.kinds) if (k is kind) == recurrent)
-    b.roles, b.cur = {}, b.x
-    for stage in b.arch.recurrent_block if recurrent else b.arch.block:
+def _body(b: GraphBuilder, name: str) -> tuple[Body, dict]:
+    """The body `name`, built from the first layer that runs it (its tensors, its shapes: the
+    hyperparameters of that layer), and the roles it binds."""
+    b.first = b.body_names.index(name)
+    b.hp, b.roles, b.cur = b.spec.hparams.for_layer(b.first), {}, b.x
+    for stage in b.arch.recurrent_block if name == Section.RECURRENT else b.arch.block:
         STAGES[stage](b)
-    nodes = b.take()
-    return (_prefixed(nodes, RECURRENT_PREFIX) if recurrent else nodes), b.roles
+    b.hp = b.spec.hparams
+    return Body(name, _prefixed(b.take(), body_prefix(name))), b.roles
 
 
 def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None) -> Graph:
@@ -52,8 +59,11 @@ def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int |
     if LayerKind.RECURRENT in b.kinds and all(k is LayerKind.RECURRENT for k in b.kinds):
         raise ArchitectureError(f"{spec.path}: every layer is recurrent; kiln plans hybrids with attention layers")
     head = b.head()
-    body, roles = _body(b)
-    recurrent, recurrent_roles = _body(b, recurrent=True) if LayerKind.RECURRENT in b.kinds else ((), {})
+    names = list(dict.fromkeys(sorted(b.body_names, key=lambda n: n != Section.BODY)))  # BODY first, then by layer
+    bodies, roles = [], {}
+    for name in names:
+        body, roles[name] = _body(b, name)
+        bodies.append(body)
     tail = b.tail()
-    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, body, tail,
-                 b.layers(roles, recurrent_roles), b.unused, recurrent)
+    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, tuple(bodies), tail,
+                 b.layers(roles), b.unused)

@@ -13,8 +13,8 @@ from ..core.dtypes import DType
 from ..core.errors import ArchitectureError, ModelFileError
 from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Scalar
 from ..frontend.spec import ModelSpec, TensorInfo
-from .graph import (Attrs, EmbedAttrs, Layer, MatmulAttrs, Node, NormAttrs, Op, RegroupAttrs, ScaleAttrs, SoftcapAttrs,
-                    Value, ValueKind)
+from .graph import (Attrs, EmbedAttrs, Layer, MatmulAttrs, Node, NormAttrs, Op, RegroupAttrs, ScaleAttrs, Section,
+                    SoftcapAttrs, Value, ValueKind)
 from .rope import rope_factors
 
 AS_ROW = (-1, 1)  # bind's marker: a vector read as a matrix of one row
@@ -38,7 +38,9 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor (blk.0.*), and rows
         self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers) for il in range(self.hp.n_layer))
-        self.first = 0  # the first layer of the kind whose body is being built: its tensors give the shapes
+        self.kv_sources = tuple(self._kv_source(il) for il in range(self.hp.n_layer))
+        self.body_names = self._body_names()
+        self.first = 0  # the first layer of the body being built: its tensors give the shapes
         self.factors, self.unused = rope_factors(spec, arch, n_ctx)
         self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
         self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
@@ -150,7 +152,37 @@ class GraphBuilder:
             self.nodes.append(Node(Op.SOFTCAP, "result_capped", (logits,), (logits,), SoftcapAttrs(cap)))
         return self.take()
 
-    def layers(self, roles: dict, recurrent_roles: dict) -> tuple[Layer, ...]:
+    def _kv_source(self, il: int) -> int:
+        """The layer whose KV layer il attends to: its own, or (a layer past the file's
+        attention.shared_kv_layers) the last layer of its kind that keeps KV, as llama.cpp reuses them."""
+        n_kv = self.hp.n_layer - self.hp.shared_kv_layers
+        if il < n_kv:
+            return il
+        same = [j for j in range(n_kv) if self.kinds[j] is self.kinds[il]]
+        if not same:
+            raise ModelFileError(f"{self.spec.path}: layer {il} is one of the last {self.hp.shared_kv_layers} "
+                                 f"(attention.shared_kv_layers), which read the KV of an earlier {self.kinds[il].value} "
+                                 "layer, but no earlier layer of that kind keeps its own")
+        return same[-1]
+
+    def _body_names(self) -> tuple[str, ...]:
+        """The body each layer runs: the recurrent one, or the attention layers' (one per layer kind
+        where the template's kinds differ in shape, and apart for the layers that keep no KV). The
+        first attention layer's is Section.BODY."""
+        keys = []
+        for il, kind in enumerate(self.kinds):
+            if kind is LayerKind.RECURRENT:
+                keys.append(Section.RECURRENT)
+                continue
+            key = kind.value if self.arch.kind_bodies else ""
+            if self.kv_sources[il] != il:
+                key = f"{key}_shared" if key else "shared"
+            keys.append(key)
+        first = next((k for k in keys if k != Section.RECURRENT), None)
+        return tuple(Section.BODY if k == first else k for k in keys)
+
+    def layers(self, roles: dict[str, dict]) -> tuple[Layer, ...]:
+        """Every layer: its body, the tensors of that body's roles, its window, rope base and KV."""
         out = []
         for il in range(self.hp.n_layer):
             kind = self.kinds[il]
@@ -163,14 +195,14 @@ class GraphBuilder:
                 window = self.hp.sliding_window
             local = kind is LayerKind.LOCAL and self.arch.rope_base_local is not None
             base = (self.arch.rope_base_local if local else self.hp.rope_base) if self.arch.rotates(il) else 0.0
-            own = recurrent_roles if kind is LayerKind.RECURRENT else roles
-            out.append(Layer(il, kind, window, base, {role: self._layer_tensor(il, name0, rows, kind)
-                                                      for role, (name0, rows) in own.items()}))
+            body = self.body_names[il]
+            tensors = {role: self._layer_tensor(il, name0, rows, body) for role, (name0, rows) in roles[body].items()}
+            source = self.kv_sources[il] if kind is not LayerKind.RECURRENT else None
+            out.append(Layer(il, kind, window, base, tensors, body, source))
         return tuple(out)
 
-    def _layer_tensor(self, il: int, name0: str, rows: tuple[int, int] | None, kind: LayerKind) -> TensorInfo:
-        first = self.kinds.index(kind) if kind is LayerKind.RECURRENT else \
-            next(i for i, k in enumerate(self.kinds) if k is not LayerKind.RECURRENT)
+    def _layer_tensor(self, il: int, name0: str, rows: tuple[int, int] | None, body: str) -> TensorInfo:
+        first = self.body_names.index(body)
         t, t0 = (self.spec.tensor(name0.replace("blk.0.", f"blk.{i}.", 1)) for i in (il, first))
         if t.shape != t0.shape:
             raise ModelFileError(f"{self.spec.path}: tensor '{t.name}' is {list(t.shape)} but "

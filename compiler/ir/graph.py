@@ -1,11 +1,13 @@
 """The op-level IR: typed values, nodes with one of a fixed set of ops, and the step graph.
 
 A step runs a batch of rows (decode tokens beside prefill chunks): the graph's `head` (the
-embedding), then for every layer its `body` (or, in a recurrent layer of a hybrid model, its
-`recurrent` body), then its `tail` (final norm, logits). A body is written once, for any layer of
-its kind: its weights are named by their role in a layer (`attn_q`), and `layers` says which
-tensor each role is in each layer, with what else differs between layers (kind, window, rope base). The residual stream is the graph's `state`: one buffer the head
-writes, each layer adds into, and the tail reads.
+embedding), then for every layer the body it runs, then the `tail` (final norm, logits). Most
+models have one body; a hybrid's recurrent layers run a `recurrent` one, and a model whose layer
+kinds differ in shape (Gemma 4's sliding and global layers, its layers that read another's KV)
+one per kind. A body is written once, for every layer that runs it: its weights are named by their
+role in a layer (`attn_q`), and `layers` says which body each layer runs and which tensor each role
+is in it, with what else differs between layers (kind, window, rope base). The residual stream is
+the graph's `state`: one buffer the head writes, each layer adds into, and the tail reads.
 
 Values and nodes are immutable; passes return new graphs, so each pass can be tested by
 comparing the graph before and after it.
@@ -221,19 +223,26 @@ def scratch_from(n: Node) -> str | None:
 
 @dataclass(frozen=True)
 class Layer:
-    """What one layer's run of the body uses: its tensors by role, and how it differs from others."""
+    """What one layer's run of its body uses: its tensors by role, and how it differs from others."""
     index: int
     kind: LayerKind
     window: int | None  # local layers: a query at p sees keys in (p - window, p]
     rope_base: float
     weights: Mapping[str, TensorInfo] = field(hash=False)  # role -> tensor ("attn_q" -> blk.3.attn_q.weight)
+    body: str = "body"  # the body it runs (Graph.bodies)
+    kv_source: int | None = None  # a layer that keeps no KV of its own attends to this one's (Gemma 4)
 
 
-class Section(Enum):
-    HEAD = "head"
-    BODY = "body"  # run once per layer (per attention layer, in a hybrid model)
-    RECURRENT = "recurrent"  # run once per recurrent layer of a hybrid model
-    TAIL = "tail"
+class Section:
+    """The graph's parts, by name: the head, each body, the tail. BODY is the attention layers' body
+    (the first one, where layer kinds differ in shape), RECURRENT a hybrid's recurrent layers'."""
+    HEAD, BODY, RECURRENT, TAIL = "head", "body", "recurrent", "tail"
+
+
+@dataclass(frozen=True)
+class Body:
+    name: str  # Section.BODY, Section.RECURRENT, or the kind of the layers that run it
+    nodes: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
@@ -243,48 +252,59 @@ class Graph:
     state: tuple[Value, ...]
     outputs: tuple[Value, ...]
     head: tuple[Node, ...]
-    body: tuple[Node, ...]
+    bodies: tuple[Body, ...]
     tail: tuple[Node, ...]
     layers: tuple[Layer, ...]
     unused: tuple[str, ...] = ()  # file tensors the architecture knows but this configuration does not read
-    recurrent: tuple[Node, ...] = ()  # the recurrent layers' body (a hybrid model), else empty
+
+    @property
+    def body(self) -> tuple[Node, ...]:
+        """The attention layers' body (the first, where there are several)."""
+        return self.bodies[0].nodes
+
+    @property
+    def recurrent(self) -> tuple[Node, ...]:
+        """The recurrent layers' body (a hybrid model), else empty."""
+        return next((b.nodes for b in self.bodies if b.name == Section.RECURRENT), ())
 
     @property
     def nodes(self) -> tuple[Node, ...]:
         """The schedule with each body once: op indices in the plan and the maps count in it."""
-        return self.head + self.body + self.recurrent + self.tail
+        return self.head + self.body_nodes + self.tail
 
-    def sections(self) -> list[tuple[Section, tuple[Node, ...]]]:
-        bodies = [(Section.BODY, self.body)] + ([(Section.RECURRENT, self.recurrent)] if self.recurrent else [])
-        return [(Section.HEAD, self.head), *bodies, (Section.TAIL, self.tail)]
+    def sections(self) -> list[tuple[str, tuple[Node, ...]]]:
+        return [(Section.HEAD, self.head), *((b.name, b.nodes) for b in self.bodies), (Section.TAIL, self.tail)]
 
-    def section_of(self, index: int) -> Section:
+    def section_of(self, index: int) -> str:
         for section, nodes in self.sections():
             if index < len(nodes):
                 return section
             index -= len(nodes)
         return Section.TAIL
 
-    def layers_of(self, section: Section) -> tuple[Layer, ...]:
-        """The layers that run a body section (its kind's), or every layer for head and tail."""
-        if section is Section.RECURRENT:
-            return tuple(ly for ly in self.layers if ly.kind is LayerKind.RECURRENT)
-        if section is Section.BODY:
-            return tuple(ly for ly in self.layers if ly.kind is not LayerKind.RECURRENT)
+    def is_body(self, section: str) -> bool:
+        return section not in (Section.HEAD, Section.TAIL)
+
+    def layers_of(self, section: str) -> tuple[Layer, ...]:
+        """The layers that run a body, or every layer for head and tail."""
+        if self.is_body(section):
+            return tuple(ly for ly in self.layers if ly.body == section)
         return self.layers
 
     @property
     def body_nodes(self) -> tuple[Node, ...]:
         """The nodes of every layer body."""
-        return self.body + self.recurrent
+        return tuple(n for b in self.bodies for n in b.nodes)
 
     def input(self, name: str) -> Value:
         return next(v for v in self.inputs if v.name == name)
 
-    def with_nodes(self, section: Section, nodes) -> "Graph":
+    def with_nodes(self, section: str, nodes) -> "Graph":
         from dataclasses import replace
 
-        return replace(self, **{section.value: tuple(nodes)})
+        if not self.is_body(section):
+            return replace(self, **{section: tuple(nodes)})
+        return replace(self, bodies=tuple(Body(b.name, tuple(nodes)) if b.name == section else b for b in self.bodies))
 
     def weights(self) -> list[Value]:
         return [v for n in self.nodes for v in n.inputs if v.kind is ValueKind.WEIGHT]

@@ -217,7 +217,6 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
 assert set(SHAPE_RULES) == set(Op)
 
 _ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE, ValueKind.RECURRENT)
-_BODIES = (Section.BODY, Section.RECURRENT)
 _WRITES_STATE = (Op.EMBED, Op.ADD)
 _IN_PLACE_ON_OUTPUT = (Op.SCALE, Op.SOFTCAP)  # the logits, rewritten where the LM head wrote them
 
@@ -229,12 +228,12 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
     for section, nodes in g.sections():
         defined: set[str] = set()  # a section sees its own values only
         for n in nodes:
-            where = f"{section.value} op {n.name}"
+            where = f"{section} op {n.name}"
             for v in n.inputs:
                 if v.kind is ValueKind.WEIGHT:
-                    key = f"{v.name}'" + (" (recurrent body)" if section is Section.RECURRENT else "")
+                    key = f"{v.name}'" + (f" ({section} body)" if section != Section.BODY else "")
                     weight_uses[key] = weight_uses.get(key, 0) + 1
-                    if (v.tensor is None) != (section in _BODIES):
+                    if (v.tensor is None) != g.is_body(section):
                         problems.append(f"{where}: weight '{v.name}' must be a layer's role in the body "
                                         "and a file tensor elsewhere")
                 elif v.kind not in _ALWAYS_DEFINED and v.name not in defined:
@@ -265,7 +264,7 @@ def graph_problems(g: Graph, spec: ModelSpec | None = None) -> list[str]:
         if count != 1:
             problems.append(f"weight '{name} is used {count} times (expected exactly once)")
     for section, nodes in g.sections():
-        if section not in _BODIES:
+        if not g.is_body(section):
             continue
         roles = {v.name for n in nodes for v in n.inputs if v.kind is ValueKind.WEIGHT}
         for ly in g.layers_of(section):

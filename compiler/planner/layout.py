@@ -135,7 +135,7 @@ def _sections(g: Graph) -> tuple[tuple[str, int, int], ...]:
     out, first = [], 0
     for section, nodes in g.sections():
         n_layers = len(g.layers_of(section))
-        name = f"{section.value} x {n_layers} layers" if section.value in ("body", "recurrent") else section.value
+        name = f"{section} x {n_layers} layers" if g.is_body(section) else section
         out.append((name, first, first + len(nodes) - 1))
         first += len(nodes)
     return tuple(out)

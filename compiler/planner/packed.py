@@ -52,9 +52,9 @@ def _reads(g: Graph):
     first = {section: sum(len(nodes) for _, nodes in g.sections()[:k]) for k, (section, _) in enumerate(g.sections())}
     for i, n in enumerate(g.head):
         yield from ((i, v.tensor) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
-    for ly in g.layers:  # each layer runs its kind's body
-        section = Section.RECURRENT if ly.kind is LayerKind.RECURRENT else Section.BODY
-        for i, n in enumerate(g.recurrent if section is Section.RECURRENT else g.body, first[section]):
+    nodes = dict(g.sections())
+    for ly in g.layers:  # each layer runs its body
+        for i, n in enumerate(nodes[ly.body], first[ly.body]):
             yield from ((i, ly.weights[v.name]) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)
     for i, n in enumerate(g.tail, first[Section.TAIL]):
         yield from ((i, v.tensor) for v in n.inputs if n.op in PACKED_OPS and v.kind is ValueKind.WEIGHT)

@@ -93,7 +93,8 @@ def _kernel_name(g, node) -> str:
 def _macs(g, index: int, node, steps: list[np.ndarray], n_head: int) -> tuple[int, bool]:
     """Multiply-adds of one op over a run's steps (a body op over every layer), and whether they are
     int8 (quantized matmuls)."""
-    layers = g.layers if g.section_of(index) is Section.BODY else (None,)
+    section = g.section_of(index)
+    layers = g.layers_of(section) if g.is_body(section) else (None,)
     if node.op in (Op.MATMUL, Op.LOGITS):
         w = next(v for v in node.inputs if v.kind is ValueKind.WEIGHT)
         n_out, n_in = w.shape[0], w.shape[-1]
