@@ -267,9 +267,13 @@ static void move_rows(void *arg, const kiln_thread *t) {
     const keep_args *a = arg;
     const kiln_model_desc *d = a->m->d;
     const float *factors = d->rope_factors_at ? (const float *)(a->m->gguf + d->rope_factors_at) : NULL;
-    for (int l = t->ith; l < d->n_layer; l += t->nth)
-        kiln_kv_move_rows(&a->m->kv_view[l], a->seq, a->keep, a->first_changed, a->n, d->n_head_kv, d->head_dim,
-                          d->layers[l].rope_base, d->rope_neox, d->rope_scaling, factors, d->k_hadamard);
+    for (int l = t->ith; l < d->n_layer; l += t->nth) {
+        const kiln_layer_desc *L = &d->layers[l];
+        if (L->shared) continue; /* its rows are another layer's, which moves them */
+        const int n_kv = L->n_head_kv ? L->n_head_kv : d->n_head_kv, hd = L->head_dim ? L->head_dim : d->head_dim;
+        kiln_kv_move_rows(&a->m->kv_view[l], a->seq, a->keep, a->first_changed, a->n, n_kv, hd, L->n_rot ? L->n_rot : hd,
+                          L->rope_base, d->rope_neox, d->rope_scaling, L->no_factors ? NULL : factors, d->k_hadamard);
+    }
 }
 
 int kiln_seq_keep(kiln_model *m, int seq, const int32_t *keep, int n) {

@@ -36,6 +36,10 @@ typedef struct {
     int recurrent;               /* a recurrent layer: its state lies in each sequence's slot, */
     size_t conv_off, delta_off;  /* its conv window and delta-rule matrices at these bytes of a slot */
     int body;                    /* the body it runs, where the step has several */
+    /* where layer kinds differ (Gemma 4; 0: the model's): its KV heads, head width, rotated dims; */
+    int n_head_kv, head_dim, n_rot;
+    int no_factors;              /* its rope reads no frequency factors (they are the global layers') */
+    int shared;                  /* it reads another layer's KV rows (a shift moves them once, there) */
 } kiln_layer_desc;
 
 /* One step's rows, and what the step function reads and writes. */

@@ -190,13 +190,13 @@ void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const
                    const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* After kiln_kv_keep_begin (kv_pool.h): row r of sequence seq takes the K and V rows of position
    keep[r], for the rows r >= first_changed the layer's next query reads, and K is rotated by
-   r - keep[r] positions (rope_base 0: K is not rotated): dequantized, rotated as kiln_rope_ext does
+   r - keep[r] positions (rope_base 0: K is not rotated; its first n_rot dims): dequantized, rotated as kiln_rope_ext does
    with sc and factors (sc NULL: plain rope) but at magnitude 1, since the cached keys already carry
    theirs, quantized again, as llama.cpp shifts a cache. A K cache held in Hadamard blocks
    (hadamard) is taken out of them for the rotation and put back. */
 void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
-                       int head_dim, float rope_base, int neox, const kiln_rope_scaling *sc, const float *factors,
-                       int hadamard);
+                       int head_dim, int n_rot, float rope_base, int neox, const kiln_rope_scaling *sc,
+                       const float *factors, int hadamard);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
    its sequence; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
    where not NULL, adds a logit sinks[h] with no value row to each head's softmax (gpt-oss). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's

@@ -33,8 +33,8 @@ void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float 
 }
 
 void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
-                       int head_dim, float rope_base, int neox, const kiln_rope_scaling *sc, const float *factors,
-                       int hadamard) {
+                       int head_dim, int n_rot, float rope_base, int neox, const kiln_rope_scaling *sc,
+                       const float *factors, int hadamard) {
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     /* a rotation by the position delta: the keys already carry the rope's magnitude */
     kiln_rope_scaling rotate = sc ? *sc : (kiln_rope_scaling)KILN_ROPE_UNSCALED;
@@ -51,7 +51,7 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
             if (rope_base > 0.0f) {
                 kiln_dequantize_row_ref(kv->k_type, k_buf, x, head_dim);
                 if (hadamard) kiln_hadamard(x, x, head_dim);
-                kiln_rope_ext(x, x, &delta, 1, 1, head_dim, head_dim, rope_base, neox, &rotate, factors);
+                kiln_rope_ext(x, x, &delta, 1, 1, head_dim, n_rot, rope_base, neox, &rotate, factors);
                 if (hadamard) kiln_hadamard(x, x, head_dim);
                 kiln_quantize_row(kv->k_type, x, k_buf, head_dim);
             }

@@ -21,7 +21,8 @@ void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, flo
         double ss = 0.0;
         for (int k = 0; k < 8; k++) ss += part[k];
         const float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-        for (int i = 0; i < n; i++) y[i] = x[i] * scale * (w[i] + w_offset);
+        if (w) for (int i = 0; i < n; i++) y[i] = x[i] * scale * (w[i] + w_offset);
+        else for (int i = 0; i < n; i++) y[i] = x[i] * scale; /* a norm without a weight (Gemma 4's V) */
     }
 }
 
@@ -251,6 +252,14 @@ SCALAR_MT(kiln_scale)
 SCALAR_MT(kiln_softcap)
 ELEMENTWISE_MT(kiln_swiglu)
 ELEMENTWISE_MT(kiln_geglu)
+
+/* y[r] = layer l's part of row r of x [n][n_layer][width] (Gemma 4's per-layer embeddings) */
+void kiln_layer_slice_mt(const kiln_thread *t, float *y, const float *x, int n, int width, int n_layer, int l) {
+    int r0, r1;
+    kiln_share(t, n, 1, &r0, &r1);
+    for (int r = r0; r < r1; r++)
+        memcpy(y + (size_t)r * width, x + ((size_t)r * n_layer + l) * width, (size_t)width * sizeof(float));
+}
 
 void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd) {
     int r0, r1;

@@ -56,11 +56,13 @@ def _embed(n: Node) -> list[str]:
 
 
 def _rms_norm(n: Node) -> list[str]:
-    """Runs of the weight's length: each head, or (OLMoE's q/k norms) a whole row."""
-    x, w = n.inputs
-    runs = row(x) // w.shape[0]
-    return [c_name(n.outputs[0]), c_name(x), floats(w), c_float(n.attrs.weight_offset), c_float(n.attrs.eps),
-            str(w.shape[0]), f"n * {runs}" if len(x.shape) > 2 else "n"]
+    """Runs of the weight's length: each head, or (OLMoE's q/k norms) a whole row; without a weight,
+    of the last axis (each head)."""
+    x, *w = n.inputs
+    span = w[0].shape[0] if w else x.shape[-1]
+    runs = row(x) // span
+    return [c_name(n.outputs[0]), c_name(x), floats(w[0]) if w else "NULL", c_float(n.attrs.weight_offset),
+            c_float(n.attrs.eps), str(span), f"n * {runs}" if len(x.shape) > 2 else "n"]
 
 
 def _matmul(n: Node) -> list[str]:
@@ -168,9 +170,9 @@ def _unary(n: Node) -> list[str]:
 
 
 def _scaled(n: Node) -> list[str]:
-    (x,) = n.inputs
-    by = n.attrs.scale if n.op is Op.SCALE else n.attrs.cap
-    return [c_name(n.outputs[0]), c_name(x), _count(x), c_float(by)]
+    x, *w = n.inputs
+    by = f"*{floats(w[0])}" if w else c_float(n.attrs.scale if n.op is Op.SCALE else n.attrs.cap)
+    return [c_name(n.outputs[0]), c_name(x), _count(x), by]
 
 
 def _binary(n: Node) -> list[str]:
@@ -204,6 +206,9 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_regroup": _regroup,
     "kiln_ssm_conv": _ssm_conv,
     "kiln_delta_net": _delta_net,
+    # the running layer's [rows, width] part of a [rows, n_layer, width] state
+    "kiln_layer_slice": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), "n", str(n.inputs[0].shape[2]),
+                                   str(n.inputs[0].shape[1]), "l"],
 }
 
 

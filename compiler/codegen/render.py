@@ -6,6 +6,7 @@ the runtime's (runtime_c/model.h, instance.c).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -126,23 +127,45 @@ def _layer_desc(g, ly, kv, state) -> dict:
     st = state.of(ly.index) if state else None
     body = [b.name for b in g.bodies].index(ly.body) if len(g.bodies) > 1 else None
     if st is not None:
-        return {"group": -1, "k": "0", "v": "0", "rope_base": c_float(0.0), "recurrent": 1, "body": body,
+        return {"group": -1, "k": "0", "v": "0", "rope_base": c_float(0.0), "recurrent": 1, "body": body, "extra": "",
                 "conv": f"{st.conv_offset:#x}", "delta": f"{st.delta_offset:#x}", "kind": ly.kind.value, "window": None}
     kl = kv.of(ly.index)
     return {"group": kl.group, "k": f"{kl.offset:#x}", "v": f"{kl.v_offset:#x}", "recurrent": 0, "conv": "0",
             "delta": "0", "rope_base": c_float(ly.rope_base if _rotates_keys(g) else 0.0), "kind": ly.kind.value,
-            "window": ly.window, "body": body}
+            "window": ly.window, "body": body, "extra": _layer_extra(g, ly, kl, kv)}
+
+
+def _layer_extra(g, ly, kl, kv) -> str:
+    """What a layer's row says where layer kinds differ (Gemma 4): its heads, its rope's rotated dims
+    and factors, whether it reads another layer's rows (designated fields; 0: the model's)."""
+    rope = next((n for n in dict(g.sections())[ly.body] if n.op.value == "rope"), None)
+    out = []
+    if (kl.n_head_kv, kl.head_dim) != (kv.config.n_head_kv, kv.config.head_dim):
+        out += [f".n_head_kv = {kl.n_head_kv}", f".head_dim = {kl.head_dim}"]
+    if rope is not None and rope.attrs.n_rot != kl.head_dim:
+        out.append(f".n_rot = {rope.attrs.n_rot}")
+    if rope is not None and len(rope.inputs) < 3 and _factors(g):
+        out.append(".no_factors = 1")
+    if kl.shared:
+        out.append(f".shared = 1 /* reads layer {kl.source}'s rows */")
+    return "".join(", " + x for x in out)
+
+
+def _factors(g) -> list:
+    """The rope factors' tensor, in every layer whose rope reads it."""
+    factors = [t for ly in g.layers for role, t in ly.weights.items() if role.startswith("rope_factors")]
+    assert len({(t.offset, t.name) for t in factors}) <= 1, "every layer reads the one factors tensor"
+    return factors
 
 
 def _rope_scaling(g) -> dict:
     """The scaled ropes' one set of parameters (ROPE_SCALING), and where their factors lie for a shift."""
-    ropes = [n for n in g.body if n.kernel == "kiln_rope_ext"]
+    ropes = [n for n in g.body_nodes if n.kernel == "kiln_rope_ext"]
     if not ropes:
         return {"rope_scaling": None, "rope_factors_at": "0"}
     a = ropes[0].attrs
-    assert all(n.attrs == a for n in ropes), "every scaled rope of a model takes the same parameters"
-    factors = [ly.weights[n.inputs[2].name] for n in ropes[:1] if len(n.inputs) > 2 for ly in g.layers]
-    assert len({(t.offset, t.name) for t in factors}) <= 1, "every layer reads the one factors tensor"
+    assert all(replace(n.attrs, n_rot=a.n_rot) == a for n in ropes), "every scaled rope takes the same parameters"
+    factors = _factors(g)
     return {"rope_scaling": {"freq_scale": c_float(a.freq_scale), "ext_factor": c_float(a.ext_factor),
                              "mscale": c_float(a.mscale), "beta_fast": c_float(a.beta_fast),
                              "beta_slow": c_float(a.beta_slow), "n_ctx_orig": a.n_ctx_orig,
@@ -151,7 +174,7 @@ def _rope_scaling(g) -> dict:
 
 
 def _rotates_keys(g) -> bool:
-    return any(n.op.value == "rope" for n in g.body)
+    return any(n.op.value == "rope" for n in g.body_nodes)
 
 
 def _view_note(v: Value) -> str:

@@ -39,6 +39,11 @@ class Stage(Enum):
     # after ffn_moe: a shared expert every row runs, gated by sigmoid(ffn_gate_inp_shexp . x), added to the
     # experts' sum (Qwen3-Next, Qwen3.5-MoE)
     FFN_SHARED_EXPERT = "ffn_shared_expert"
+    # Gemma 4's: the layer's per-layer embedding (its slice of the head's inp_per_layer, gated by
+    # gelu(per_layer_inp_gate . x), projected, normed) added to the residual; then the whole
+    # residual times the layer's layer_output_scale
+    PER_LAYER_EMBEDDING = "per_layer_embedding"
+    LAYER_OUTPUT_SCALE = "layer_output_scale"
 
 
 class RopeLayout(Enum):
@@ -73,6 +78,7 @@ class RopeFactors(Enum):
     FREQS = "freqs"  # rope_freqs.weight where the file has it (Llama 3's, which its converter computes)
     LONG_SHORT = "long_short"  # Phi-3's LongRoPE: rope_factors_long.weight when the context exceeds the
     # original one (rope.scaling.original_context_length), else rope_factors_short.weight
+    FREQS_GLOBAL = "freqs_global"  # rope_freqs.weight on the global layers alone (Gemma 4's proportional rope)
 
 
 # The tensors each kind of factors comes in (no `blk.N.` prefix: llama.cpp reads one for every layer)
@@ -80,6 +86,7 @@ ROPE_FACTOR_TENSORS: dict[RopeFactors, tuple[str, ...]] = {
     RopeFactors.NONE: (),
     RopeFactors.FREQS: ("rope_freqs.weight",),
     RopeFactors.LONG_SHORT: ("rope_factors_long.weight", "rope_factors_short.weight"),
+    RopeFactors.FREQS_GLOBAL: ("rope_freqs.weight",),
 }
 
 
@@ -94,8 +101,8 @@ class AttentionScale:
     """The scale of q . k: 1/sqrt(head_dim); or the GGUF's {arch}.attention.scale (granite; absent or
     0: 1/sqrt(head_dim)); or Gemma's 1/sqrt(query_pre_attn_scalar), which the GGUF does not carry:
     n_embd / n_head for the model with `n_embd_per_head_at_layers` layers (the 27B), head_dim for
-    the others, as llama.cpp tells them apart."""
-    rule: str  # "inv_sqrt_head_dim" | "metadata" | "n_embd_per_head_at_layers"
+    the others, as llama.cpp tells them apart; or 1 ("unit": Gemma 4, whose q and k norms do it)."""
+    rule: str  # "inv_sqrt_head_dim" | "metadata" | "n_embd_per_head_at_layers" | "unit"
     layers: int | None = None
 
 
@@ -200,6 +207,10 @@ class Architecture:
     # the file's attention.shared_kv_layers last layers keep no KV: each attends to the last earlier
     # layer of its kind that does (Gemma 4, as llama.cpp reuses them)
     shared_kv: bool = False
+    # a layer without attn_v takes K's projection as V (Gemma 4's attention_k_eq_v)
+    k_as_v: bool = False
+    # V is RMS-normed per head, without a weight (Gemma 4)
+    v_norm: bool = False
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""
@@ -220,6 +231,10 @@ class Architecture:
             keys |= set(RECURRENT_KEYS)
         if Stage.FFN_SHARED_EXPERT in self.block:
             keys.add("expert_shared_feed_forward_length")
+        if self.kind_bodies:
+            keys |= set(KIND_KEYS)
+        if self.shared_kv:
+            keys |= set(SHARED_KV_KEYS)
         return frozenset(keys)
 
     @property
@@ -234,18 +249,29 @@ class Architecture:
         """A soft-cap's c: the file's value, else the template's default (0: no cap)."""
         return value if value else (getattr(self, field) or 0.0)
 
-    def layer_kind(self, il: int, recurrent: tuple[bool, ...] = ()) -> LayerKind:
-        """Layer il's kind: recurrent where the file's mask says so, else by the layer pattern."""
+    def layer_kind(self, il: int, recurrent: tuple[bool, ...] = (), swa: tuple[bool, ...] = ()) -> LayerKind:
+        """Layer il's kind: recurrent where the file's mask says so, else by the layer pattern (the
+        template's, or the file's sliding_window_pattern where the template says `metadata`)."""
         if il < len(recurrent) and recurrent[il]:
             return LayerKind.RECURRENT
         if self.layer_pattern is None:
             return LayerKind.GLOBAL
+        if self.layer_pattern == FROM_FILE:
+            return LayerKind.LOCAL if swa[il] else LayerKind.GLOBAL
         return self.layer_pattern[il % len(self.layer_pattern)]
 
     def rotates(self, il: int) -> bool:
         """Whether attention layer il applies rope (not a NoPE layer)."""
         return self.nope_layer_step is None or (il + 1) % self.nope_layer_step != 0
 
+
+# layer_pattern "metadata": the kinds are the file's attention.sliding_window_pattern, one flag a layer
+FROM_FILE: tuple = ()
+# The keys (under '{arch}.') of a template whose layer kinds differ in shape, read per layer, and of
+# one whose last layers share KV (frontend/metadata.py's read_layers reads them)
+KIND_KEYS = ("attention.sliding_window_pattern", "attention.key_length_swa", "attention.value_length_swa",
+             "rope.dimension_count_swa", "rope.freq_base_swa", "embedding_length_per_layer_input")
+SHARED_KV_KEYS = ("attention.shared_kv_layers",)
 
 # The keys (under '{arch}.') a recurrent template reads: the DeltaNet's sizes, which layers are
 # recurrent, and the rope sections of its attention layers (llama.cpp's names)

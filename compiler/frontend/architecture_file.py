@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import ArchitectureError
 from ..core.paths import ARCH_DIR, CHAT_TEMPLATE_DIR
-from .architecture import (MOE_FFN_LENGTH_KEYS, Activation, Architecture, AttentionScale, AttnVariant, EmbeddingScale,
+from .architecture import (FROM_FILE, MOE_FFN_LENGTH_KEYS, Activation, Architecture, AttentionScale, AttnVariant, EmbeddingScale,
                            KVLayout, LayerKind, LMHead, MoE, QKNormSpan, RopeFactors, RopeLayout, RopeScaling, Scalar,
                            Stage)
 
@@ -28,7 +28,7 @@ _PARSERS = {
     "lm_head": LMHead,
     "kv_layout": KVLayout,
     "attn_variant": AttnVariant,
-    "layer_pattern": lambda v: None if v is None else tuple(LayerKind(k) for k in v),
+    "layer_pattern": lambda v: None if v is None else FROM_FILE if v == "metadata" else tuple(LayerKind(k) for k in v),
     "chat_template": lambda v: None if v is None else _chat_template_name(v),
     "fused_qkv": lambda v: _boolean(v),
     "fused_ffn_up": lambda v: _boolean(v),
@@ -51,13 +51,15 @@ _PARSERS = {
     "attn_output_bias": lambda v: _boolean(v),
     "kind_bodies": lambda v: _boolean(v),
     "shared_kv": lambda v: _boolean(v),
+    "k_as_v": lambda v: _boolean(v),
+    "v_norm": lambda v: _boolean(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
 _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
              "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
              "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False,
-             "kind_bodies": False, "shared_kv": False}
+             "kind_bodies": False, "shared_kv": False, "k_as_v": False, "v_norm": False}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
@@ -89,11 +91,11 @@ def _list(v):
 
 
 def _attention_scale(v) -> AttentionScale:
-    if v in ("inv_sqrt_head_dim", "metadata"):
+    if v in ("inv_sqrt_head_dim", "metadata", "unit"):
         return AttentionScale(v)
     if isinstance(v, dict) and set(v) == {"n_embd_per_head_at_layers"} and isinstance(v["n_embd_per_head_at_layers"], int):
         return AttentionScale("n_embd_per_head_at_layers", v["n_embd_per_head_at_layers"])
-    raise ValueError(f"{v!r} is not 'inv_sqrt_head_dim', 'metadata' or {{\"n_embd_per_head_at_layers\": N}}")
+    raise ValueError(f"{v!r} is not 'inv_sqrt_head_dim', 'metadata', 'unit' or {{\"n_embd_per_head_at_layers\": N}}")
 
 
 def _softcap(v) -> float | None:
@@ -200,7 +202,7 @@ def _check_consistency(path: Path, t: Architecture) -> None:
     hybrid = t.attn_variant is AttnVariant.HYBRID_SLIDING
     if hybrid != (t.layer_pattern is not None):
         raise ArchitectureError(f"{path}: field 'layer_pattern' is required by, and only allowed with, attn_variant 'hybrid_sliding'")
-    if hybrid and LayerKind.LOCAL not in t.layer_pattern:
+    if hybrid and t.layer_pattern != FROM_FILE and LayerKind.LOCAL not in t.layer_pattern:
         raise ArchitectureError(f"{path}: a hybrid_sliding template needs local layers in 'layer_pattern'")
     if t.fused_qkv and t.qkv_bias:
         raise ArchitectureError(f"{path}: 'fused_qkv' with 'qkv_bias' is not implemented")

@@ -19,7 +19,8 @@ from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from ..core.dtypes import DType, WEIGHT_DTYPES, weight_dtype
 from .gguf_header import Header, read_header
-from .metadata import check_unimplemented, read_experts, read_recurrent, read_rope_scaling, read_scalars
+from .metadata import (check_unimplemented, per_layer, read_experts, read_layers, read_recurrent, read_rope_scaling,
+                       read_scalars)
 from .spec import HParams, ModelSpec, TensorInfo, TokenizerData
 from .vocab import read_tokenizer
 from ..core.errors import ModelFileError
@@ -203,14 +204,22 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
     value_dim = meta.integer(f"{a}.attention.value_length", default=head_dim)
     if value_dim != head_dim:
         raise ModelFileError(f"{meta.path}: key_length {head_dim} != value_length {value_dim}; kiln needs them equal")
+    n_layer = meta.integer(f"{a}.block_count")
+    if t.kind_bodies:  # one value, or one per layer
+        n_ff, layer_n_ff = per_layer(meta, f"{a}.feed_forward_length", n_layer)
+        n_head_kv, layer_n_head_kv = per_layer(meta, f"{a}.attention.head_count_kv", n_layer, default=n_head)
+    else:
+        n_ff, layer_n_ff = meta.integer(f"{a}.feed_forward_length"), ()
+        n_head_kv, layer_n_head_kv = meta.integer(f"{a}.attention.head_count_kv", default=n_head), ()
+    n_rot = meta.integer(f"{a}.rope.dimension_count", default=head_dim)
     hp = HParams(
-        n_layer=meta.integer(f"{a}.block_count"),
+        n_layer=n_layer,
         n_embd=n_embd,
-        n_ff=meta.integer(f"{a}.feed_forward_length"),
+        n_ff=n_ff,
         n_head=n_head,
-        n_head_kv=meta.integer(f"{a}.attention.head_count_kv", default=n_head),
+        n_head_kv=n_head_kv,
         head_dim=head_dim,
-        n_rot=meta.integer(f"{a}.rope.dimension_count", default=head_dim),
+        n_rot=n_rot,
         n_vocab=len(tok.tokens),
         rope_base=meta.number(f"{a}.rope.freq_base", default=10000.0),
         norm_eps=meta.number(f"{a}.attention.layer_norm_rms_epsilon"),
@@ -219,7 +228,9 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         scalars=read_scalars(meta, t),
         **read_rope_scaling(meta, t),
         **read_experts(meta, t),
-        **read_recurrent(meta, t, n_layer=meta.integer(f"{a}.block_count"), head_dim=head_dim),
+        **read_recurrent(meta, t, n_layer=n_layer, head_dim=head_dim),
+        **read_layers(meta, t, n_layer, n_head, head_dim, n_rot),
+        layer_n_ff=layer_n_ff, layer_n_head_kv=layer_n_head_kv,
     )
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
         if getattr(hp, field) <= 0:
@@ -227,8 +238,12 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
     if hp.head_dim > MAX_HEAD_DIM:
         raise ModelFileError(f"{meta.path}: head_dim {hp.head_dim} (attention.key_length) is above {MAX_HEAD_DIM}, "
                              "the most kiln's attention and rope kernels hold")
-    if hp.n_head % hp.n_head_kv:
-        raise ModelFileError(f"{meta.path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
+    for il, kv in enumerate(hp.layer_n_head_kv or (hp.n_head_kv,)):
+        if kv <= 0 or hp.n_head % kv:
+            raise ModelFileError(f"{meta.path}: head_count {hp.n_head} is not a multiple of layer {il}'s head_count_kv "
+                                 f"{kv}")
+    if any(n <= 0 for n in hp.layer_n_ff):
+        raise ModelFileError(f"{meta.path}: every layer's feed_forward_length must be positive, got {hp.layer_n_ff}")
     if not (0 < hp.n_rot <= hp.head_dim and hp.n_rot % 2 == 0):
         raise ModelFileError(f"{meta.path}: rope.dimension_count {hp.n_rot} must be even and between 2 and "
                              f"head_dim {hp.head_dim}")

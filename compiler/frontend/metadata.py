@@ -7,7 +7,7 @@ scaling), so a key is accepted only for the architectures that implement it.
 """
 from __future__ import annotations
 
-from ..core.cconst import MAX_CONV_TAPS, MAX_STATE_DIM, MOE_MAX_EXPERTS
+from ..core.cconst import MAX_CONV_TAPS, MAX_HEAD_DIM, MAX_STATE_DIM, MOE_MAX_EXPERTS
 from ..core.errors import ModelFileError
 from .architecture import METADATA_KEYS, Architecture, Scalar
 from .spec import SSMParams
@@ -181,3 +181,50 @@ def _check_sections(meta, a: str, n_rot: int) -> None:
         if not any(sector % 3 == k and sector < 3 * s[k] for k in range(3)):
             raise ModelFileError(f"{meta.path}: metadata '{a}.rope.dimension_sections' = {s[:4]} leaves rotated pair "
                                  f"{i} of {n_rot // 2} to the extra section, which kiln does not implement for text")
+
+
+def per_layer(meta, key: str, n_layer: int, default=None) -> tuple[int | None, tuple[int, ...]]:
+    """A key that may hold one value or one per layer (llama.cpp's get_key_or_arr): the first
+    layer's value, and every layer's where the file gives an array (else ())."""
+    values = meta.get(key)
+    if values is None:
+        if default is None:
+            meta.integer(key)  # names the missing key
+        return default, ()
+    if not isinstance(values, list):
+        return int(values), ()
+    if len(values) != n_layer:
+        raise ModelFileError(f"{meta.path}: metadata '{key}' has {len(values)} values for {n_layer} blocks")
+    return int(values[0]), tuple(int(v) for v in values)
+
+
+def read_layers(meta, t: Architecture, n_layer: int, n_head: int, head_dim: int, n_rot: int) -> dict:
+    """The per-layer hyperparameters of a template whose layer kinds differ in shape, as llama.cpp's
+    gemma4 loader reads them: which layers slide (attention.sliding_window_pattern, required), the
+    sliding layers' head width (key_length_swa = value_length_swa), rotated dims (rope.dimension_count_swa,
+    default their head width) and rope base (rope.freq_base_swa, default 10000), the per-layer
+    embeddings' width, and how many of the last layers keep no KV."""
+    a, out = t.arch, {}
+    if t.shared_kv:
+        shared = meta.integer(f"{a}.attention.shared_kv_layers", default=0)
+        if not 0 <= shared < n_layer:
+            raise ModelFileError(f"{meta.path}: metadata '{a}.attention.shared_kv_layers' = {shared} must be "
+                                 f"between 0 and block_count - 1 ({n_layer - 1})")
+        out["shared_kv_layers"] = shared
+    if not t.kind_bodies:
+        return out
+    pattern = meta.array(f"{a}.attention.sliding_window_pattern")
+    if pattern is None or len(pattern) != n_layer:
+        raise ModelFileError(f"{meta.path}: metadata '{a}.attention.sliding_window_pattern' must hold one flag per "
+                             f"block ({n_layer}); the {a} architecture reads which layers slide from it")
+    hd_swa = meta.integer(f"{a}.attention.key_length_swa")
+    if meta.integer(f"{a}.attention.value_length_swa") != hd_swa:
+        raise ModelFileError(f"{meta.path}: key_length_swa {hd_swa} != value_length_swa; kiln needs them equal")
+    n_rot_swa = meta.integer(f"{a}.rope.dimension_count_swa", default=hd_swa)
+    for name, dim, rot in (("key_length_swa", hd_swa, n_rot_swa), ("key_length", head_dim, n_rot)):
+        if not (0 < dim <= MAX_HEAD_DIM and 0 < rot <= dim and rot % 2 == 0):
+            raise ModelFileError(f"{meta.path}: attention.{name} {dim} with {rot} rotated dims: a head is 1 to "
+                                 f"{MAX_HEAD_DIM} wide and rotates an even number of its dims")
+    return out | dict(swa_layers=tuple(bool(x) for x in pattern), head_dim_swa=hd_swa, n_rot_swa=n_rot_swa,
+                      rope_base_swa=meta.number(f"{a}.rope.freq_base_swa", default=10000.0),
+                      n_embd_per_layer=meta.integer(f"{a}.embedding_length_per_layer_input", default=0))

@@ -63,6 +63,10 @@ class SSMParams:
         return (self.d_conv - 1) * self.conv_dim, self.n_v_heads * self.d_state * self.d_state
 
 
+PER_LAYER_FIELDS = ("layer_n_head_kv", "layer_n_ff", "swa_layers", "head_dim_swa", "n_rot_swa", "rope_base_swa",
+                    "n_embd_per_layer")
+
+
 @dataclass(frozen=True)
 class HParams:
     n_layer: int
@@ -95,16 +99,40 @@ class HParams:
     ssm: "SSMParams | None" = None
     # the last shared_kv_layers layers keep no KV of their own (Gemma 4's attention.shared_kv_layers)
     shared_kv_layers: int = 0
+    # per layer, where the file gives them so (Gemma 4): head_count_kv, feed_forward_length, and which
+    # layers slide (attention.sliding_window_pattern), whose heads, rotated dims and rope base are
+    # the _swa keys'
+    layer_n_head_kv: tuple[int, ...] = ()
+    layer_n_ff: tuple[int, ...] = ()
+    swa_layers: tuple[bool, ...] = ()
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    rope_base_swa: float = 0.0
+    n_embd_per_layer: int = 0  # the per-layer embeddings' width (embedding_length_per_layer_input; 0: none)
 
     def for_layer(self, il: int) -> "HParams":
-        """The hyperparameters layer il's body is built with (the same for every layer, where the
-        file gives no per-layer values)."""
-        return self
+        """The hyperparameters layer il's body is built with: the file's per-layer values where it
+        has them, else the model's."""
+        from dataclasses import replace
+
+        out = {}
+        if self.layer_n_head_kv:
+            out["n_head_kv"] = self.layer_n_head_kv[il]
+        if self.layer_n_ff:
+            out["n_ff"] = self.layer_n_ff[il]
+        if self.swa_layers and self.swa_layers[il]:
+            out |= {"head_dim": self.head_dim_swa, "n_rot": self.n_rot_swa, "rope_base": self.rope_base_swa}
+        return replace(self, **out) if out else self
 
     @property
     def rope_scaled(self) -> bool:
         return (self.rope_scaling != "none" and self.rope_scaling_factor != 1.0) or self.rope_attn_factor != 1.0 \
             or self.rope_scaling == "yarn"
+
+    def per_layer(self) -> list[tuple[str, object]]:
+        """The per-layer values, as the layout's configuration shows them."""
+        out = [(name, getattr(self, name)) for name in PER_LAYER_FIELDS if getattr(self, name)]
+        return [(n, "".join("S" if x else "F" for x in v) if n == "swa_layers" else v) for n, v in out]
 
     def scalar(self, key: str) -> float | None:
         return dict(self.scalars).get(key)
@@ -116,8 +144,10 @@ class HParams:
                  "rope_attn_factor": self.rope_scaled, "rope_n_ctx_orig": self.rope_scaled,
                  "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn",
                  **{name: self.n_expert > 0 for name in ("n_expert", "n_expert_used", "n_ff_exp")},
-                 "recurrent_layers": False, "ssm": False, "shared_kv_layers": self.shared_kv_layers > 0}
+                 "recurrent_layers": False, "ssm": False, "shared_kv_layers": self.shared_kv_layers > 0,
+                 **{name: False for name in PER_LAYER_FIELDS}}
         out = [(f.name, getattr(self, f.name)) for f in fields(self) if shown.get(f.name, True)]
+        out += self.per_layer()
         if self.ssm is not None:  # the layer kinds as a pattern, and the DeltaNet's sizes by their names
             out.append(("recurrent_layers", "".join("R" if r else "A" for r in self.recurrent_layers)))
             out += [(f"ssm_{f.name}", getattr(self.ssm, f.name)) for f in fields(self.ssm)]

@@ -65,5 +65,6 @@ def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int |
         body, roles[name] = _body(b, name)
         bodies.append(body)
     tail = b.tail()
-    return Graph(n_tokens, tuple(b.inputs.values()), (b.x,), tail[-1].outputs, head, tuple(bodies), tail,
+    state = (b.x,) + ((b.per_layer,) if b.per_layer is not None else ())
+    return Graph(n_tokens, tuple(b.inputs.values()), state, tail[-1].outputs, head, tuple(bodies), tail,
                  b.layers(roles), b.unused)

@@ -37,7 +37,8 @@ class GraphBuilder:
         self.hp = spec.hparams
         self.nodes: list[Node] = []
         self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor (blk.0.*), and rows
-        self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers) for il in range(self.hp.n_layer))
+        self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers, self.hp.swa_layers)
+                           for il in range(self.hp.n_layer))
         self.kv_sources = tuple(self._kv_source(il) for il in range(self.hp.n_layer))
         self.body_names = self._body_names()
         self.first = 0  # the first layer of the body being built: its tensors give the shapes
@@ -47,6 +48,14 @@ class GraphBuilder:
         self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
         self.gate: Value | None = None  # attention's output gate (attn_output_gate)
         self.ffn_in = self.x  # the FFN's normed input (a shared expert reads it beside the experts)
+        p = self.hp.n_embd_per_layer  # Gemma 4's per-layer embeddings: [rows, layer, p], the head writes them
+        self.per_layer = Value("inp_per_layer", ValueKind.STATE, (n_tokens, self.hp.n_layer, p), DType.F32) \
+            if p else None
+
+    @property
+    def owns_kv(self) -> bool:
+        """Whether the layers of the body being built keep KV of their own."""
+        return self.kv_sources[self.first] == self.first
 
     # -- primitives -------------------------------------------------------------------------
     def weight(self, name: str, view_of: str | None = None) -> Value:
@@ -106,9 +115,11 @@ class GraphBuilder:
     def add_into_x(self, name: str, y: Value) -> None:
         self.nodes.append(Node(Op.ADD, name, (y, self.x), (self.x,)))
 
-    def norm(self, name: str, x: Value, w: Value) -> Value:
+    def norm(self, name: str, x: Value, w: Value | None) -> Value:
+        """RMSNorm over runs of w's length (each head, or a row), times w; without w, over each
+        last-axis run alone."""
         attrs = NormAttrs(eps=self.hp.norm_eps, weight_offset=self.arch.norm_weight_offset)
-        return self.emit(Op.RMS_NORM, name, (x, w), x.shape, attrs)
+        return self.emit(Op.RMS_NORM, name, (x,) if w is None else (x, w), x.shape, attrs)
 
     def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
         w = role if isinstance(role, Value) else self.layer_weight(role)
@@ -134,7 +145,34 @@ class GraphBuilder:
                  EmbeddingScale.METADATA: self.scalar("embedding_scale") or 1.0}[self.arch.embedding_scale]
         self.nodes.append(Node(Op.EMBED, "inp_embd", (self.inputs["inp_tokens"], self.weight("token_embd.weight")),
                                (self.x,), EmbedAttrs(scale)))
+        if self.per_layer is not None:
+            self._per_layer_inputs()
         return self.take()
+
+    def _per_layer_inputs(self) -> None:
+        """Gemma 4's per-layer embeddings, as llama.cpp's project_per_layer_inputs: the embedding
+        projected to every layer's width (per_layer_model_proj, times 1/sqrt(n_embd)), each layer's
+        part RMS-normed (per_layer_proj_norm), plus the token's row of per_layer_token_embd (times
+        sqrt(width)), all times 1/sqrt(2)."""
+        T, n, p = self.T, self.hp.n_layer, self.hp.n_embd_per_layer
+        shape = (T, n, p)
+        for name, want in (("per_layer_token_embd.weight", (self.hp.n_vocab, n * p)),
+                           ("per_layer_model_proj.weight", (n * p, self.hp.n_embd)), ("per_layer_proj_norm.weight", (p,))):
+            t = self.spec.tensor(name)
+            if t.shape[1:] != want[1:] or t.shape[0] < want[0] or (len(want) == 2 and name.startswith("per_layer_m")
+                                                                   and t.shape != want):
+                raise ModelFileError(f"{self.spec.path}: tensor '{name}' is {list(t.shape)} but {n} layers' per-layer "
+                                     f"embeddings of {p} (embedding_length_per_layer_input) make it {list(want)}")
+        tok = Value("inp_per_layer_tokens", ValueKind.ACTIVATION, shape, DType.F32)
+        self.nodes.append(Node(Op.EMBED, "inp_per_layer_selected",
+                               (self.inputs["inp_tokens"], self.weight("per_layer_token_embd.weight")), (tok,),
+                               EmbedAttrs(float(np.sqrt(np.float32(p))))))
+        proj = self.matmul("per_layer_proj_raw", self.x, self.weight("per_layer_model_proj.weight"), shape)
+        proj = self.scale("per_layer_proj_scaled", proj, float(np.float32(1) / np.sqrt(np.float32(self.hp.n_embd))))
+        proj = self.norm("per_layer_proj", proj, self.weight("per_layer_proj_norm.weight"))
+        summed = self.emit(Op.ADD, "inp_per_layer_sum", (proj, tok), shape)
+        self.nodes.append(Node(Op.SCALE, "inp_per_layer", (summed,), (self.per_layer,),
+                               ScaleAttrs(float(np.float32(1) / np.sqrt(np.float32(2))))))
 
     def tail(self) -> tuple[Node, ...]:
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))

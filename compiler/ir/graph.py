@@ -36,20 +36,22 @@ class Op(Enum):
     GLU = "glu"  # act(gate) * up
     SELECT_ROWS = "select_rows"  # the rows whose logits the caller asked for, in order
     LOGITS = "logits"  # LM head over the rows the caller asks for, into caller memory
-    SCALE = "scale"  # y = x * s (granite's residual branches and logits)
+    SCALE = "scale"  # y = x * s (granite's residual branches and logits; s a weight's one value: Gemma 4's)
     SOFTCAP = "softcap"  # y = c * tanh(x / c) (Gemma 2's logits)
     MOE_ROUTE = "moe_route"  # router logits -> each row's top-k experts (argsort of the softmax) and weights
     MOE_FFN = "moe_ffn"  # each row's chosen experts' GLU FFNs, times their weights, summed in rank order
     REGROUP = "regroup"  # [rows, groups, parts] -> outputs, each its parts of every group (Q and its gate)
     SSM_CONV = "ssm_conv"  # SiLU of a causal conv1d over each channel's last taps, the window kept per sequence
     DELTA_NET = "delta_net"  # the gated delta rule over each sequence's state matrices, token by token
+    LAYER_SLICE = "layer_slice"  # the running layer's part of a [rows, n_layer, width] state (Gemma 4's)
 
 
 class ValueKind(Enum):
     INPUT = "input"  # the step's batch arrays (token ids, positions, sequences, rows wanted): caller memory
     WEIGHT = "weight"  # a read-only view of the GGUF file (or its packed copy)
     ACTIVATION = "activation"  # lives in the planned activation arena during its live range
-    STATE = "state"  # the residual stream: in the arena for the whole step, updated in place by each layer
+    STATE = "state"  # in the arena for the whole step: the residual stream, updated in place by each layer
+    # (and Gemma 4's per-layer embeddings, which the head writes and each layer reads its part of)
     KV = "kv"  # the layer's pages of the persistent cache
     RECURRENT = "recurrent"  # the layer's part of each sequence's recurrent state slot (planner/state_plan.py)
     OUTPUT = "output"  # written straight into the caller's buffer (logits); never in the arena
@@ -202,6 +204,7 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.REGROUP: RegroupAttrs,
     Op.SSM_CONV: ConvAttrs,
     Op.DELTA_NET: DeltaNetAttrs,
+    Op.LAYER_SLICE: None,
 }
 
 

@@ -41,13 +41,15 @@ class KVConfig:
 
 
 def kv_config(hp: HParams, opts: CompileOptions) -> KVConfig:
+    head_dims = sorted({hp.for_layer(il).head_dim for il in range(hp.n_layer)})  # layer kinds may differ (Gemma 4)
     for part, dtype in (("k", opts.kv_dtype_k), ("v", opts.kv_dtype_v)):
-        if hp.head_dim % dtype.block_elems:
-            raise OptionError(f"kv_dtype_{part} (--kv-dtype-{part}) {dtype.label} stores blocks of {dtype.block_elems} "
-                              f"but head_dim is {hp.head_dim}; use f16 or f32")
+        for hd in head_dims:
+            if hd % dtype.block_elems:
+                raise OptionError(f"kv_dtype_{part} (--kv-dtype-{part}) {dtype.label} stores blocks of "
+                                  f"{dtype.block_elems} but head_dim is {hd}; use f16 or f32")
 
     def rotated(dtype: DType) -> bool:
-        return opts.kv_rotation and dtype not in FLOAT_KV and hp.head_dim % HADAMARD_BLOCK == 0
+        return opts.kv_rotation and dtype not in FLOAT_KV and all(hd % HADAMARD_BLOCK == 0 for hd in head_dims)
 
     return KVConfig(opts.kv_dtype_k, opts.kv_dtype_v, opts.n_seq, opts.ctx, opts.page_size, hp.n_head_kv,
                     hp.head_dim, rotated(opts.kv_dtype_k), rotated(opts.kv_dtype_v))

@@ -11,10 +11,10 @@ import numpy as np
 
 from ..core.dtypes import DType
 from ..core.errors import ModelFileError
-from ..frontend.architecture import Activation, QKNormSpan, Scalar, Stage
+from ..frontend.architecture import Activation, LayerKind, QKNormSpan, RopeFactors, Scalar, Stage
 from .emitter import GraphBuilder
 from .graph import (AttentionAttrs, ConvAttrs, DeltaNetAttrs, GluAttrs, MoeAttrs, Node, Op, RopeAttrs,
-                    RouteAttrs, Value, ValueKind)
+                    RouteAttrs, ScaleAttrs, Value, ValueKind)
 from .rope import rope_attrs
 
 
@@ -35,13 +35,23 @@ def _qkv(b: GraphBuilder) -> None:
                                 (("q", (b.T, hp.n_head, hp.head_dim)), ("attn_gate", (b.T, hp.n_head * hp.head_dim))))
     else:
         b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), bias)
+    if not b.owns_kv:  # it attends to another layer's KV (shared_kv)
+        b.k = b.v = None
+        return
     b.k = b.matmul("k", b.cur, k, (b.T, hp.n_head_kv, hp.head_dim), bias)
-    b.v = b.matmul("v", b.cur, v, (b.T, hp.n_head_kv, hp.head_dim), bias)
+    if b.arch.k_as_v and not b.has("blk.0.attn_v.weight"):  # K's projection, normed apart (qk_norm)
+        b.v = b.k
+    else:
+        b.v = b.matmul("v", b.cur, v, (b.T, hp.n_head_kv, hp.head_dim), bias)
 
 
 def _qk_norm(b: GraphBuilder) -> None:
-    """Each head's norm, or (OLMoE) one over all of a row's heads: the norm takes runs of its weight's length."""
+    """Each head's norm, or (OLMoE) one over all of a row's heads: the norm takes runs of its weight's
+    length. V's, where the template norms it, has no weight (Gemma 4)."""
+    v = b.v
     for name, x, heads in (("q", b.q, b.hp.n_head), ("k", b.k, b.hp.n_head_kv)):
+        if x is None:  # a layer that keeps no KV has no K
+            continue
         w = b.layer_weight(f"attn_{name}_norm")
         span = b.hp.head_dim * (heads if b.arch.qk_norm_span is QKNormSpan.ROW else 1)
         if w.shape != (span,):
@@ -49,16 +59,22 @@ def _qk_norm(b: GraphBuilder) -> None:
                                  f"{b.arch.arch} architecture normalizes runs of {span} (qk_norm_span "
                                  f"'{b.arch.qk_norm_span.value}')")
         setattr(b, name, b.norm(f"{name}_norm", x, w))
+    if b.arch.v_norm and v is not None:
+        b.v = b.norm("v_norm", v, None)
 
 
 def _rope(b: GraphBuilder) -> None:
     attrs = rope_attrs(b.hp, b.arch.rope_layout) if b.arch.rope_scaling else RopeAttrs(b.arch.rope_layout, b.hp.n_rot)
+    # the factors: every layer's, or (freqs_global) the global layers' alone
+    factors = b.factors if b.arch.rope_factors is not RopeFactors.FREQS_GLOBAL or \
+        b.kinds[b.first] is LayerKind.GLOBAL else None
 
     def inputs(x: Value, role: str) -> tuple[Value, ...]:
         # the factors are one file tensor, bound to a role of each rope (a weight value has one reader)
-        return (x, b.inputs["inp_pos"]) + ((b.bind(role, b.factors),) if b.factors else ())
+        return (x, b.inputs["inp_pos"]) + ((b.bind(role, factors),) if factors else ())
     b.q = b.emit(Op.ROPE, "q_rope", inputs(b.q, "rope_factors_q"), b.q.shape, attrs)
-    b.k = b.emit(Op.ROPE, "k_rope", inputs(b.k, "rope_factors_k"), b.k.shape, attrs)
+    if b.k is not None:
+        b.k = b.emit(Op.ROPE, "k_rope", inputs(b.k, "rope_factors_k"), b.k.shape, attrs)
 
 
 def _attention_scale(b: GraphBuilder) -> float:
@@ -67,6 +83,8 @@ def _attention_scale(b: GraphBuilder) -> float:
         return b.scalar("attention.scale")
     if rule.rule == "n_embd_per_head_at_layers" and hp.n_layer == rule.layers:
         return float(np.float32(1) / np.sqrt(np.float32(hp.n_embd // hp.n_head)))
+    if rule.rule == "unit":
+        return 1.0
     return 1.0 / sqrt(hp.head_dim)
 
 
@@ -81,7 +99,8 @@ def _attention(b: GraphBuilder) -> None:
             raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; attention "
                                  f"sinks are one F32 logit per head ({hp.n_head})")
         sinks = (b.layer_weight("attn_sinks"),)
-    b.cur = b.emit(Op.ATTENTION, "attn", (b.q, b.k, b.v, *sinks), (b.T, hp.n_head * hp.head_dim), attrs)
+    kv = (b.k, b.v) if b.owns_kv else ()  # a layer that keeps no KV reads its source's (kv_insert)
+    b.cur = b.emit(Op.ATTENTION, "attn", (b.q, *kv, *sinks), (b.T, hp.n_head * hp.head_dim), attrs)
 
 
 def _residual(b: GraphBuilder, name: str, scaled: str) -> None:
@@ -229,6 +248,27 @@ def _ffn_shared_expert(b: GraphBuilder) -> None:
     b.cur = b.emit(Op.ADD, "ffn_out", (b.cur, gated), shexp.shape)
 
 
+def _per_layer_embedding(b: GraphBuilder) -> None:
+    """Gemma 4's: the layer's slice of the head's inp_per_layer (emitter.head), times
+    gelu(per_layer_inp_gate . x) (a GeGLU), projected back to n_embd (per_layer_proj), normed
+    (per_layer_post_norm), added to the residual."""
+    p, T = b.hp.n_embd_per_layer, b.T
+    mine = b.emit(Op.LAYER_SLICE, "inp_this_layer", (b.per_layer,), (T, p))
+    gate = b.matmul("per_layer_gate", b.x, "inp_gate", (T, p))
+    gated = b.emit(Op.GLU, "per_layer_gated", (gate, mine), (T, p), GluAttrs(Activation.GEGLU))
+    out = b.matmul("per_layer_out", gated, "proj", (T, b.hp.n_embd))
+    b.add_into_x("per_layer_embd_out", b.norm("per_layer_post_norm", out, b.layer_weight("post_norm")))
+
+
+def _layer_output_scale(b: GraphBuilder) -> None:
+    """The whole residual times the layer's layer_output_scale (Gemma 4), in place."""
+    t = b.first_tensor("blk.0.layer_output_scale.weight")
+    if t.shape != (1,) or t.dtype is not DType.F32:
+        raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; a layer's output "
+                             "scale is one F32")
+    b.nodes.append(Node(Op.SCALE, "out_scaled", (b.x, b.layer_weight("layer_output_scale")), (b.x,), ScaleAttrs(1.0)))
+
+
 def _ffn_post_norm(b: GraphBuilder) -> None:
     b.cur = b.norm("ffn_post_norm", b.cur, b.layer_weight("post_ffw_norm"))
 
@@ -254,5 +294,7 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.FFN_RESIDUAL: _ffn_residual,
     Stage.DELTA_NET: _delta_net,
     Stage.FFN_SHARED_EXPERT: _ffn_shared_expert,
+    Stage.PER_LAYER_EMBEDDING: _per_layer_embedding,
+    Stage.LAYER_OUTPUT_SCALE: _layer_output_scale,
 }
 assert set(STAGES) == set(Stage)

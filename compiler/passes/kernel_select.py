@@ -44,7 +44,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.SELECT_ROWS, ""): Kernel("kiln_select_rows"),
     (Op.GLU, "swiglu"): Kernel("kiln_swiglu"),
     (Op.GLU, "geglu"): Kernel("kiln_geglu"),
-    (Op.SCALE, ""): Kernel("kiln_scale"),
+    (Op.SCALE, ""): Kernel("kiln_scale", F32),  # by a number, or a weight's one value
     (Op.SOFTCAP, ""): Kernel("kiln_softcap"),
     (Op.MOE_ROUTE, ""): Kernel("kiln_moe_route"),
     (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
@@ -54,6 +54,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.REGROUP, ""): Kernel("kiln_regroup"),
     (Op.SSM_CONV, ""): Kernel("kiln_ssm_conv", F32),
     (Op.DELTA_NET, ""): Kernel("kiln_delta_net", F32),
+    (Op.LAYER_SLICE, ""): Kernel("kiln_layer_slice"),
 }
 
 # Ops whose kernel depends on an attribute, and which.

@@ -4,33 +4,47 @@ Before: attention(q, k, v) reads this step's K/V only, as in a plain transformer
 After:  kv_cache_store writes k and v into the layer's pages right after the later of the two is
         computed (after rope), each row at (inp_seq, inp_row); attention(q, inp_seq, inp_row,
         kv_cache.k, kv_cache.v) reads each row's visible history of its own sequence from the
-        cache. K and V are two values because each has its own element type.
+        cache. K and V are two values because each has its own element type. A layer that keeps
+        no KV (attention(q) alone) reads the pages of the layer it shares them with and writes none.
+The cache's values have the shape of each body's heads: layer kinds may differ in head width and
+KV heads (Gemma 4).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir.graph import Graph, Node, Op, Section, Value, ValueKind
+from ..ir.builder import body_prefix
+from ..ir.graph import Graph, Node, Op, Value, ValueKind
 from ..ir.kv import KVConfig
 
 
-def kv_values(kv: KVConfig) -> tuple[Value, Value]:
-    """The layer's K and V in one page, [kv_head][row][head_dim] each."""
-    shape = (kv.n_head_kv, kv.page_size, kv.head_dim)
+def kv_values(kv: KVConfig, n_head_kv: int, head_dim: int) -> tuple[Value, Value]:
+    """A layer's K and V in one page, [kv_head][row][head_dim] each."""
+    shape = (n_head_kv, kv.page_size, head_dim)
     return (Value("kv_cache.k", ValueKind.KV, shape, kv.k_dtype), Value("kv_cache.v", ValueKind.KV, shape, kv.v_dtype))
+
+
+def _insert(nodes: tuple[Node, ...], seq: Value, row: Value, kv: KVConfig, prefix: str) -> tuple[Node, ...]:
+    attn = next((n for n in nodes if n.op is Op.ATTENTION), None)
+    if attn is None:  # a recurrent body
+        return nodes
+    cache = kv_values(kv, attn.attrs.n_head_kv, attn.attrs.head_dim)
+    q, *rest = attn.inputs
+    owns = bool(rest) and rest[0].kind is ValueKind.ACTIVATION
+    k, v, extra = (rest[0], rest[1], rest[2:]) if owns else (None, None, rest)
+    last = max(i for i, n in enumerate(nodes) if set(n.outputs) & {k, v}) if owns else -1  # the later of k, v
+    out: list[Node] = []
+    for i, n in enumerate(nodes):
+        if n is attn:
+            n = replace(n, inputs=(q, seq, row, *cache, *extra))  # then its sinks, if any
+        out.append(n)
+        if i == last:
+            out.append(Node(Op.KV_STORE, prefix + "kv_store", (k, v, seq, row, *cache), ()))
+    return tuple(out)
 
 
 def insert_kv_ops(g: Graph, kv: KVConfig) -> Graph:
     seq, row = g.input("inp_seq"), g.input("inp_row")
-    cache = kv_values(kv)
-    attn = next(n for n in g.body if n.op is Op.ATTENTION)
-    k, v = attn.inputs[1:3]
-    last = max(i for i, n in enumerate(g.body) if set(n.outputs) & {k, v})  # the write follows the later of k, v
-    nodes: list[Node] = []
-    for i, n in enumerate(g.body):
-        if n.op is Op.ATTENTION:
-            n = replace(n, inputs=(n.inputs[0], seq, row, *cache, *n.inputs[3:]))  # then its sinks, if any
-        nodes.append(n)
-        if i == last:
-            nodes.append(Node(Op.KV_STORE, "kv_store", (k, v, seq, row, *cache), ()))
-    return g.with_nodes(Section.BODY, nodes)
+    for body in g.bodies:
+        g = g.with_nodes(body.name, _insert(body.nodes, seq, row, kv, body_prefix(body.name)))
+    return g

@@ -14,6 +14,7 @@ All problems are collected and reported together.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 from typing import Callable
 
@@ -33,16 +34,17 @@ def _same(*shapes: tuple[int, ...]) -> bool:
 
 def _embed(n: Node) -> str | None:
     (ids, table), (out,) = n.inputs, n.outputs
-    if out.shape != (ids.shape[0], table.shape[1]):
+    if (out.shape[0], prod(out.shape[1:])) != (ids.shape[0], table.shape[1]):
         return f"output {out.shape} != (tokens {ids.shape[0]}, embd {table.shape[1]})"
     return None
 
 
 def _norm(n: Node) -> str | None:
-    """Runs of the weight's length: the last axis (a head), or a whole row (OLMoE's q/k norms)."""
-    (x, w), (out,) = n.inputs, n.outputs
-    if w.shape not in ((x.shape[-1],), (prod(x.shape[1:]),)) or out.shape != x.shape:
-        return f"input {x.shape}, weight {w.shape}, output {out.shape} disagree"
+    """Runs of the weight's length: the last axis (a head), or a whole row (OLMoE's q/k norms); no
+    weight: the last axis."""
+    (x, *w), (out,) = n.inputs, n.outputs
+    if (w and w[0].shape not in ((x.shape[-1],), (prod(x.shape[1:]),))) or len(w) > 1 or out.shape != x.shape:
+        return f"input {x.shape}, weight {[v.shape for v in w]}, output {out.shape} disagree"
     return None
 
 
@@ -206,18 +208,22 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.GLU: _glu,
     Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _matmul,
-    Op.SCALE: _elementwise,
+    Op.SCALE: lambda n: _elementwise(replace(n, inputs=n.inputs[:1])) or (
+        f"the scale {n.inputs[1].shape} is not one value" if n.inputs[1:] and n.inputs[1].shape != (1,) else None),
     Op.SOFTCAP: _elementwise,
     Op.MOE_ROUTE: _moe_route,
     Op.MOE_FFN: _moe_ffn,
     Op.REGROUP: _regroup,
     Op.SSM_CONV: _ssm_conv,
     Op.DELTA_NET: _delta_net,
+    Op.LAYER_SLICE: lambda n: None if n.inputs[0].kind is ValueKind.STATE and len(n.inputs[0].shape) == 3 and \
+        n.outputs[0].shape == (n.inputs[0].shape[0], n.inputs[0].shape[2]) else
+        f"{n.outputs[0].shape} is not one layer's part of the state {n.inputs[0].shape}",
 }
 assert set(SHAPE_RULES) == set(Op)
 
 _ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE, ValueKind.RECURRENT)
-_WRITES_STATE = (Op.EMBED, Op.ADD)
+_WRITES_STATE = (Op.EMBED, Op.ADD, Op.SCALE)
 _IN_PLACE_ON_OUTPUT = (Op.SCALE, Op.SOFTCAP)  # the logits, rewritten where the LM head wrote them
 
 

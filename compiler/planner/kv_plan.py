@@ -17,6 +17,11 @@ attention reads one value of d from many keys at once (runtime_c/kv_view.h):
         K value d: pool_offset[g] + p*page_bytes[g] + k_offset[l] + h*page_size*k_row_bytes
                    + (d*page_size + r)*k_value_bytes
 
+Layer kinds may differ in head width and KV heads (Gemma 4): each layer's rows have its own
+bytes. A layer that keeps no KV of its own (Gemma 4's last attention.shared_kv_layers) owns no
+bytes of a page: it reads the rows of the layer it shares them with (KVLayer.source), at that
+layer's offsets.
+
 A sequence maps positions to pages through one block table per group (block b holds
 positions b*page_size ..). A sliding group needs at most the pages that cover the window
 plus one step's tokens: a step of T tokens from position P attends from P - window + 1 to
@@ -59,6 +64,11 @@ class KVLayer:
     offset: int  # of this layer's K within a page of its group
     k_bytes: int  # K of one page: n_head_kv x page_size rows, padded to ALIGN
     v_bytes: int  # V of one page, right after K
+    n_head_kv: int = 0
+    head_dim: int = 0
+    k_row: int = 0  # bytes of one position of one head
+    v_row: int = 0
+    source: int | None = None  # the layer whose rows it reads, where it keeps none of its own
 
     @property
     def v_offset(self) -> int:
@@ -66,7 +76,12 @@ class KVLayer:
 
     @property
     def page_bytes(self) -> int:
-        return self.k_bytes + self.v_bytes
+        """What it adds to each page of its group (nothing, where it reads another layer's rows)."""
+        return 0 if self.shared else self.k_bytes + self.v_bytes
+
+    @property
+    def shared(self) -> bool:
+        return self.source is not None and self.source != self.layer
 
 
 @dataclass(frozen=True)
@@ -103,13 +118,19 @@ class KVPlan:
 
     @property
     def full_context_bytes(self) -> int:
-        """n_seq x ctx positions in every layer: what the cache would take without pages or windows."""
-        return self.config.n_seq * self.config.ctx * self.page_tokens_bytes
+        """n_seq x ctx positions in every layer: what the cache would take without pages, windows or
+        shared layers."""
+        return self.config.n_seq * self.config.ctx * sum(ly.n_head_kv * (ly.k_row + ly.v_row) for ly in self.layers)
 
     @property
     def page_tokens_bytes(self) -> int:
-        """Bytes one position takes across every layer (all groups)."""
-        return len(self.layers) * self.config.n_head_kv * (self.k_row_bytes + self.v_row_bytes)
+        """Bytes one position takes across every layer that keeps KV (all groups)."""
+        return sum(ly.n_head_kv * (ly.k_row + ly.v_row) for ly in self.layers if not ly.shared)
+
+    @property
+    def shared_saved_bytes(self) -> int:
+        """The pool bytes the layers that read another's KV would have taken with their own."""
+        return sum(self.groups[ly.group].n_pages * (ly.k_bytes + ly.v_bytes) for ly in self.layers if ly.shared)
 
     @property
     def k_transposed(self) -> bool:
@@ -121,38 +142,47 @@ class KVPlan:
         in a transposed K, of its value d."""
         ly = self.of(layer)
         g = self.groups[ly.group]
-        ps, row_bytes = self.config.page_size, self.v_row_bytes if kv else self.k_row_bytes
+        ps, row_bytes = self.config.page_size, ly.v_row if kv else ly.k_row
         head_at = g.pool_offset + page * g.page_bytes + (ly.v_offset if kv else ly.offset) + head * ps * row_bytes
         if not kv and self.k_transposed:
-            return head_at + (d * ps + row) * (row_bytes // self.config.head_dim)
+            return head_at + (d * ps + row) * (row_bytes // ly.head_dim)
         return head_at + row * row_bytes
 
 
-def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions) -> KVPlan:
+def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions,
+            geometry=lambda il: None) -> KVPlan:
     """The pools of the layers given: the attention layers (a hybrid's recurrent ones keep a state
-    slot instead, state_plan.py)."""
+    slot instead, state_plan.py). geometry(il): layer il's (n_head_kv, head_dim), where the layers
+    differ (else the config's)."""
     ps = config.page_size
-    k_row, v_row = config.k_dtype.nbytes(config.head_dim), config.v_dtype.nbytes(config.head_dim)
     max_blocks = ceil_div(config.ctx, ps)
     # full-context group first, then sliding groups by window: a fixed order for a fixed layout
     keys = sorted({ly.window for ly in layers}, key=lambda w: (w is not None, w or 0))
-    k_bytes, v_bytes = align(config.n_head_kv * ps * k_row), align(config.n_head_kv * ps * v_row)
-    kv_layers: list[KVLayer] = []
+    kv_layers: dict[int, KVLayer] = {}
     groups: list[KVGroup] = []
     pool_offset = 0
     for gi, window in enumerate(keys):
-        members = tuple(ly.index for ly in layers if ly.window == window)
+        members = tuple(ly for ly in layers if ly.window == window and ly.kv_source in (None, ly.index))
         if window is None:
             seq_pages = max_blocks
             n_pages = config.n_seq * max_blocks if opts.kv_pages is None else opts.kv_pages
         else:
             seq_pages = window_pages(window, opts.batch_tokens, ps, max_blocks)
             n_pages = config.n_seq * seq_pages
-        kinds = {ly.index: ly.kind for ly in layers}
-        for i, il in enumerate(members):
-            kv_layers.append(KVLayer(il, kinds[il], window, gi, i * (k_bytes + v_bytes), k_bytes, v_bytes))
-        page_bytes = (k_bytes + v_bytes) * len(members)
-        groups.append(KVGroup(gi, window, members, page_bytes, n_pages, seq_pages, pool_offset))
-        pool_offset += align(n_pages * page_bytes)
-    kv_layers.sort(key=lambda ly: ly.layer)
-    return KVPlan(config, k_row, v_row, max_blocks, tuple(groups), tuple(kv_layers))
+        at = 0
+        for ly in members:
+            n_kv, hd = geometry(ly.index) or (config.n_head_kv, config.head_dim)
+            k_row, v_row = config.k_dtype.nbytes(hd), config.v_dtype.nbytes(hd)
+            k_bytes, v_bytes = align(n_kv * ps * k_row), align(n_kv * ps * v_row)
+            kv_layers[ly.index] = KVLayer(ly.index, ly.kind, window, gi, at, k_bytes, v_bytes, n_kv, hd, k_row, v_row)
+            at += k_bytes + v_bytes
+        groups.append(KVGroup(gi, window, tuple(ly.index for ly in members), at, n_pages, seq_pages, pool_offset))
+        pool_offset += align(n_pages * at)
+    for ly in layers:  # the layers that read another's rows: its place, and the layer they read
+        if ly.index not in kv_layers:
+            src = kv_layers[ly.kv_source]
+            kv_layers[ly.index] = KVLayer(ly.index, ly.kind, src.window, src.group, src.offset, src.k_bytes,
+                                          src.v_bytes, src.n_head_kv, src.head_dim, src.k_row, src.v_row, src.layer)
+    out = tuple(sorted(kv_layers.values(), key=lambda ly: ly.layer))
+    first = out[0]
+    return KVPlan(config, first.k_row, first.v_row, max_blocks, tuple(groups), out)

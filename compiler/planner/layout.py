@@ -86,7 +86,9 @@ class Layout:
 
 
 def plan_layout(g: Graph, spec: ModelSpec, arch: Architecture, opts: CompileOptions, kv_config: KVConfig) -> Layout:
-    kv = plan_kv(kv_config, tuple(ly for ly in g.layers if ly.kind is not LayerKind.RECURRENT), opts)
+    hp = spec.hparams
+    kv = plan_kv(kv_config, tuple(ly for ly in g.layers if ly.kind is not LayerKind.RECURRENT), opts,
+                 lambda il: (hp.for_layer(il).n_head_kv, hp.for_layer(il).head_dim))
     state = plan_state(spec.hparams.ssm, g.layers, opts.n_seq)
     config = LayoutConfig(
         model=spec.path.name, arch=spec.arch, ctx=opts.ctx, kv_dtype=kv_config.dtype_label,
@@ -187,9 +189,9 @@ def _kv_buffers(g: Graph, kv: KVPlan) -> list[Buffer]:
     read = next(i for i, n in enumerate(g.nodes) if n.op is Op.ATTENTION)
     c = kv.config
     out = []
-    for ly in kv.layers:
+    for ly in (ly for ly in kv.layers if not ly.shared):  # a layer that reads another's rows has none
         grp = kv.groups[ly.group]
-        shape = (c.n_head_kv, c.page_size, c.head_dim)
+        shape = (ly.n_head_kv, c.page_size, ly.head_dim)
         note = f"in each page of group {grp.index} ({grp.n_pages} pages of {grp.page_bytes:,} bytes" + (
             f"; window {ly.window})" if ly.window else ")")
         for part, offset, size, dtype in (("k", ly.offset, ly.k_bytes, c.k_dtype), ("v", ly.v_offset, ly.v_bytes, c.v_dtype)):
