@@ -246,8 +246,9 @@ class Architecture:
         return Stage.ATTN_POST_NORM in self.block
 
     def softcap_value(self, field: str, value: float | None) -> float:
-        """A soft-cap's c: the file's value, else the template's default (0: no cap)."""
-        return value if value else (getattr(self, field) or 0.0)
+        """A soft-cap's c: the file's value (0: no cap, as llama.cpp reads it), else the template's
+        default (none: no cap)."""
+        return value if value is not None else (getattr(self, field) or 0.0)
 
     def layer_kind(self, il: int, recurrent: tuple[bool, ...] = (), swa: tuple[bool, ...] = ()) -> LayerKind:
         """Layer il's kind: recurrent where the file's mask says so, else by the layer pattern (the

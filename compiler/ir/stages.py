@@ -251,8 +251,10 @@ def _ffn_shared_expert(b: GraphBuilder) -> None:
 def _per_layer_embedding(b: GraphBuilder) -> None:
     """Gemma 4's: the layer's slice of the head's inp_per_layer (emitter.head), times
     gelu(per_layer_inp_gate . x) (a GeGLU), projected back to n_embd (per_layer_proj), normed
-    (per_layer_post_norm), added to the residual."""
+    (per_layer_post_norm), added to the residual. None where the file has none (26B-A4B, 31B)."""
     p, T = b.hp.n_embd_per_layer, b.T
+    if not p:
+        return
     mine = b.emit(Op.LAYER_SLICE, "inp_this_layer", (b.per_layer,), (T, p))
     gate = b.matmul("per_layer_gate", b.x, "inp_gate", (T, p))
     gated = b.emit(Op.GLU, "per_layer_gated", (gate, mine), (T, p), GluAttrs(Activation.GEGLU))
@@ -261,7 +263,9 @@ def _per_layer_embedding(b: GraphBuilder) -> None:
 
 
 def _layer_output_scale(b: GraphBuilder) -> None:
-    """The whole residual times the layer's layer_output_scale (Gemma 4), in place."""
+    """The whole residual times the layer's layer_output_scale (Gemma 4), in place, where the file has it."""
+    if not b.has("blk.0.layer_output_scale.weight"):
+        return
     t = b.first_tensor("blk.0.layer_output_scale.weight")
     if t.shape != (1,) or t.dtype is not DType.F32:
         raise ModelFileError(f"{b.spec.path}: tensor '{t.name}' is {t.dtype.name} {list(t.shape)}; a layer's output "

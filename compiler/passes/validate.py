@@ -79,6 +79,8 @@ def _attention(n: Node) -> str | None:
     rest = [v for v in rest if v.kind is not ValueKind.WEIGHT]
     if sinks and (len(sinks) > 1 or sinks[0].shape != (a.n_head,)):
         return f"sinks {[s.shape for s in sinks]} are not one logit per head ({a.n_head})"
+    if not rest:  # a layer that reads another's KV, before kv_insert points it at the cache
+        return None
     if rest[-1].kind is ValueKind.KV:
         *_, kc, vc = rest
         if not _same(kc.shape[::2], vc.shape[::2], (a.n_head_kv, a.head_dim)):
