@@ -126,15 +126,18 @@ def _kv_page(lay: Layout, group) -> Drawing:
     kv = lay.kv
     items = []
     for ly in kv.layers:
-        if ly.group != group.index:
+        if ly.group != group.index or ly.shared:
             continue
+        readers = [r.layer for r in kv.layers if r.source == ly.layer and r.shared]
         for part, offset, size, dtype, colour in (("K", ly.offset, ly.k_bytes, kv.config.k_dtype, K_COLOUR),
                                                   ("V", ly.v_offset, ly.v_bytes, kv.config.v_dtype, V_COLOUR)):
             items.append((offset, size, colour,
                           f"layer {ly.layer} {part} ({ly.kind.value}{f', window {ly.window}' if ly.window else ''})\n"
-                          f"shape [{kv.config.n_head_kv} x {kv.config.page_size} x {kv.config.head_dim}] {dtype.label}\n"
+                          f"shape [{ly.n_head_kv} x {kv.config.page_size} x {ly.head_dim}] {dtype.label}\n"
                           f"offset {offset:#x} in each page, {size:,} bytes\n"
-                          f"page bytes {group.page_bytes:,}; written by op {_kv_ops(lay, ly.layer)}"))
+                          f"page bytes {group.page_bytes:,}; written by op {_kv_ops(lay, ly.layer)}"
+                          + (f"\nalso read by layer{'s' if len(readers) > 1 else ''} "
+                             f"{', '.join(map(str, readers))}, which keep no KV" if readers else "")))
     return _wrapped(items, group.page_bytes, lines=1, line_h=26)
 
 
@@ -146,15 +149,16 @@ def _kv_ops(lay: Layout, layer: int) -> str:
 def _kv_layers(lay: Layout) -> Drawing:
     """Each layer's bytes in the pool (solid) and, shaded, what n_seq x ctx positions would add."""
     kv, kc = lay.kv, lay.kv.config
-    row_bytes = kc.n_head_kv * (kv.k_row_bytes + kv.v_row_bytes)
-    full = kc.n_seq * kc.ctx * row_bytes
+    fulls = {ly.layer: kc.n_seq * kc.ctx * ly.n_head_kv * (ly.k_row + ly.v_row) for ly in kv.layers}
     held = {ly.layer: kv.groups[ly.group].n_pages * ly.page_bytes for ly in kv.layers}
-    scale = (WIDTH - 260) / max([full, *held.values()], default=1)
+    scale = (WIDTH - 260) / max([*fulls.values(), *held.values()], default=1)
     shapes, labels, bar_h, step = [], [], 12, 15
     for i, ly in enumerate(kv.layers):
-        y = i * step
+        y, full = i * step, fulls[ly.layer]
         kind = f"{ly.kind.value}{f', window {ly.window}' if ly.window else ''}"
-        info = (f"layer {ly.layer} ({kind}), group {ly.group}\nin the pool: {held[ly.layer]:,} bytes "
+        reads = f"; reads layer {ly.source}'s pages" if ly.shared else ""
+        info = (f"layer {ly.layer} ({kind}), group {ly.group}, {ly.n_head_kv} KV heads of {ly.head_dim}{reads}\n"
+                f"in the pool: {held[ly.layer]:,} bytes "
                 f"({_size(held[ly.layer])}), {kv.groups[ly.group].n_pages} pages x {ly.page_bytes:,}\n"
                 f"holding {kc.n_seq} x {kc.ctx} positions: {full:,} bytes ({_size(full)})")
         colour = "#59a14f" if ly.window else "#4e79a7"
@@ -162,7 +166,8 @@ def _kv_layers(lay: Layout) -> Drawing:
         if full > held[ly.layer]:
             shapes.append(Shape(round(held[ly.layer] * scale, 2), y, round((full - held[ly.layer]) * scale, 2), bar_h,
                                 colour, info + f"\nsaved: {full - held[ly.layer]:,} bytes", "saved"))
-        labels.append(Label(WIDTH - 250, y + bar_h - 2, f"layer {ly.layer:>2}  {kind}  {_size(held[ly.layer])}"))
+        labels.append(Label(WIDTH - 250, y + bar_h - 2, f"layer {ly.layer:>2}  {kind}  {_size(held[ly.layer])}"
+                            + (f"  (reads {ly.source}'s)" if ly.shared else "")))
     return Drawing(len(kv.layers) * step, tuple(shapes), tuple(labels))
 
 

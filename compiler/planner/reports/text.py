@@ -53,11 +53,18 @@ def render_text(lay: Layout) -> str:
     saved = kv.full_context_bytes - kv.total_bytes
     out.append(f"  kv without paging {_mib(kv.full_context_bytes)}: {kc.n_seq} x {kc.ctx} positions in every layer; "
                f"the pool saves {saved:,} bytes ({_pct(saved, kv.full_context_bytes)})")
+    shared = [ly for ly in kv.layers if ly.shared]
+    if shared:
+        out.append(f"    shared KV      {len(shared)} layers read an earlier layer's pages and keep none: "
+                   f"{_mib(kv.shared_saved_bytes)} the pool would otherwise hold for them")
 
     out += ["", "ACTIVATIONS (offsets within the activation arena; live = op range in the schedule, the body once)"]
     out += _buffer_rows(lay.region("activations"))
 
-    out += ["", f"KV POOL (pages of {kc.page_size} positions; row = {kv.k_row_bytes} (K) and {kv.v_row_bytes} (V) bytes = one position of one head; "
+    uniform = len({(ly.k_row, ly.v_row) for ly in kv.layers}) == 1
+    rows = f"row = {kv.k_row_bytes} (K) and {kv.v_row_bytes} (V) bytes" if uniform else \
+        "row = each layer's k_row (K) and v_row (V) bytes below"
+    out += ["", f"KV POOL (pages of {kc.page_size} positions; {rows} = one position of one head; "
                 f"block tables of {kv.max_blocks} entries per sequence and group)",
             f"  {'group':>5}  {'window':>6} {'layers':>6}  {'page bytes':>12}  {'pages':>7}  {'per seq':>7}  "
             f"{'pool offset':>12}  {'pool bytes':>14}"]
@@ -69,16 +76,22 @@ def render_text(lay: Layout) -> str:
             out.append(f"  group {g.index}: a sequence holds at most {g.seq_pages} pages ({g.seq_pages * kc.page_size} "
                        f"positions) of its sliding layers: the window of {g.window} plus a step's "
                        f"{lay.config.batch_tokens} rows; older pages return to the pool")
-    out += [f"  {'layer':>5}  {'kind':<6} {'window':>6} {'group':>5}  {'k_offset':>12}  {'v_offset':>12}  {'bytes/page':>12}"]
+    out += [f"  {'layer':>5}  {'kind':<6} {'window':>6} {'group':>5}  {'heads':>7}  {'k_offset':>12}  {'v_offset':>12}  "
+            f"{'bytes/page':>12}" + ("" if uniform else f"  {'k_row':>6}  {'v_row':>6}")]
     for ly in kv.layers:
         out.append(f"  {ly.layer:>5}  {ly.kind.value:<6} {ly.window or '-':>6} {ly.group:>5}  "
-                   f"{ly.offset:#12x}  {ly.v_offset:#12x}  {ly.page_bytes:>12,}")
+                   f"{f'{ly.n_head_kv}x{ly.head_dim}':>7}  {ly.offset:#12x}  {ly.v_offset:#12x}  {ly.page_bytes:>12,}"
+                   + ("" if uniform else f"  {ly.k_row:>6}  {ly.v_row:>6}")
+                   + (f"  reads layer {ly.source}'s rows" if ly.shared else ""))
+    k_row, v_row = (kv.k_row_bytes, kv.v_row_bytes) if uniform else ("k_row[layer]", "v_row[layer]")
     out.append(f"  offset(page, layer, K|V, head, row) = pool_offset[group] + page*page_bytes[group] + "
-               f"(K ? k_offset[layer] + (head*{kc.page_size} + row) * {kv.k_row_bytes} : "
-               f"v_offset[layer] + (head*{kc.page_size} + row) * {kv.v_row_bytes})")
+               f"(K ? k_offset[layer] + (head*{kc.page_size} + row) * {k_row} : "
+               f"v_offset[layer] + (head*{kc.page_size} + row) * {v_row})")
     if kv.k_transposed:
+        head = f"{kc.page_size * kv.k_row_bytes}" if uniform else f"{kc.page_size}*k_row[layer]"
+        value = kv.k_row_bytes // kv.layers[0].head_dim if uniform else f"{kc.k_dtype.label} value bytes"
         out.append(f"  K ({kc.k_dtype.label}) is held transposed in those bytes: value d of (head, row) at k_offset[layer] + "
-                   f"head*{kc.page_size * kv.k_row_bytes} + (d*{kc.page_size} + row) * {kv.k_row_bytes // kc.head_dim}")
+                   f"head*{head} + (d*{kc.page_size} + row) * {value}")
 
     if lay.state:
         st = lay.state
@@ -110,6 +123,7 @@ def layout_dict(lay: Layout) -> dict:
             "activation_peak_live_bytes": lay.activation_peak_live_bytes,
             "kv_bytes": kv.total_bytes,
             "kv_bytes_full_context": kv.full_context_bytes,
+            **({"kv_bytes_saved_by_sharing": kv.shared_saved_bytes} if any(ly.shared for ly in kv.layers) else {}),
             **({"state_bytes": lay.state_bytes} if lay.state else {}),
             **({"expert_bytes": lay.expert_bytes, "expert_bytes_per_token": lay.expert_bytes_per_token}
                if lay.expert_bytes else {}),
@@ -133,7 +147,9 @@ def layout_dict(lay: Layout) -> dict:
         ],
         "kv": [
             {"layer": ly.layer, "kind": ly.kind.value, "window": ly.window, "group": ly.group,
-             "k_offset": ly.offset, "v_offset": ly.v_offset, "bytes_per_page": ly.page_bytes}
+             "k_offset": ly.offset, "v_offset": ly.v_offset, "bytes_per_page": ly.page_bytes,
+             "n_head_kv": ly.n_head_kv, "head_dim": ly.head_dim, "k_row_bytes": ly.k_row, "v_row_bytes": ly.v_row,
+             **({"reads_layer": ly.source} if ly.shared else {})}
             for ly in kv.layers
         ],
         **({"recurrent_state": {
