@@ -85,7 +85,12 @@ TINY = {"q8_0": (TinySpec(arch="llama", wtype=Q.Q8_0), {}),
         "mixed-f16-q8_0": (TinySpec(arch="llama", n_embd=128, n_head=2, n_head_kv=1, types=MIXED),
                            {"kv_dtype_k": "f16", "kv_dtype_v": "q8_0"}),
         # a hybrid: the DeltaNet's conv (SiLU four at a time on NEON) and delta rule (vec_f32.h's NEON dots)
-        "qwen35": (TinySpec(arch="qwen35", wtype=Q.Q8_0, n_layer=4, head_dim=32, n_rot=16, ssm_d_state=48), {})}
+        "qwen35": (TinySpec(arch="qwen35", wtype=Q.Q8_0, n_layer=4, head_dim=32, n_rot=16, ssm_d_state=48), {}),
+        # Gemma 4: a body per layer kind, shared KV, per-layer embeddings; gpt-oss: sinks, clamped experts
+        "gemma4": (TinySpec(arch="gemma4", wtype=Q.Q8_0, n_layer=6, n_embd=128, n_head=4, head_dim=32,
+                            sliding_window=8, full_attention_interval=3), {}),
+        "gpt-oss": (TinySpec(arch="gpt-oss", wtype=Q.Q8_0, n_layer=2, n_embd=128, n_head=4, n_ff=64, n_expert=4,
+                             n_expert_used=2, sliding_window=8), {})}
 
 
 @pytest.fixture(scope="module", params=list(TINY))
