@@ -143,13 +143,17 @@ void kiln_argsort_desc(const float *v, int32_t *idx, int n);
    logits (llama.cpp's softmax_weight gating, gpt-oss's); normalize is then not read. */
 void kiln_moe_route(int32_t *ids, float *weights, const float *logits, int n_rows, int n_expert, int n_used,
                     int normalize, int softmax_weight);
-/* An expert FFN's activation: silu(g) u (KILN_ACT_SWIGLU), or gpt-oss's clamped one (kiln_swiglu_oai) */
-enum kiln_activation { KILN_ACT_SWIGLU = 0, KILN_ACT_SWIGLU_OAI = 1 };
+/* An expert FFN's activation: silu(g) u (KILN_ACT_SWIGLU), gpt-oss's clamped one (kiln_swiglu_oai),
+   or gelu(g) u (KILN_ACT_GEGLU, Gemma 4's) */
+enum kiln_activation { KILN_ACT_SWIGLU = 0, KILN_ACT_SWIGLU_OAI = 1, KILN_ACT_GEGLU = 2 };
 /* What an expert adds beyond its three matrices: each one's bias, [n_expert][its output width]
-   (NULL: none), added to its matmul's rows as ggml_add_id does, and the activation */
+   (NULL: none), added to its matmul's rows as ggml_add_id does; down's output times down_scale[e]
+   (NULL: none) before that; the activation; and whether gate and up are one tensor (each expert's
+   slice its gate rows then its up rows: the same kiln_weight passed for both) */
 typedef struct {
-    const float *gate_b, *up_b, *down_b;
+    const float *gate_b, *up_b, *down_b, *down_scale;
     int act;
+    int fused_gate_up;
 } kiln_moe_extra;
 /* The scratch kiln_moe_ffn takes (its parts: moe.c; compiler/passes/scratch.py plans the same). */
 size_t kiln_moe_scratch_bytes(int gate_type, int up_type, int down_type, int n_rows, int n_expert, int n_used,

@@ -37,9 +37,9 @@ void kiln_attention_ext_mt(const kiln_thread *t, float *out, const float *q, con
 void kiln_moe_route_mt(const kiln_thread *t, int32_t *ids, float *weights, const float *logits, int n_rows,
                        int n_expert, int n_used, int normalize, int softmax_weight);
 void kiln_moe_ffn_mt(const kiln_thread *t, float *y, const float *x, const int32_t *ids, const float *weights,
-                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, const float *gate_b,
-                     const float *up_b, const float *down_b, int act, int n_rows, int n_expert, int n_used, int n_ff,
-                     int n_embd, void *scratch);
+                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down,
+                     const kiln_moe_extra *extra, int n_rows, int n_expert, int n_used, int n_ff, int n_embd,
+                     void *scratch);
 
 /* the light kernels: each thread takes a contiguous share of the rows (elements for add/glu) */
 void kiln_embed_mt(const kiln_thread *t, float *y, const kiln_weight *table, const int32_t *ids, int rows,
@@ -54,6 +54,7 @@ void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int3
 void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v,
                       const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
+void kiln_scale_row_mt(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w);
 void kiln_layer_slice_mt(const kiln_thread *t, float *y, const float *x, int n, int width, int n_layer, int l);
 void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd);
 void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);

@@ -37,7 +37,7 @@ typedef struct {
     int32_t *slot_of;  /* [n_rows * n_used]: the slot of (row, rank) */
     uint8_t *rows_g, *slots_g; /* x quantized for gate's dot: [n_rows], [slots] */
     uint8_t *rows_u, *slots_u; /* for up's, where its activation format is another (else empty) */
-    float *gate, *up;  /* [slots][n_ff]; gate then holds act(gate) * up */
+    float *gu;         /* [slots][2 n_ff]: each slot's gate rows, then its up rows; gate then holds act */
     uint8_t *act_h;    /* [slots]: those quantized for down's dot */
     float *y;          /* [slots][n_embd]: down's rows */
 } moe_scratch;
@@ -68,11 +68,11 @@ static void add_bias(float *rows, size_t stride, int n, const float *bias, int o
 static size_t carve(const moe_shape *m, uint8_t *base, moe_scratch *s) {
     const size_t slots = (size_t)m->n_rows * m->n_used;
     const size_t parts[] = {4 * ((size_t)m->n_expert + 1), 4 * slots, 4 * slots, m->n_rows * m->ag, slots * m->ag,
-                            m->n_rows * m->au, slots * m->au, 4 * slots * m->n_ff, 4 * slots * m->n_ff,
-                            slots * m->ad, 4 * slots * m->n_embd};
+                            m->n_rows * m->au, slots * m->au, 8 * slots * m->n_ff, slots * m->ad,
+                            4 * slots * m->n_embd};
     void **at[] = {(void **)&s->first, (void **)&s->slot_row, (void **)&s->slot_of, (void **)&s->rows_g,
-                   (void **)&s->slots_g, (void **)&s->rows_u, (void **)&s->slots_u, (void **)&s->gate,
-                   (void **)&s->up, (void **)&s->act_h, (void **)&s->y};
+                   (void **)&s->slots_g, (void **)&s->rows_u, (void **)&s->slots_u, (void **)&s->gu,
+                   (void **)&s->act_h, (void **)&s->y};
     size_t off = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (s) *at[i] = base + off;
@@ -101,13 +101,14 @@ static void list_slots(const moe_shape *m, const int32_t *ids, int32_t *first, i
     }
 }
 
-/* Rows [o0, o1) of expert e's matrix (n_out x n_in, slice e of w) against n_a activation rows:
- * y[c * y_row + o]. The x8 copy's slice where the build reads it, else the GGUF's. */
+/* Rows [o0, o1) of expert e's matrix (slice e of w, n_out x n_in) against n_a activation rows:
+ * y[c * y_row + o]. The x8 copy's slice where the build reads it (and the rows begin an x8 group),
+ * else the GGUF's. */
 static void expert_rows(const kiln_weight *w, int e, int n_out, int n_in, int o0, int o1, const uint8_t *act,
                         size_t a_row, int n_a, float *y, size_t y_row, int32_t *reads) {
     if (reads) __atomic_fetch_add(reads, o1 - o0, __ATOMIC_RELAXED);
 #ifdef KILN_HAVE_X8
-    if (w->packed && kiln_x8_supported(w->type, n_out, n_in)) {
+    if (w->packed && o0 % 8 == 0 && kiln_x8_supported(w->type, n_out, n_in)) {
         const uint8_t *slice = (const uint8_t *)w->packed + (size_t)e * kiln_x8_bytes(w->type, n_out, n_in);
         kiln_x8_gemm(w->type, slice, o0 / 8, (o1 + 7) / 8, n_in, act, a_row, n_a, y, y_row);
         return;
@@ -162,17 +163,21 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
         if (!c) continue;
         const uint8_t *ag = alone ? local : s.slots_g + first[e] * m->ag;
         const uint8_t *au = !m->split_up ? ag : alone ? local + m->ag : s.slots_u + first[e] * m->au;
-        float *g = s.gate + (size_t)first[e] * n_ff, *u = s.up + (size_t)first[e] * n_ff;
-        expert_rows(m->gate, e, n_ff, n_embd, o0, o1, ag, m->ag, c, g, n_ff, reads ? reads + 3 * e : NULL);
-        expert_rows(m->up, e, n_ff, n_embd, o0, o1, au, m->split_up ? m->au : m->ag, c, u, n_ff,
-                    reads ? reads + 3 * e + 1 : NULL);
         const kiln_moe_extra *x = m->extra;
-        if (x && x->gate_b) add_bias(g, n_ff, c, x->gate_b + (size_t)e * n_ff, o0, o1);
-        if (x && x->up_b) add_bias(u, n_ff, c, x->up_b + (size_t)e * n_ff, o0, o1);
+        const int fused = x && x->fused_gate_up, rows = fused ? 2 * n_ff : n_ff;
+        float *g = s.gu + (size_t)first[e] * 2 * n_ff, *u = g + n_ff; /* a slot's gate rows, then its up rows */
+        expert_rows(m->gate, e, rows, n_embd, o0, o1, ag, m->ag, c, g, 2 * n_ff, reads ? reads + 3 * e : NULL);
+        /* up: rows n_ff + o of the fused slice (its place in gu), or rows o of its own */
+        expert_rows(m->up, e, rows, n_embd, (fused ? n_ff : 0) + o0, (fused ? n_ff : 0) + o1, au,
+                    m->split_up ? m->au : m->ag, c, fused ? g : u, 2 * n_ff, reads ? reads + 3 * e + 1 : NULL);
+        if (x && x->gate_b) add_bias(g, 2 * n_ff, c, x->gate_b + (size_t)e * n_ff, o0, o1);
+        if (x && x->up_b) add_bias(u, 2 * n_ff, c, x->up_b + (size_t)e * n_ff, o0, o1);
         for (int i = 0; i < c; i++) {
-            float *gi = g + (size_t)i * n_ff + o0;
-            if (x && x->act == KILN_ACT_SWIGLU_OAI) kiln_swiglu_oai(gi, gi, u + (size_t)i * n_ff + o0, o1 - o0);
-            else kiln_swiglu(gi, gi, u + (size_t)i * n_ff + o0, o1 - o0);
+            float *gi = g + (size_t)i * 2 * n_ff + o0, *ui = u + (size_t)i * 2 * n_ff + o0;
+            const int act = x ? x->act : KILN_ACT_SWIGLU;
+            if (act == KILN_ACT_SWIGLU_OAI) kiln_swiglu_oai(gi, gi, ui, o1 - o0);
+            else if (act == KILN_ACT_GEGLU) kiln_geglu(gi, gi, ui, o1 - o0);
+            else kiln_swiglu(gi, gi, ui, o1 - o0);
         }
     }
     kiln_barrier(t);
@@ -180,7 +185,7 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
     const int here = (size_t)slots * m->ad <= KILN_LOCAL_ACT_BYTES;
     uint8_t *act_h = here ? local : s.act_h;
     for (int i = here ? 0 : t->ith; i < slots; i += here ? 1 : t->nth)
-        kiln_quantize_act(m->down->type, s.gate + (size_t)i * n_ff, act_h + i * m->ad, n_ff);
+        kiln_quantize_act(m->down->type, s.gu + (size_t)i * 2 * n_ff, act_h + i * m->ad, n_ff);
     if (!here) kiln_barrier(t);
     /* 4. down for this thread's granules of n_embd, then each row's experts summed in rank order */
     granules(t, n_embd, &o0, &o1);
@@ -190,8 +195,11 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
         if (!c) continue;
         expert_rows(m->down, e, n_embd, n_ff, o0, o1, act_h + first[e] * m->ad, m->ad, c,
                     s.y + (size_t)first[e] * n_embd, n_embd, reads ? reads + 3 * e + 2 : NULL);
-        if (m->extra && m->extra->down_b)
-            add_bias(s.y + (size_t)first[e] * n_embd, n_embd, c, m->extra->down_b + (size_t)e * n_embd, o0, o1);
+        float *ye = s.y + (size_t)first[e] * n_embd;
+        if (m->extra && m->extra->down_scale) /* ggml_mul by the expert's scale, then its bias */
+            for (int i = 0; i < c; i++)
+                for (int o = o0; o < o1; o++) ye[(size_t)i * n_embd + o] *= m->extra->down_scale[e];
+        if (m->extra && m->extra->down_b) add_bias(ye, n_embd, c, m->extra->down_b + (size_t)e * n_embd, o0, o1);
     }
     for (int r = 0; r < m->n_rows; r++) {
         float *yr = out + (size_t)r * n_embd;
@@ -206,11 +214,10 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
 }
 
 void kiln_moe_ffn_mt(const kiln_thread *t, float *y, const float *x, const int32_t *ids, const float *weights,
-                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, const float *gate_b,
-                     const float *up_b, const float *down_b, int act, int n_rows, int n_expert, int n_used, int n_ff,
-                     int n_embd, void *scratch) {
-    const kiln_moe_extra extra = {gate_b, up_b, down_b, act};
-    const moe_shape m = shape_of(gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd, &extra);
+                     const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down,
+                     const kiln_moe_extra *extra, int n_rows, int n_expert, int n_used, int n_ff, int n_embd,
+                     void *scratch) {
+    const moe_shape m = shape_of(gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd, extra);
     moe_ffn(t, &m, y, x, ids, weights, scratch, NULL);
 }
 

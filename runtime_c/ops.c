@@ -253,6 +253,14 @@ SCALAR_MT(kiln_softcap)
 ELEMENTWISE_MT(kiln_swiglu)
 ELEMENTWISE_MT(kiln_geglu)
 
+/* y[r][i] = x[r][i] * w[i]: each column by its weight (ggml_mul by a row; Gemma 4's router input) */
+void kiln_scale_row_mt(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w) {
+    int r0, r1;
+    kiln_share(t, n, 1, &r0, &r1);
+    for (int r = r0; r < r1; r++)
+        for (int i = 0; i < width; i++) y[(size_t)r * width + i] = x[(size_t)r * width + i] * w[i];
+}
+
 /* y[r] = layer l's part of row r of x [n][n_layer][width] (Gemma 4's per-layer embeddings) */
 void kiln_layer_slice_mt(const kiln_thread *t, float *y, const float *x, int n, int width, int n_layer, int l) {
     int r0, r1;

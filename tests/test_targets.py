@@ -114,12 +114,15 @@ def test_golden_model_logits_are_the_scalar_builds_bit_for_bit(golden_model, sca
 # GGUF rows by target), routed by softmax and renormalized (qwen3moe) or as they are (olmoe)
 # ; and the hybrid's DeltaNet (its dots and updates through vec_f32.h, its conv and gates elementwise)
 # ; gpt-oss's sinks, biases and clamped experts; SmolLM3's NoPE layers; Gemma 4's bodies per layer kind,
-# shared KV, per-layer embeddings and weightless V norm
+# shared KV, per-layer embeddings and weightless V norm, and its experts beside the dense FFN
 FEATURES = ["gemma2", "qwen2-yarn", "phi3-long", "granite", "qwen3moe", "olmoe", "qwen35", "qwen3next", "gpt-oss",
-            "smollm3", "gemma4"]
+            "smollm3", "gemma4", "gemma4-moe"]
 HYBRID = dict(arch="qwen35", n_layer=4, head_dim=32, n_rot=16, ssm_d_state=48)  # 48: a dot's block of 16 and tail of 0
 HYBRIDS = {"qwen35": HYBRID, "qwen3next": dict(HYBRID, arch="qwen3next", n_expert=4, n_expert_used=2),
-           "gemma4": dict(arch="gemma4", n_layer=6, head_dim=32, sliding_window=8, full_attention_interval=3)}
+           "gemma4": dict(arch="gemma4", n_layer=6, head_dim=32, sliding_window=8, full_attention_interval=3),
+           # its experts' gate and up in one tensor: the up rows start n_ff into each expert's x8 slice
+           "gemma4-moe": dict(arch="gemma4", n_layer=3, head_dim=32, sliding_window=8, full_attention_interval=3,
+                              n_expert=4, n_expert_used=2, extra_meta={"expert_feed_forward_length": 64})}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from typing import Callable
 from ..core.cconst import ATTN_SPAN_STATE
 from ..core.errors import KilnError
 from ..frontend.architecture import RopeLayout
-from ..ir.graph import Node, Op, Value, ValueKind
+from ..ir.graph import Node, Op, Value, ValueKind, moe_weights
 
 
 class CodegenError(KilnError):
@@ -118,12 +118,14 @@ def _moe_route(n: Node) -> list[str]:
 
 
 def _moe_ffn(n: Node) -> list[str]:
-    x, ids, weights, gate, up, down, *biases = n.inputs
-    a = n.attrs
-    bias = [floats(b) for b in biases] or ["NULL"] * 3
-    return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate), weight(up), weight(down),
-            *bias, f"KILN_ACT_{a.activation.name}", "n", str(a.n_expert), str(a.n_used), str(gate.shape[1]),
-            str(x.shape[1]), c_name(n.scratch)]
+    x, ids, weights = n.inputs[:3]
+    a, w = n.attrs, moe_weights(n)
+    fused = "gate_up" in w
+    gate, up = (w["gate_up"],) * 2 if fused else (w["gate"], w["up"])
+    extra = [floats(w[p]) if p in w else "NULL" for p in ("gate_b", "up_b", "down_b", "down_scale")]
+    return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate), weight(up), weight(w["down"]),
+            f"&(kiln_moe_extra){{{', '.join(extra)}, KILN_ACT_{a.activation.name}, {int(fused)}}}", "n",
+            str(a.n_expert), str(a.n_used), str(w["down"].shape[2]), str(x.shape[1]), c_name(n.scratch)]
 
 
 def _state(part: str) -> str:
@@ -197,6 +199,8 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_swiglu": _binary,
     "kiln_geglu": _binary,
     "kiln_scale": _scaled,
+    "kiln_scale_row": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), "n", str(n.inputs[0].shape[-1]),
+                                 floats(n.inputs[1])],
     "kiln_softcap": _scaled,
     "kiln_moe_route": _moe_route,
     "kiln_moe_ffn": _moe_ffn,

@@ -44,6 +44,9 @@ class Stage(Enum):
     # residual times the layer's layer_output_scale
     PER_LAYER_EMBEDDING = "per_layer_embedding"
     LAYER_OUTPUT_SCALE = "layer_output_scale"
+    # Gemma 4's 26B-A4B, in a layer that has a router: experts beside the dense FFN (which is then
+    # their shared MLP), each branch normed, their sum the FFN's output
+    FFN_MOE_BESIDE = "ffn_moe_beside"
 
 
 class RopeLayout(Enum):
@@ -233,6 +236,8 @@ class Architecture:
             keys.add("expert_shared_feed_forward_length")
         if self.kind_bodies:
             keys |= set(KIND_KEYS)
+        if Stage.FFN_MOE_BESIDE in self.block:
+            keys |= {"expert_count", "expert_used_count", "expert_feed_forward_length"}
         if self.shared_kv:
             keys |= set(SHARED_KV_KEYS)
         return frozenset(keys)

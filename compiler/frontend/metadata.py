@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..core.cconst import MAX_CONV_TAPS, MAX_HEAD_DIM, MAX_STATE_DIM, MOE_MAX_EXPERTS
 from ..core.errors import ModelFileError
-from .architecture import METADATA_KEYS, Architecture, Scalar
+from .architecture import METADATA_KEYS, Architecture, Scalar, Stage
 from .spec import SSMParams
 
 
@@ -112,9 +112,10 @@ def read_experts(meta, t: Architecture) -> dict:
     """A mixture of experts' numbers, as llama.cpp reads them: expert_count and expert_used_count
     (both required), and an expert's FFN width from the template's key (qwen3moe's
     expert_feed_forward_length, absent: feed_forward_length / expert_used_count)."""
-    if t.moe is None:
-        return {}
     a = t.arch
+    beside = t.moe is None and Stage.FFN_MOE_BESIDE in t.block  # Gemma 4's: experts where the file has them
+    if (t.moe is None and not beside) or (beside and meta.get(f"{a}.expert_count") is None):
+        return {}
     n_expert, n_used = meta.integer(f"{a}.expert_count"), meta.integer(f"{a}.expert_used_count")
     if not 1 <= n_expert <= MOE_MAX_EXPERTS:
         raise ModelFileError(f"{meta.path}: metadata '{a}.expert_count' = {n_expert}; kiln runs 1 to "
@@ -122,11 +123,11 @@ def read_experts(meta, t: Architecture) -> dict:
     if not 1 <= n_used <= n_expert:
         raise ModelFileError(f"{meta.path}: metadata '{a}.expert_used_count' = {n_used} must be between 1 and "
                              f"expert_count ({n_expert})")
-    n_ff = meta.integer(f"{a}.{t.moe.ffn_length_key}", default=None)
+    n_ff = meta.integer(f"{a}.{t.moe.ffn_length_key if t.moe else 'expert_feed_forward_length'}", default=None)
     if n_ff is None:  # qwen3moe without its own key
         n_ff = meta.integer(f"{a}.feed_forward_length") // n_used
     if n_ff <= 0:
-        raise ModelFileError(f"{meta.path}: metadata '{a}.{t.moe.ffn_length_key}' = {n_ff} must be positive")
+        raise ModelFileError(f"{meta.path}: metadata '{a}.expert_feed_forward_length' = {n_ff} must be positive")
     return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff)
 
 

@@ -150,9 +150,22 @@ class RouteAttrs:
 
 @dataclass(frozen=True)
 class MoeAttrs:
+    """parts: what the node's weight inputs (after x, ids, weights) are, in order: gate, up, down (or
+    gate_up, one tensor of each expert's gate rows then its up rows: Gemma 4's), then, where the
+    model has them, gate_b, up_b, down_b (each expert's biases: gpt-oss's) and down_scale (each
+    expert's output times one number: Gemma 4's)."""
     n_expert: int
     n_used: int
     activation: Activation
+    parts: tuple[str, ...] = ("gate", "up", "down")
+
+
+MOE_PARTS = ("gate", "up", "gate_up", "down", "gate_b", "up_b", "down_b", "down_scale")
+
+
+def moe_weights(n: "Node") -> dict[str, "Value"]:
+    """A moe_ffn node's weights by part (MoeAttrs.parts)."""
+    return dict(zip(n.attrs.parts, n.inputs[3:]))
 
 
 @dataclass(frozen=True)

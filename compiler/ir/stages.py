@@ -169,8 +169,9 @@ def _ffn_moe(b: GraphBuilder) -> None:
     roles = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     experts = tuple(b.layer_weight(role) for role in roles)
     biases = tuple(b.layer_weight(role, "bias") for role in roles) if moe.expert_biases else ()
+    parts = ("gate", "up", "down") + (("gate_b", "up_b", "down_b") if biases else ())
     b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts, *biases), (b.T, n_embd),
-                   MoeAttrs(n_exp, k, b.arch.activation))
+                   MoeAttrs(n_exp, k, b.arch.activation, parts))
 
 
 def _delta_net(b: GraphBuilder) -> None:
@@ -273,6 +274,40 @@ def _layer_output_scale(b: GraphBuilder) -> None:
     b.nodes.append(Node(Op.SCALE, "out_scaled", (b.x, b.layer_weight("layer_output_scale")), (b.x,), ScaleAttrs(1.0)))
 
 
+def _ffn_moe_beside(b: GraphBuilder) -> None:
+    """Gemma 4's 26B-A4B (llama.cpp's gemma4 graph), in a layer with a router: the dense FFN's
+    output normed (post_ffw_norm_1) is the shared MLP's; beside it the experts, on the attention's
+    output normed by pre_ffw_norm_2, routed by ffn_gate_inp on that output RMS-normed without a
+    weight, times 1/sqrt(n_embd) and ffn_gate_inp.scale (softmax, the top k renormalized); GeGLU
+    experts (gate and up in one tensor, ffn_gate_up_exps, or apart), each expert's output times its
+    ffn_down_exps.scale; their sum normed (post_ffw_norm_2) and added to the MLP's."""
+    if not b.has("blk.0.ffn_gate_inp.weight"):
+        return
+    hp, T = b.hp, b.T
+    n_exp, k, n_embd = hp.n_expert, hp.n_expert_used, hp.n_embd
+    if not n_exp:
+        raise ModelFileError(f"{b.spec.path}: layer {b.first} has a router (ffn_gate_inp) but the file has no "
+                             f"'{b.spec.arch}.expert_count'")
+    mlp = b.norm("ffn_mlp", b.cur, b.layer_weight("post_ffw_norm_1"))
+    moe_in = b.norm("ffn_norm_2", b.x, b.layer_weight("pre_ffw_norm_2"))
+    r = b.scale("ffn_router_scaled", b.norm("ffn_router_norm", b.x, None),
+                float(np.float32(1) / np.sqrt(np.float32(n_embd))))
+    r = b.emit(Op.SCALE, "ffn_router_in", (r, b.layer_weight("ffn_gate_inp", "scale")), r.shape, ScaleAttrs(1.0))
+    logits = b.matmul("ffn_moe_logits", r, "ffn_gate_inp", (T, n_exp))
+    ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (T, k), DType.I32)
+    weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (T, k), DType.F32)
+    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights), RouteAttrs(n_exp, k, True)))
+    parts = ("gate_up", "down") if b.has("blk.0.ffn_gate_up_exps.weight") else ("gate", "up", "down")
+    if b.has("blk.0.ffn_down_exps.scale"):
+        parts += ("down_scale",)
+    experts = tuple(b.layer_weight(f"ffn_{p}_exps") if p != "down_scale" else b.layer_weight("ffn_down_exps", "scale")
+                    for p in parts)
+    out = b.emit(Op.MOE_FFN, "ffn_moe_out", (moe_in, ids, weights, *experts), (T, n_embd),
+                 MoeAttrs(n_exp, k, Activation.GEGLU, parts))
+    moe = b.norm("ffn_moe", out, b.layer_weight("post_ffw_norm_2"))
+    b.cur = b.emit(Op.ADD, "ffn_moe_combined", (mlp, moe), mlp.shape)
+
+
 def _ffn_post_norm(b: GraphBuilder) -> None:
     b.cur = b.norm("ffn_post_norm", b.cur, b.layer_weight("post_ffw_norm"))
 
@@ -300,5 +335,6 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.FFN_SHARED_EXPERT: _ffn_shared_expert,
     Stage.PER_LAYER_EMBEDDING: _per_layer_embedding,
     Stage.LAYER_OUTPUT_SCALE: _layer_output_scale,
+    Stage.FFN_MOE_BESIDE: _ffn_moe_beside,
 }
 assert set(STAGES) == set(Stage)

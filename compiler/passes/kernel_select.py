@@ -45,10 +45,12 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.GLU, "swiglu"): Kernel("kiln_swiglu"),
     (Op.GLU, "geglu"): Kernel("kiln_geglu"),
     (Op.SCALE, ""): Kernel("kiln_scale", F32),  # by a number, or a weight's one value
+    (Op.SCALE, "row"): Kernel("kiln_scale_row", F32),  # each column by its weight (Gemma 4's router input)
     (Op.SOFTCAP, ""): Kernel("kiln_softcap"),
     (Op.MOE_ROUTE, ""): Kernel("kiln_moe_route"),
     (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.MOE_FFN, "swiglu_oai"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
+    (Op.MOE_FFN, "geglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.GLU, "sigmoid"): Kernel("kiln_sigmoid_gate"),
     (Op.GLU, "sigmoid_row"): Kernel("kiln_sigmoid_row_gate"),  # one gate a row
     (Op.REGROUP, ""): Kernel("kiln_regroup"),
@@ -65,6 +67,7 @@ VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 or n.attrs.n_rot < n.inputs[0].shape[-1] else "",
     Op.ATTENTION: lambda n: "ext" if n.attrs.softcap or any(v.kind is ValueKind.WEIGHT for v in n.inputs) else "",
     Op.MOE_FFN: lambda n: n.attrs.activation.value,
+    Op.SCALE: lambda n: "row" if n.inputs[1:] and n.inputs[1].shape != (1,) else "",
 }
 
 BY_FUNCTION: dict[str, Kernel] = {k.function: k for k in KERNELS.values()}

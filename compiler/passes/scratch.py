@@ -13,7 +13,7 @@ from math import prod
 
 from ..core.cconst import ATTN_SPAN, ATTN_SPAN_STATE
 from ..core.dtypes import DType, act_row_bytes, same_act_format
-from ..ir.graph import Graph, Node, Op, Value, ValueKind, scratch_from
+from ..ir.graph import Graph, Node, Op, Value, ValueKind, moe_weights, scratch_from
 from ..ir.kv import KVConfig
 
 # A lone token's spans are work items for the threads, their states kept in the scratch until they
@@ -39,19 +39,20 @@ def moe_scratch_bytes(gate: DType, up: DType, down: DType, rows: int, n_expert: 
                       n_embd: int) -> int:
     """kiln_moe_scratch_bytes (runtime_c/moe.c's parts, each 64-byte aligned; a kernel test holds
     the two together): the slots' list, x's activations by row and by slot (for up too where its
-    format is another), gate and up by slot, down's activations and output by slot."""
+    format is another), gate's and up's rows side by side by slot, down's activations and output by slot."""
     slots, ag, ad = rows * n_used, act_row_bytes(gate, n_embd), act_row_bytes(down, n_ff)
     au = 0 if same_act_format(gate, up) else act_row_bytes(up, n_embd)
     parts = (4 * (n_expert + 1), 4 * slots, 4 * slots, rows * ag, slots * ag, rows * au, slots * au,
-             4 * slots * n_ff, 4 * slots * n_ff, slots * ad, 4 * slots * n_embd)
+             8 * slots * n_ff, slots * ad, 4 * slots * n_embd)
     return sum(-(-p // 64) * 64 for p in parts)
 
 
 def _moe_bytes(g: Graph, n: Node, kv: KVConfig) -> int:
-    x, _, _, gate, up, down = n.inputs[:6]
-    a = n.attrs
-    return max(moe_scratch_bytes(tg.dtype, tu.dtype, td.dtype, x.shape[0], a.n_expert, a.n_used, gate.shape[1],
-                                 x.shape[1]) for tg, tu, td in zip(*(g.tensors(w) for w in (gate, up, down))))
+    x, a, w = n.inputs[0], n.attrs, moe_weights(n)
+    gate, up = (w["gate_up"],) * 2 if "gate_up" in w else (w["gate"], w["up"])
+    down = w["down"]
+    return max(moe_scratch_bytes(tg.dtype, tu.dtype, td.dtype, x.shape[0], a.n_expert, a.n_used, down.shape[2],
+                                 x.shape[1]) for tg, tu, td in zip(*(g.tensors(v) for v in (gate, up, down))))
 
 
 SCRATCH_BYTES = {Op.MATMUL: _matmul_bytes, Op.LOGITS: _matmul_bytes, Op.ATTENTION: _attention_bytes,

@@ -23,7 +23,7 @@ from ..frontend.spec import ModelSpec
 from ..core.cconst import HADAMARD_BLOCK
 from ..core.dtypes import DType
 from ..frontend.architecture import Activation
-from ..ir.graph import OP_ATTRS, AttentionAttrs, Graph, Node, Op, Section, ValueKind
+from ..ir.graph import MOE_PARTS, OP_ATTRS, AttentionAttrs, Graph, Node, Op, Section, ValueKind, moe_weights
 
 ShapeRule = Callable[[Node], "str | None"]
 
@@ -145,15 +145,19 @@ def _moe_route(n: Node) -> str | None:
 
 def _moe_ffn(n: Node) -> str | None:
     a = n.attrs
-    (x, ids, weights, gate, up, down, *biases), (out,) = n.inputs, n.outputs
-    n_embd, n_ff = x.shape[-1], gate.shape[1]
+    (x, ids, weights), (out,) = n.inputs[:3], n.outputs
+    w = moe_weights(n)
+    if len(a.parts) != len(n.inputs) - 3 or not set(a.parts) <= set(MOE_PARTS) or "down" not in w \
+            or ("gate_up" in w) == ("gate" in w or "up" in w):
+        return f"weights {a.parts} are not gate, up (or gate_up), down, and their optional biases and scale"
+    n_embd, n_ff = x.shape[-1], w["down"].shape[2]
     if ids.shape != (x.shape[0], a.n_used) or weights.shape != ids.shape or out.shape != x.shape:
         return f"x {x.shape}, ids {ids.shape}, weights {weights.shape}, output {out.shape} disagree"
-    if not _same(gate.shape, up.shape, (a.n_expert, n_ff, n_embd)) or down.shape != (a.n_expert, n_embd, n_ff):
-        return f"experts {gate.shape}, {up.shape}, {down.shape} are not {a.n_expert} x (ff, {n_embd}) and (..., ff)"
-    if biases and [b.shape for b in biases] != [(a.n_expert, n_ff), (a.n_expert, n_ff), (a.n_expert, n_embd)]:
-        return f"expert biases {[b.shape for b in biases]} are not a row of gate's, up's and down's outputs an expert"
-    return None
+    want = {"gate": (a.n_expert, n_ff, n_embd), "up": (a.n_expert, n_ff, n_embd), "gate_up": (a.n_expert, 2 * n_ff, n_embd),
+            "down": (a.n_expert, n_embd, n_ff), "gate_b": (a.n_expert, n_ff), "up_b": (a.n_expert, n_ff),
+            "down_b": (a.n_expert, n_embd), "down_scale": (a.n_expert,)}
+    wrong = [f"{p} {v.shape}" for p, v in w.items() if v.shape != want[p]]
+    return f"experts {', '.join(wrong)} disagree with {a.n_expert} experts of ff {n_ff} over {n_embd}" if wrong else None
 
 
 def _regroup(n: Node) -> str | None:
@@ -211,7 +215,8 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.SELECT_ROWS: _select_rows,
     Op.LOGITS: _matmul,
     Op.SCALE: lambda n: _elementwise(replace(n, inputs=n.inputs[:1])) or (
-        f"the scale {n.inputs[1].shape} is not one value" if n.inputs[1:] and n.inputs[1].shape != (1,) else None),
+        f"the scale {n.inputs[1].shape} is not one value or one a column" if n.inputs[1:] and
+        n.inputs[1].shape not in ((1,), (n.inputs[0].shape[-1],)) else None),
     Op.SOFTCAP: _elementwise,
     Op.MOE_ROUTE: _moe_route,
     Op.MOE_FFN: _moe_ffn,
