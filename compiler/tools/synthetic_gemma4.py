@@ -33,14 +33,12 @@ as on E2B), synthetic.partial_rotary (the full layers' rotated fraction, default
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-if TYPE_CHECKING:
-    from .synthetic import TinySpec
+from .tiny_spec import TinySpec
 
 ARCH = "gemma4"
 N_EMBD_PER_LAYER = 32

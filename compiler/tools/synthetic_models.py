@@ -42,12 +42,22 @@ SHAPES: dict[str, dict] = {
                           untied=True, n_expert=32, n_expert_used=4, sliding_window=128, rope_base=150000.0, extra_meta={
                               "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
                               "rope.scaling.original_context_length": 4096}),
+    # Gemma 4 E2B's shape (llama.cpp's: 35 layers of 1536, 8 heads; sliding layers' heads 256 wide, the global
+    # layers' 512 (every fifth), one KV head; the last 20 layers read the KV of layers 13 and 14; per-layer
+    # embeddings of 256; FFN 6144, twice that in the shared layers), with SmolLM2's vocabulary (E2B's is 262144)
+    "gemma4-e2b": dict(arch="gemma4", n_layer=35, n_embd=1536, n_head=8, n_head_kv=1, head_dim=256, n_ff=6144,
+                       sliding_window=512, full_attention_interval=5, untied=False, extra_meta={
+                           "attention.shared_kv_layers": 20, "embedding_length_per_layer_input": 256}),
     # SmolLM3's 3B shape: 36 layers of 2048, 16 heads of 128 (4 KV heads), every fourth layer without rope
     "smollm3-3b": dict(arch="smollm3", n_layer=36, n_embd=2048, n_head=16, n_head_kv=4, n_ff=11008),
 }
 # --wtype: every type a GGUF weight may have (core/dtypes.py's table). A type gguf cannot quantize
 # (the K-quants, the IQ types) is written as zero blocks: the kernels' work, and so the speed, is the same
 WTYPES: dict[str, Q] = {d.name: d.value for d in WEIGHT_DTYPES}
+
+
+# the files whose code makes a synthetic model's bytes (its name hashes them)
+WRITER = ("synthetic.py", "synthetic_gemma4.py", "tiny_spec.py")
 
 
 def synthetic_spec(name: str, wtype: str = "Q4_0") -> TinySpec:
@@ -65,7 +75,8 @@ def synthetic_model(name: str, wtype: str = "Q4_0", log=lambda s: None) -> Path:
     """The GGUF of shape `name` with weights of `wtype`, written on first use (its name carries a
     hash of everything that makes its bytes, so a change of the writer or the shape writes anew)."""
     spec = synthetic_spec(name, wtype)
-    key = hashlib.sha256(repr((spec, (Path(__file__).parent / "synthetic.py").read_bytes())).encode()).hexdigest()[:12]
+    writer = b"".join((Path(__file__).parent / f).read_bytes() for f in WRITER)
+    key = hashlib.sha256(repr((spec, writer)).encode()).hexdigest()[:12]
     path = cache_dir() / "synthetic" / f"{name}-{wtype.lower()}-{key}.gguf"
     if not path.exists():
         log(f"writing {path.name}: {name} with random {wtype} weights (once; cached in {path.parent})")
