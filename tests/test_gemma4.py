@@ -189,3 +189,11 @@ def test_moe_features_switched_off_miss_llamacpp(gemma4, feature):
 def test_moe_batch_invariance_is_bitwise(gemma4):
     assert_batch_invariant(compiler.load(gemma4(Q.Q8_0, **MOE), ctx=256, n_seq=4, prefill_chunk=16, batch_tokens=24,
                                          page_size=8), n=120)
+
+
+@pytest.mark.llamacpp
+def test_moe_greedy_tokens_match_llamacpp(gemma4):
+    path = gemma4(**MOE)
+    ref = Reference(path, n_ctx=128)
+    ids = ref.tokenize("Once upon a time, in a small village at the edge of a forest,")
+    assert kiln_greedy(_kiln(path), ids, 32) == ref.greedy(ids, 32)

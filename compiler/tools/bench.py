@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.errors import KilnError
+from ..ir.graph import Op, ValueKind
 
 
 @dataclass(frozen=True)
@@ -128,12 +129,14 @@ def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dty
 
 
 def decode_bytes_per_token(m) -> int:
-    """Weight bytes one decode step reads: every weight it touches, one row of the embedding, and of
-    a mixture of experts' tensors only the slices of the experts a token runs (k of n_expert)."""
-    layout = m.compiled.planned.layout
-    total = layout.expert_bytes_per_token - layout.expert_bytes
-    for b in layout.region("weights"):
-        total += b.size // b.shape[0] if b.name == "token_embd.weight" else b.size
+    """Weight bytes one decode step reads: every weight it touches, one row of each table the
+    embedding reads (token_embd, Gemma 4's per_layer_token_embd), and of a mixture of experts'
+    tensors only the slices of the experts a token runs (k of n_expert)."""
+    planned = m.compiled.planned
+    tables = {v.name for n in planned.graph.head if n.op is Op.EMBED for v in n.inputs if v.kind is ValueKind.WEIGHT}
+    total = planned.layout.expert_bytes_per_token - planned.layout.expert_bytes
+    for b in planned.layout.region("weights"):
+        total += b.size // b.shape[0] if b.name in tables else b.size
     return total
 
 

