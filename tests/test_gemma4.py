@@ -15,12 +15,14 @@ the planner (a layer that keeps no KV reading the first layer of its kind rather
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 import compiler
 import compiler.frontend.architecture_file as architecture_file
+from compiler.core.errors import ModelFileError
 from compiler.core.options import CompileOptions
 from compiler.ir.emitter import GraphBuilder
 from compiler.planner.plan import plan
@@ -197,3 +199,15 @@ def test_moe_greedy_tokens_match_llamacpp(gemma4):
     ref = Reference(path, n_ctx=128)
     ids = ref.tokenize("Once upon a time, in a small village at the edge of a forest,")
     assert kiln_greedy(_kiln(path), ids, 32) == ref.greedy(ids, 32)
+
+
+@pytest.mark.parametrize("more, words", [
+    (dict(shapes={"per_layer_model_proj.weight": (6 * 32, 64)}),
+     "tensor 'per_layer_model_proj.weight' is [192, 64] but 6 layers' per-layer embeddings of 32"),
+    (dict(shapes={f"blk.{il}.layer_output_scale.weight": (2,) for il in range(6)}),
+     "'blk.0.layer_output_scale.weight' is F32 [2]; a layer's output scale is one F32"),
+    (dict(drop=("rope_freqs.weight",)), "tensor 'rope_freqs.weight' is missing"),
+])
+def test_a_broken_gemma4_file_is_refused_by_name(gemma4, more, words):
+    with pytest.raises(ModelFileError, match=re.escape(words)):
+        plan(gemma4(**more), CompileOptions(ctx=64))

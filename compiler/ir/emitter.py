@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.dtypes import DType
 from ..core.errors import ArchitectureError, ModelFileError
-from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, Scalar
+from ..frontend.architecture import Architecture, EmbeddingScale, LayerKind, LMHead, RopeFactors, Scalar
 from ..frontend.spec import ModelSpec, TensorInfo
 from .graph import (Attrs, EmbedAttrs, Layer, MatmulAttrs, Node, NormAttrs, Op, RegroupAttrs, ScaleAttrs, Section,
                     SoftcapAttrs, Value, ValueKind)
@@ -43,6 +43,8 @@ class GraphBuilder:
         self.body_names = self._body_names()
         self.first = 0  # the first layer of the body being built: its tensors give the shapes
         self.factors, self.unused = rope_factors(spec, arch, n_ctx)
+        if arch.rope_factors is RopeFactors.FREQS_GLOBAL and self.factors is None and LayerKind.GLOBAL in self.kinds:
+            spec.tensor("rope_freqs.weight")  # the global layers' proportional rope: llama.cpp requires it too
         self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
         self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
         self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
@@ -159,8 +161,8 @@ class GraphBuilder:
         for name, want in (("per_layer_token_embd.weight", (self.hp.n_vocab, n * p)),
                            ("per_layer_model_proj.weight", (n * p, self.hp.n_embd)), ("per_layer_proj_norm.weight", (p,))):
             t = self.spec.tensor(name)
-            if t.shape[1:] != want[1:] or t.shape[0] < want[0] or (len(want) == 2 and name.startswith("per_layer_m")
-                                                                   and t.shape != want):
+            table = name == "per_layer_token_embd.weight"  # a row a token: at least the vocabulary's
+            if (t.shape[1:], t.shape[0] >= want[0]) != (want[1:], True) if table else t.shape != want:
                 raise ModelFileError(f"{self.spec.path}: tensor '{name}' is {list(t.shape)} but {n} layers' per-layer "
                                      f"embeddings of {p} (embedding_length_per_layer_input) make it {list(want)}")
         tok = Value("inp_per_layer_tokens", ValueKind.ACTIVATION, shape, DType.F32)
