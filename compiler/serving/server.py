@@ -253,12 +253,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         def render() -> tuple[list[int], Reasoning, Calls | None]:
             for i, m in enumerate(req.messages):
                 fits(m.text(), f"messages.{i}.content")
+            tools = req.tool_list()
             try:
-                text, plain = render_chat_spans(model.spec, req.chat_messages(), tools=req.tool_list(),
-                                                variables=variables)
-                source = chat_template(model.spec).source
+                text, plain = render_chat_spans(model.spec, req.chat_messages(), tools=tools, variables=variables)
+                source = chat_template(model.spec).source  # its thinking's format and its calls' syntax
                 reasoning = Reasoning.of(source, text, config.reasoning_format)
-                tools = req.tool_list()
                 calls = Calls.of(source, [t["function"] for t in tools]) if tools is not None else None
             except KilnError as e:
                 raise ApiError(400, str(e), param="messages") from None
