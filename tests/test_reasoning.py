@@ -179,3 +179,14 @@ def test_xml_calls_read_and_streamed_whole():
     assert "".join(d.get("content", "") for d in deltas) == "Calling."
     (call,) = [c for d in deltas for c in d.get("tool_calls", [])]
     assert call["function"] == {"name": "f", "arguments": '{"s": "42", "n": 42}'}
+
+
+def test_the_ray_apps_reasoning_settings_are_checked():
+    from compiler.core.errors import KilnError
+    from compiler.serving.ray_settings import settings_from_args
+
+    s = settings_from_args({"model": "smollm2-135m", "reasoning_format": "none", "reasoning_budget": -1})
+    assert (s.server.reasoning_format, s.server.reasoning_budget) == ("none", -1)
+    for bad, words in (({"reasoning_format": "maybe"}, "'auto' or 'none'"), ({"reasoning_budget": -2}, "got -2")):
+        with pytest.raises(KilnError, match=words):
+            settings_from_args({"model": "smollm2-135m", **bad})

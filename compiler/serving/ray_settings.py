@@ -88,7 +88,11 @@ def settings_from_args(args: dict) -> Settings:
             value = server[name]
             server[name] = (value,) if isinstance(value, str) else tuple(str(v) for v in value)
     for name, value in server.items():
-        if name not in _LISTS and name != "metrics_key":
+        if name == "reasoning_format" and value not in ("auto", "none"):
+            raise KilnError(f"{_named(name)} must be 'auto' or 'none', got {value!r}")
+        if name == "reasoning_budget" and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+            raise KilnError(f"{_named(name)} must be -1 (no bound) or a number of tokens, got {value!r}")
+        if name not in (*_LISTS, "metrics_key", "reasoning_format", "reasoning_budget"):
             _positive(name, value, number=name == "request_timeout")
     if "allowed_hosts" in server:
         server["allowed_hosts"] = tuple(h.lower() for h in server["allowed_hosts"])
