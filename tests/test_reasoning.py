@@ -8,7 +8,6 @@ test_serve_reasoning.py."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from ..core.cconst import X8_MAX_IN
 from ..core.dtypes import X8_DTYPES, DType, x8_bytes
 from ..frontend.spec import TensorInfo
-from ..frontend.architecture import LayerKind
 from ..ir.graph import Graph, Op, Section, ValueKind
 from .kv_plan import align
 

@@ -21,7 +21,6 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.errors import KilnError
 from ..ir.graph import Op, ValueKind
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..build.cc import header_cdef
 from ..build.extension import Extension, load_extension
-from ..ir.graph import Op, Section, ValueKind
+from ..ir.graph import Op, ValueKind
 from ..core.options import CompileOptions
 
 from ..core.paths import RUNTIME_DIR  # noqa: E402
