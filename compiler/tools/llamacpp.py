@@ -45,6 +45,8 @@ class LlamaCpp:
     read its intermediate tensors). The one-sequence methods (logits, feed, extend, shift, greedy)
     use sequence 0."""
 
+    ctx = None  # until a context is made: close() (and so __del__) after a failed load has nothing to free
+
     def __init__(self, path: str | Path, n_ctx: int = 1024, kv_dtype: str | DType = CompileOptions.kv_dtype,
                  kv_dtype_k: str | None = None, kv_dtype_v: str | None = None, swa_full: bool = False,
                  n_batch: int = 256, threads: int = 2, flash_attn: bool | None = None, n_seq: int = 1,
