@@ -93,6 +93,20 @@ def test_json_schema_holds_the_answer_not_the_thinking(server):
     assert set(json.loads(message.content)) == {"a"} and held.choices[0].finish_reason == "stop"
 
 
+def test_json_schema_holds_an_answer_without_thinking(server):
+    """enable_thinking false: the template closes the section in the prompt, so the constraint
+    holds the output from its first token (were it left waiting for a `</think>` that never comes,
+    the random model's text would not parse)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    held = server.client().chat.completions.create(
+        model=ALIAS, messages=ASK, max_tokens=48, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    message = held.choices[0].message
+    assert message.model_extra.get("reasoning_content") is None and set(json.loads(message.content)) == {"a"}
+
+
 @pytest.mark.parametrize("extra, field, words", [
     ({"reasoning_budget": -1}, "reasoning_budget", "greater than or equal to 0"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort", "low"),

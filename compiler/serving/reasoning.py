@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ..runtime.constraints import Constraint
 from ..runtime.generation import ThinkingBudget
-from ..text.reasoning import THINK_CLOSE, THINK_OPEN, Format, ReasoningStream, format_of, opens_in_thinking, split
+from ..text.reasoning import (THINK_CLOSE, THINK_OPEN, Format, ReasoningStream, closed_in_prompt, format_of,
+                              opens_in_thinking, split)
 from .tools import Calls, ToolStream, message_of, new_call_id
 
 MAX_TEMPLATE_KWARGS = 32
@@ -61,16 +62,19 @@ class ReasoningFields(BaseModel):
 
 @dataclass(frozen=True)
 class Reasoning:
-    """One request's reasoning: its format, whether its output starts inside the thinking, and
-    whether the thinking is returned apart (--reasoning-format auto)."""
+    """One request's reasoning: its format, whether its output starts inside the thinking, whether
+    it may think at all (not where the prompt closed the section), and whether the thinking is
+    returned apart (--reasoning-format auto)."""
     fmt: Format
     open_at_start: bool
     apart: bool
+    may_think: bool = True
 
     @classmethod
     def of(cls, template: str, prompt: str, reasoning_format: str) -> "Reasoning":
         fmt = format_of(template)
-        return cls(fmt, opens_in_thinking(fmt, prompt), reasoning_format == "auto" and fmt is not Format.NONE)
+        return cls(fmt, opens_in_thinking(fmt, prompt), reasoning_format == "auto" and fmt is not Format.NONE,
+                   fmt is not Format.NONE and not closed_in_prompt(fmt, prompt))
 
     @property
     def special(self) -> bool:
@@ -84,9 +88,10 @@ class Reasoning:
         return ThinkingBudget(limit, open_text, close_text, tokenize(forced), self.open_at_start)
 
     def answer_only(self, c: Constraint | None) -> Constraint | None:
-        """A constraint held back until the thinking ends, where the output may think first. A
-        lazy one (tools under "auto") already waits for its own marker."""
-        if c is None or self.fmt is not Format.THINK or c.trigger is not None:
+        """A constraint held back until the thinking ends, where the output may think first (not
+        where the prompt closed the section). A lazy one (tools under "auto") already waits for its
+        own marker."""
+        if c is None or self.fmt is not Format.THINK or not self.may_think or c.trigger is not None:
             return c
         return replace(c, trigger=THINK_CLOSE)
 

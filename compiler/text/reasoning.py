@@ -51,6 +51,12 @@ def opens_in_thinking(fmt: Format, prompt: str) -> bool:
     return fmt is Format.THINK and prompt.rstrip().endswith(THINK_OPEN)
 
 
+def closed_in_prompt(fmt: Format, prompt: str) -> bool:
+    """Whether the prompt ends with a thinking section already closed (Qwen3's and Qwen3.5's
+    templates with enable_thinking false write an empty one): the output is all answer."""
+    return fmt is Format.THINK and prompt.rstrip().endswith(THINK_CLOSE)
+
+
 @dataclass
 class Parsed:
     reasoning: str = ""
