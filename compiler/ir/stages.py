@@ -162,16 +162,21 @@ def _ffn_moe(b: GraphBuilder) -> None:
                                  f"({moe.ffn_length_key}) and n_embd {n_embd} make it {list(shape)}"
                                  + (" of F32" if bias else ""))
     logits = b.matmul("ffn_moe_logits", b.cur, "ffn_gate_inp", (b.T, n_exp), moe.router_bias)
-    ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (b.T, k), DType.I32)
-    weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (b.T, k), DType.F32)
-    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights),
-                        RouteAttrs(n_exp, k, moe.normalize, moe.gating == "softmax_weight")))
+    ids, weights = _route(b, logits, RouteAttrs(n_exp, k, moe.normalize, moe.gating == "softmax_weight"))
     roles = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     experts = tuple(b.layer_weight(role) for role in roles)
     biases = tuple(b.layer_weight(role, "bias") for role in roles) if moe.expert_biases else ()
     parts = ("gate", "up", "down") + (("gate_b", "up_b", "down_b") if biases else ())
     b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts, *biases), (b.T, n_embd),
                    MoeAttrs(n_exp, k, b.arch.activation, parts))
+
+
+def _route(b: GraphBuilder, logits: Value, attrs: RouteAttrs) -> tuple[Value, Value]:
+    """Each row's top-k experts and their weights from the router's logits (moe_route)."""
+    ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (b.T, attrs.n_used), DType.I32)
+    weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (b.T, attrs.n_used), DType.F32)
+    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights), attrs))
+    return ids, weights
 
 
 def _delta_net(b: GraphBuilder) -> None:
@@ -294,9 +299,7 @@ def _ffn_moe_beside(b: GraphBuilder) -> None:
                 float(np.float32(1) / np.sqrt(np.float32(n_embd))))
     r = b.emit(Op.SCALE, "ffn_router_in", (r, b.layer_weight("ffn_gate_inp", "scale")), r.shape, ScaleAttrs(1.0))
     logits = b.matmul("ffn_moe_logits", r, "ffn_gate_inp", (T, n_exp))
-    ids = Value("ffn_moe_topk", ValueKind.ACTIVATION, (T, k), DType.I32)
-    weights = Value("ffn_moe_weights", ValueKind.ACTIVATION, (T, k), DType.F32)
-    b.nodes.append(Node(Op.MOE_ROUTE, "ffn_moe_topk", (logits,), (ids, weights), RouteAttrs(n_exp, k, True)))
+    ids, weights = _route(b, logits, RouteAttrs(n_exp, k, True))
     parts = ("gate_up", "down") if b.has("blk.0.ffn_gate_up_exps.weight") else ("gate", "up", "down")
     if b.has("blk.0.ffn_down_exps.scale"):
         parts += ("down_scale",)

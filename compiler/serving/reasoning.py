@@ -28,7 +28,8 @@ from .tools import Calls, ToolStream, message_of, new_call_id
 MAX_TEMPLATE_KWARGS = 32
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 # what the chat template is given by the server itself: a request may not set these
-RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"})
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                      "strftime_now"})
 # each format's markers for the budget: the section's opening, its end, and what is forced to end it
 BUDGET_MARKERS = {Format.THINK: (THINK_OPEN, THINK_CLOSE, THINK_CLOSE),
                   Format.HARMONY: ("<|channel|>analysis<|message|>", "<|end|>",
