@@ -107,7 +107,7 @@ int kiln_model_open(const kiln_model_desc *d, kiln_model **out, const char *gguf
     m->arena = aligned_alloc(64, (d->arena_bytes + 63) / 64 * 64);
     if (d->state_slot_bytes) m->state = aligned_alloc(64, (size_t)d->kv.n_seq * d->state_slot_bytes);
     m->n_new = calloc((size_t)d->kv.n_seq, sizeof *m->n_new);
-    m->rows = malloc(5 * sizeof *m->rows * (size_t)d->batch_tokens);
+    m->rows = malloc(6 * sizeof *m->rows * (size_t)d->batch_tokens);
     m->op_seconds = calloc((size_t)d->n_ops, sizeof *m->op_seconds);
     m->pool = kiln_pool_create(n_threads);
     if (!m->weights || !m->kv_view || !m->arena || (d->state_slot_bytes && !m->state) || !m->n_new || !m->rows || !m->op_seconds || !m->pool ||
@@ -148,7 +148,7 @@ int kiln_step(kiln_model *m, const kiln_batch *b, float *logits) {
     if (status == KILN_OK) status = kiln_kv_reserve(&m->kv, m->n_new);
     if (status != KILN_OK) return status;
     const int bt = m->d->batch_tokens;
-    int32_t *pos = m->rows, *row = m->rows + bt, *out = m->rows + 2 * bt;
+    int32_t *pos = m->rows, *row = m->rows + bt, *out = m->rows + 2 * bt, *seen = m->rows + 3 * bt;
     int n_logits = 0;
     memset(m->n_new, 0, sizeof *m->n_new * (size_t)m->d->kv.n_seq); /* now: the rows seen so far per sequence */
     for (int i = 0; i < b->n; i++) {
@@ -156,9 +156,11 @@ int kiln_step(kiln_model *m, const kiln_batch *b, float *logits) {
         pos[i] = b->pos ? b->pos[i] : row[i];
         if (b->logits ? b->logits[i] != 0 : i == b->n - 1) out[n_logits++] = i;
     }
+    for (int i = 0; i < b->n; i++) /* n_new now holds each sequence's rows in the step */
+        seen[i] = m->d->causal ? row[i] : m->kv.n_past[b->seq[i]] + m->n_new[b->seq[i]] - 1;
     if (m->mass)
         for (int i = 0; i < b->n; i++) m->mass[(size_t)b->seq[i] * m->d->n_ctx + row[i]] = 0.0f; /* new positions start at 0 */
-    kiln_step_args args = {m->weights, m->arena, m->kv_view, b->token, pos, b->seq, row, out, m->state,
+    kiln_step_args args = {m->weights, m->arena, m->kv_view, b->token, pos, b->seq, row, out, seen, m->state,
                            m->d->state_slot_bytes / sizeof(float), b->n, n_logits, logits, m->op_seconds,
                            &m->op_clock};
     kiln_pool_run(m->pool, m->d->step, &args);
@@ -174,8 +176,8 @@ int kiln_eval(kiln_model *m, int seq, const int32_t *tokens, int n_tokens, float
         if (tokens[i] < 0 || tokens[i] >= d->n_vocab) return KILN_E_TOKEN;
     if (n_tokens > d->n_ctx - m->kv.n_past[seq]) return KILN_E_CTX_FULL;
     if (!kiln_kv_can_append(&m->kv, seq, n_tokens)) return KILN_E_KV_FULL;
-    int32_t *seqs = m->rows + 3 * d->batch_tokens; /* kiln_step uses the first three slices */
-    int8_t *want = (int8_t *)(m->rows + 4 * d->batch_tokens);
+    int32_t *seqs = m->rows + 4 * d->batch_tokens; /* kiln_step uses the first four slices */
+    int8_t *want = (int8_t *)(m->rows + 5 * d->batch_tokens);
     for (int i = 0; i < d->prefill_chunk; i++) seqs[i] = seq, want[i] = (int8_t)logits_all;
     for (int done = 0; done < n_tokens;) {
         const int n = n_tokens - done < d->prefill_chunk ? n_tokens - done : d->prefill_chunk;
@@ -183,7 +185,7 @@ int kiln_eval(kiln_model *m, int seq, const int32_t *tokens, int n_tokens, float
            last row would cost a pass over the output matrix for logits nobody reads */
         want[n - 1] = (int8_t)(logits_all || done + n == n_tokens);
         const kiln_batch b = {n, tokens + done, seqs, NULL, want};
-        const int status = kiln_step(m, &b, logits_all ? logits + (size_t)done * d->n_vocab : logits);
+        const int status = kiln_step(m, &b, logits_all ? logits + (size_t)done * d->n_out : logits);
         want[n - 1] = (int8_t)logits_all;
         if (status != KILN_OK) return status; /* not reached: everything was checked above */
         done += n;
@@ -352,3 +354,4 @@ int kiln_batch_tokens(const kiln_model *m) { return m ? m->d->batch_tokens : KIL
 int kiln_n_threads(const kiln_model *m) { return m ? kiln_pool_size(m->pool) : KILN_E_ARG; }
 int kiln_n_ctx(const kiln_model *m) { return m ? m->d->n_ctx : KILN_E_ARG; }
 int kiln_n_vocab(const kiln_model *m) { return m ? m->d->n_vocab : KILN_E_ARG; }
+int kiln_n_out(const kiln_model *m) { return m ? m->d->n_out : KILN_E_ARG; }

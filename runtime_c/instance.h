@@ -48,16 +48,19 @@ typedef struct {
     uint8_t *arena;               /* the activations */
     const kiln_kv_view *kv_view;  /* each layer's view of its pool */
     const int32_t *tokens, *pos, *seq, *row, *out; /* [n]; out: [n_logits] rows whose logits are wanted */
+    const int32_t *seen;          /* [n] the last cache row each row sees: its own, or (bidirectional) its sequence's last */
     uint8_t *state;               /* the recurrent state pool: slot s (sequence s) at s * slot_floats floats */
     size_t slot_floats;
     int n, n_logits;
-    float *logits;                /* [n_logits x n_vocab], the caller's */
+    float *logits;                /* [n_logits x n_out], the caller's */
     double *op_seconds;           /* a profiling build's: each op's wall time, summed */
     struct timespec *op_clock;
 } kiln_step_args;
 
 typedef struct {
     int n_vocab, n_ctx, n_layer, n_head_kv, head_dim;
+    int n_out;                       /* floats of a wanted row's output: n_vocab logits, or n_embd (hidden states) */
+    int causal;                      /* 0: a row sees its whole sequence as far as the step takes it (an encoder) */
     int prefill_chunk, batch_tokens; /* tokens of one sequence a kiln_eval step takes; rows any step takes */
     long long gguf_bytes;            /* the GGUF file this library was compiled for: its size, */
     size_t gguf_header_bytes;        /* and the CRC-32 of its header */

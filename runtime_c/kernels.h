@@ -104,6 +104,10 @@ void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n); /* th
 void kiln_swiglu_oai(float *y, const float *gate, const float *up, int n); /* gpt-oss's clamped SwiGLU (ops.c) */
 void kiln_geglu(float *y, const float *gate, const float *up, int n);   /* gelu_tanh(gate) * up */
 void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the same without the table */
+/* -- an encoder's (encoder.c) ---------------------------------------------------------------- */
+/* rows of n: y = (x - mean) / sqrt(var + eps) * w + b (w, b NULL: 1, 0) */
+void kiln_layer_norm(float *y, const float *x, const float *w, const float *b, float eps, int n, int rows);
+void kiln_gelu(float *y, const float *x, int n); /* x Phi(x), erf's GELU */
 /* -- Gated DeltaNet (delta_net.c) ----------------------------------------------------------- */
 /* Channels c0 .. c1 - 1 of each row, rows in order: y = silu(sum over the taps of w[c][k] times the
    window: its sequence's last taps - 1 inputs (state + seq * slot_floats, [taps - 1][channels], zeros

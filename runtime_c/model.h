@@ -34,7 +34,8 @@ void kiln_close(kiln_model *m);
    without them it reads the GGUF rows, with the same results */
 int kiln_x8_kernels(void);
 
-/* one step; logits gets the wanted rows' [n_vocab] each, in row order */
+/* one step; logits gets the wanted rows' [kiln_n_out] each (logits, or an embedding model's hidden
+   states), in row order. A bidirectional model's row sees every row its sequence has after the step. */
 int kiln_step(kiln_model *m, const kiln_batch *b, float *logits);
 /* append n_tokens to one sequence in steps of the prefill chunk; logits gets the last token's
    [n_vocab], or every token's [n_tokens][n_vocab] when logits_all is set */
@@ -86,6 +87,8 @@ int kiln_batch_tokens(const kiln_model *m);
 int kiln_n_threads(const kiln_model *m);
 int kiln_n_ctx(const kiln_model *m);
 int kiln_n_vocab(const kiln_model *m);
+/* floats a wanted row gets from a step: n_vocab logits, or an embedding model's n_embd hidden state */
+int kiln_n_out(const kiln_model *m);
 
 /* A profiling build (kiln bench --profile) sums each op's wall time over the steps it runs, the
    body's ops over every layer: seconds gets the first n ops', which are then reset. KILN_E_ARG in

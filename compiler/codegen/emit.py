@@ -65,6 +65,11 @@ def _rms_norm(n: Node) -> list[str]:
             c_float(n.attrs.eps), str(span), f"n * {runs}" if len(x.shape) > 2 else "n"]
 
 
+def _layer_norm(n: Node) -> list[str]:
+    x, w, b = n.inputs
+    return [c_name(n.outputs[0]), c_name(x), floats(w), floats(b), c_float(n.attrs.eps), str(x.shape[-1]), "n"]
+
+
 def _matmul(n: Node) -> list[str]:
     x, w, *bias = n.inputs
     rows = "n_logits" if n.outputs[0].kind is ValueKind.OUTPUT else "n"
@@ -210,6 +215,10 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_regroup": _regroup,
     "kiln_ssm_conv": _ssm_conv,
     "kiln_delta_net": _delta_net,
+    "kiln_layer_norm": _layer_norm,
+    "kiln_gelu": _unary,
+    "kiln_add_row": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), "n", str(n.inputs[0].shape[-1]),
+                               floats(n.inputs[1])],
     # the running layer's [rows, width] part of a [rows, n_layer, width] state
     "kiln_layer_slice": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), "n", str(n.inputs[0].shape[2]),
                                    str(n.inputs[0].shape[1]), "l"],

@@ -28,6 +28,9 @@ class CompileOptions:
     kv_dtype_k: DType | None = None  # llama.cpp's -ctk; None: kv_dtype
     kv_dtype_v: DType | None = None  # llama.cpp's -ctv; None: kv_dtype
     kv_rotation: bool = True  # a quantized K or V is held in Hadamard blocks, as llama.cpp does
+    # the step returns each wanted row's hidden state (which the runtime pools) in place of logits;
+    # a model without an LM head (an encoder) always does
+    embedding: bool = False
 
     def __post_init__(self) -> None:
         _check_range("ctx", "--ctx", self.ctx, 1, MAX_CTX)

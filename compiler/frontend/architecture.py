@@ -47,6 +47,11 @@ class Stage(Enum):
     # Gemma 4's 26B-A4B, in a layer that has a router: experts beside the dense FFN (which is then
     # their shared MLP), each branch normed, their sum the FFN's output
     FFN_MOE_BESIDE = "ffn_moe_beside"
+    # an encoder's (BERT): the plain FFN's up projection and its activation, in place of ffn_glu;
+    # and the post-norms of the residual stream itself, after attention's and after the FFN's
+    FFN_UP = "ffn_up"
+    ATTN_OUT_NORM = "attn_out_norm"
+    LAYER_OUT_NORM = "layer_out_norm"
 
 
 class RopeLayout(Enum):
@@ -61,6 +66,7 @@ class Activation(Enum):
     # gpt-oss's experts (llama.cpp's swiglu_oai, alpha 1.702 and limit 7): g = min(gate, 7),
     # g sigmoid(1.702 g) (clamp(up, -7, 7) + 1)
     SWIGLU_OAI = "swiglu_oai"
+    GELU = "gelu"  # a plain FFN's x Phi(x) (erf), BERT's: no gate
 
 
 class EmbeddingScale(Enum):
@@ -113,6 +119,7 @@ class LMHead(Enum):
     TIED = "tied"  # logits use token_embd.weight
     OUTPUT_OR_TIED = "output_or_tied"  # output.weight when the file has it, else tied
     OUTPUT = "output"  # output.weight, which the file must have (OLMoE, as llama.cpp requires it)
+    NONE = "none"  # an encoder: the step returns each wanted row's hidden state, which the runtime pools
 
 
 class QKNormSpan(Enum):
@@ -214,6 +221,13 @@ class Architecture:
     k_as_v: bool = False
     # V is RMS-normed per head, without a weight (Gemma 4)
     v_norm: bool = False
+    # "absolute": the head adds a learned row per position (position_embd) and the token-type
+    # embedding's row 0 (token_types), then LayerNorms them (token_embd_norm): BERT's
+    position_embedding: str = "none"
+    # "metadata": attention is bidirectional where the file's attention.causal is false (an encoder
+    # sees its whole input at once); "always": causal, and the file may not say otherwise
+    causal: str = "always"
+    ffn_bias: bool = False  # ffn_up.bias and ffn_down.bias (BERT)
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""
@@ -240,6 +254,10 @@ class Architecture:
             keys |= {"expert_count", "expert_used_count", "expert_feed_forward_length"}
         if self.shared_kv:
             keys |= set(SHARED_KV_KEYS)
+        if self.causal == "metadata":
+            keys.add("attention.causal")
+        if self.norm == "layer":
+            keys.add("attention.layer_norm_epsilon")
         return frozenset(keys)
 
     @property

@@ -18,7 +18,7 @@ _PARSERS = {
     "arch": str,
     "description": str,
     "block": lambda v: tuple(Stage(s) for s in v),
-    "norm": lambda v: _one_of(v, ("rms",)),
+    "norm": lambda v: _one_of(v, ("rms", "layer")),
     "norm_weight_offset": float,
     "rope_layout": RopeLayout,
     "rope_base_local": lambda v: None if v is None else float(v),
@@ -53,13 +53,17 @@ _PARSERS = {
     "shared_kv": lambda v: _boolean(v),
     "k_as_v": lambda v: _boolean(v),
     "v_norm": lambda v: _boolean(v),
+    "position_embedding": lambda v: _one_of(v, ("none", "absolute")),
+    "causal": lambda v: _one_of(v, ("always", "metadata")),
+    "ffn_bias": lambda v: _boolean(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
 _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn_output_gate": False,
              "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
              "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False,
-             "kind_bodies": False, "shared_kv": False, "k_as_v": False, "v_norm": False}
+             "kind_bodies": False, "shared_kv": False, "k_as_v": False, "v_norm": False,
+             "position_embedding": "none", "causal": "always", "ffn_bias": False}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
@@ -68,6 +72,10 @@ _REQUIRED_ORDER_MOE = (*_REQUIRED_ORDER[:7], Stage.FFN_MOE, _REQUIRED_ORDER[-1])
 # a recurrent block: the DeltaNet in place of attention's stages
 _RECURRENT_ORDER = (Stage.ATTN_NORM, Stage.DELTA_NET, *_REQUIRED_ORDER[5:])
 _RECURRENT_ORDER_MOE = (Stage.ATTN_NORM, Stage.DELTA_NET, *_REQUIRED_ORDER_MOE[5:])
+# a post-norm encoder (norm "layer", BERT): no pre-norms and no rope; the residual stream is normed
+# after each residual add, and a plain FFN (ffn_up's projection and activation) takes ffn_glu's place
+_ENCODER_ORDER = (Stage.QKV, Stage.ATTENTION, Stage.ATTN_OUTPUT, Stage.ATTN_RESIDUAL, Stage.ATTN_OUT_NORM,
+                  Stage.FFN_UP, Stage.FFN_DOWN, Stage.FFN_RESIDUAL, Stage.LAYER_OUT_NORM)
 _ATTENTION_ONLY = {Stage.QKV, Stage.QK_NORM, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT}
 
 
@@ -180,8 +188,8 @@ def parse_architecture_file(path: Path) -> Architecture:
 def _check_consistency(path: Path, t: Architecture) -> None:
     if t.arch != path.stem:
         raise ArchitectureError(f"{path}: field 'arch' is '{t.arch}' but the file is named for '{path.stem}'")
-    required = _REQUIRED_ORDER if t.moe is None else _REQUIRED_ORDER_MOE
-    present = [s for s in t.block if s in (*_REQUIRED_ORDER, Stage.FFN_MOE)]
+    required = _ENCODER_ORDER if t.norm == "layer" else _REQUIRED_ORDER if t.moe is None else _REQUIRED_ORDER_MOE
+    present = [s for s in t.block if s in (*_REQUIRED_ORDER, *_ENCODER_ORDER, Stage.FFN_MOE)]
     if tuple(present) != required:
         raise ArchitectureError(f"{path}: field 'block' must contain, in this order, {[s.value for s in required]}"
                                 + (" (a template with 'moe' has ffn_moe in place of ffn_glu and ffn_down)"

@@ -222,7 +222,8 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         n_rot=n_rot,
         n_vocab=len(tok.tokens),
         rope_base=meta.number(f"{a}.rope.freq_base", default=10000.0),
-        norm_eps=meta.number(f"{a}.attention.layer_norm_rms_epsilon"),
+        norm_eps=meta.number(f"{a}.attention.layer_norm_epsilon" if t.norm == "layer"
+                             else f"{a}.attention.layer_norm_rms_epsilon"),
         n_ctx_train=meta.integer(f"{a}.context_length"),
         sliding_window=meta.integer(f"{a}.attention.sliding_window", default=None),
         scalars=read_scalars(meta, t),
@@ -231,6 +232,8 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         **read_recurrent(meta, t, n_layer=n_layer, head_dim=head_dim),
         **read_layers(meta, t, n_layer, n_head, head_dim, n_rot),
         layer_n_ff=layer_n_ff, layer_n_head_kv=layer_n_head_kv,
+        causal=meta.get(f"{a}.attention.causal") is not False if t.causal == "metadata" else True,
+        pooling=meta.integer(f"{a}.pooling_type", default=None),
     )
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
         if getattr(hp, field) <= 0:

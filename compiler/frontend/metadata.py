@@ -18,6 +18,7 @@ _KNOWN_KEYS = frozenset({
     "block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
     "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
+    "pooling_type",  # how an embedding is pooled: it changes no logit
 })
 # ... and keys that change nothing at these values, which kiln accepts as written. A key outside
 # both would change the model's math in a way kiln does not implement: it is refused, never ignored.

@@ -109,6 +109,8 @@ class HParams:
     n_rot_swa: int = 0
     rope_base_swa: float = 0.0
     n_embd_per_layer: int = 0  # the per-layer embeddings' width (embedding_length_per_layer_input; 0: none)
+    causal: bool = True  # False: attention sees the whole input (attention.causal, an encoder's)
+    pooling: int | None = None  # the file's pooling_type (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank)
 
     def for_layer(self, il: int) -> "HParams":
         """The hyperparameters layer il's body is built with: the file's per-layer values where it

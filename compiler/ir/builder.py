@@ -52,10 +52,12 @@ def _body(b: GraphBuilder, name: str) -> tuple[Body, dict]:
     return Body(name, _prefixed(b.take(), body_prefix(name))), b.roles
 
 
-def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None) -> Graph:
+def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None,
+                embedding: bool = False) -> Graph:
     """The step graph for batches of up to n_tokens rows, for a context of n_ctx positions (which
-    picks Phi-3's long or short rope factors; None: short)."""
-    b = GraphBuilder(spec, arch, n_tokens, n_ctx)
+    picks Phi-3's long or short rope factors; None: short); `embedding`: it returns hidden states
+    in place of logits (an encoder's always does)."""
+    b = GraphBuilder(spec, arch, n_tokens, n_ctx, embedding)
     if LayerKind.RECURRENT in b.kinds and all(k is LayerKind.RECURRENT for k in b.kinds):
         raise ArchitectureError(f"{spec.path}: every layer is recurrent; kiln plans hybrids with attention layers")
     head = b.head()
@@ -67,4 +69,4 @@ def build_graph(spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int |
     tail = b.tail()
     state = (b.x,) + ((b.per_layer,) if b.per_layer is not None else ())
     return Graph(n_tokens, tuple(b.inputs.values()), state, tail[-1].outputs, head, tuple(bodies), tail,
-                 b.layers(roles), b.unused)
+                 b.layers(roles), b.unused + b.pooling_tensors(), b.embedding)

@@ -27,13 +27,18 @@ INPUTS = (
     ("inp_row", "each row's index in its sequence's cache"),
     ("inp_out", "the rows whose logits are wanted"),
 )
+# ... and a bidirectional model's: the last cache row each row sees, its sequence's last in the step
+SEEN = ("inp_seen", "each row's last visible cache row")
 
 
 class GraphBuilder:
     """Emits nodes in schedule order and tracks the working values of the current stage."""
 
-    def __init__(self, spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None):
+    def __init__(self, spec: ModelSpec, arch: Architecture, n_tokens: int, n_ctx: int | None = None,
+                 embedding: bool = False):
         self.spec, self.arch, self.T = spec, arch, n_tokens
+        # the step returns hidden states, not logits: an encoder's always, a decoder's when asked
+        self.embedding = embedding or arch.lm_head is LMHead.NONE
         self.hp = spec.hparams
         self.nodes: list[Node] = []
         self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor (blk.0.*), and rows
@@ -45,7 +50,8 @@ class GraphBuilder:
         self.factors, self.unused = rope_factors(spec, arch, n_ctx)
         if arch.rope_factors is RopeFactors.FREQS_GLOBAL and self.factors is None and LayerKind.GLOBAL in self.kinds:
             spec.tensor("rope_freqs.weight")  # the global layers' proportional rope: llama.cpp requires it too
-        self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in INPUTS}
+        inputs = INPUTS if self.hp.causal else (*INPUTS, SEEN)
+        self.inputs = {name: Value(name, ValueKind.INPUT, (n_tokens,), DType.I32) for name, _ in inputs}
         self.x = Value("x", ValueKind.STATE, (n_tokens, self.hp.n_embd), DType.F32)  # the residual stream
         self.cur = self.q = self.k = self.v = self.x  # outputs of the latest stages
         self.gate: Value | None = None  # attention's output gate (attn_output_gate)
@@ -119,8 +125,12 @@ class GraphBuilder:
 
     def norm(self, name: str, x: Value, w: Value | None) -> Value:
         """RMSNorm over runs of w's length (each head, or a row), times w; without w, over each
-        last-axis run alone."""
+        last-axis run alone. A template of LayerNorms (norm "layer") takes w's bias beside it."""
         attrs = NormAttrs(eps=self.hp.norm_eps, weight_offset=self.arch.norm_weight_offset)
+        if self.arch.norm == "layer":
+            bias = self.weight(w.tensor.name.removesuffix(".weight") + ".bias") if w.tensor is not None else \
+                self.bind(w.name + "_bias", self.roles[w.name][0].removesuffix(".weight") + ".bias")
+            return self.emit(Op.LAYER_NORM, name, (x, w, bias), x.shape, attrs)
         return self.emit(Op.RMS_NORM, name, (x,) if w is None else (x, w), x.shape, attrs)
 
     def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
@@ -147,9 +157,38 @@ class GraphBuilder:
                  EmbeddingScale.METADATA: self.scalar("embedding_scale") or 1.0}[self.arch.embedding_scale]
         self.nodes.append(Node(Op.EMBED, "inp_embd", (self.inputs["inp_tokens"], self.weight("token_embd.weight")),
                                (self.x,), EmbedAttrs(scale)))
+        if self.arch.position_embedding == "absolute":
+            self._absolute_positions()
         if self.per_layer is not None:
             self._per_layer_inputs()
         return self.take()
+
+    def _absolute_positions(self) -> None:
+        """BERT's, in llama.cpp's order: the token-type embedding's row 0 (every token is of type
+        0), then each row's position's row of position_embd, then LayerNorm (token_embd_norm)."""
+        n = self.hp.n_embd
+        if "token_types.weight" in self.spec.tensors:
+            t = self.spec.tensor("token_types.weight")
+            if t.shape[1:] != (n,) or t.dtype is not DType.F32:
+                raise ModelFileError(f"{self.spec.path}: tensor 'token_types.weight' is {t.dtype.name} {list(t.shape)}; "
+                                     f"token-type embeddings are F32 rows of n_embd ({n})")
+            row0 = Value("token_types.weight", ValueKind.WEIGHT, (1, n), t.dtype, t.rows(0, 1))
+            self.nodes.append(Node(Op.ADD, "inp_type_embd", (self.x, row0), (self.x,)))
+        table = self.weight("position_embd.weight")
+        if table.shape[1:] != (n,):
+            raise ModelFileError(f"{self.spec.path}: tensor 'position_embd.weight' is {list(table.shape)}; position "
+                                 f"embeddings are rows of n_embd ({n})")
+        pos = self.emit(Op.EMBED, "inp_pos_embd", (self.inputs["inp_pos"], table), (self.T, n), EmbedAttrs(1.0))
+        self.add_into_x("inp_embd_pos", pos)
+        self.nodes.append(Node(Op.LAYER_NORM, "inp_norm", (self.x, self.weight("token_embd_norm.weight"),
+                                                           self.weight("token_embd_norm.bias")), (self.x,),
+                               NormAttrs(eps=self.hp.norm_eps, weight_offset=0.0)))
+
+    def max_positions(self) -> int | None:
+        """The most positions the model has a learned row for (absolute positions), else None."""
+        if self.arch.position_embedding != "absolute":
+            return None
+        return self.spec.tensor("position_embd.weight").shape[0]
 
     def _per_layer_inputs(self) -> None:
         """Gemma 4's per-layer embeddings, as llama.cpp's project_per_layer_inputs: the embedding
@@ -177,6 +216,8 @@ class GraphBuilder:
                                ScaleAttrs(float(np.float32(1) / np.sqrt(np.float32(2))))))
 
     def tail(self) -> tuple[Node, ...]:
+        if self.embedding:
+            return self._hidden_tail()
         x = self.norm("result_norm", self.x, self.weight("output_norm.weight"))
         x = self.emit(Op.SELECT_ROWS, "result_rows", (x, self.inputs["inp_out"]), x.shape)
         tied = self.arch.lm_head is LMHead.TIED or (self.arch.lm_head is LMHead.OUTPUT_OR_TIED
@@ -190,6 +231,23 @@ class GraphBuilder:
         cap = self.arch.softcap_value("final_softcap", self.hp.scalar("final_logit_softcapping"))
         if cap:
             self.nodes.append(Node(Op.SOFTCAP, "result_capped", (logits,), (logits,), SoftcapAttrs(cap)))
+        return self.take()
+
+    def pooling_tensors(self) -> tuple[str, ...]:
+        """What an embedding graph leaves to the runtime: a reranker's class head (cls.*, which
+        runtime/embedding.py applies to the pooled row) and a decoder's LM head."""
+        if not self.embedding:
+            return ()
+        return tuple(n for n in self.spec.tensors if n.startswith("cls.") or n == "output.weight")
+
+    def _hidden_tail(self) -> tuple[Node, ...]:
+        """An embedding model's: each wanted row's hidden state (after output_norm where the file
+        has one) into the caller's buffer, [rows, n_embd]; the runtime pools them."""
+        x = self.x
+        if "output_norm.weight" in self.spec.tensors:
+            x = self.norm("result_norm", x, self.weight("output_norm.weight"))
+        out = Value("result_output", ValueKind.OUTPUT, (self.T, self.hp.n_embd), DType.F32)
+        self.nodes.append(Node(Op.SELECT_ROWS, "result_embd", (x, self.inputs["inp_out"]), (out,)))
         return self.take()
 
     def _kv_source(self, il: int) -> int:

@@ -44,6 +44,8 @@ class Op(Enum):
     SSM_CONV = "ssm_conv"  # SiLU of a causal conv1d over each channel's last taps, the window kept per sequence
     DELTA_NET = "delta_net"  # the gated delta rule over each sequence's state matrices, token by token
     LAYER_SLICE = "layer_slice"  # the running layer's part of a [rows, n_layer, width] state (Gemma 4's)
+    LAYER_NORM = "layer_norm"  # (x - mean(x)) / sqrt(var(x) + eps) * w + b, over the last axis (BERT's)
+    ACTIVATE = "activate"  # y = act(x), a plain FFN's activation (GluAttrs names it)
 
 
 class ValueKind(Enum):
@@ -218,6 +220,8 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.SSM_CONV: ConvAttrs,
     Op.DELTA_NET: DeltaNetAttrs,
     Op.LAYER_SLICE: None,
+    Op.LAYER_NORM: NormAttrs,
+    Op.ACTIVATE: GluAttrs,
 }
 
 
@@ -272,6 +276,7 @@ class Graph:
     tail: tuple[Node, ...]
     layers: tuple[Layer, ...]
     unused: tuple[str, ...] = ()  # file tensors the architecture knows but this configuration does not read
+    embedding: bool = False  # the output is each wanted row's hidden state [rows, n_embd], not logits
 
     @property
     def body(self) -> tuple[Node, ...]:

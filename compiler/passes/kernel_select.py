@@ -57,6 +57,9 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.SSM_CONV, ""): Kernel("kiln_ssm_conv", F32),
     (Op.DELTA_NET, ""): Kernel("kiln_delta_net", F32),
     (Op.LAYER_SLICE, ""): Kernel("kiln_layer_slice"),
+    (Op.LAYER_NORM, ""): Kernel("kiln_layer_norm", F32),
+    (Op.ACTIVATE, "gelu"): Kernel("kiln_gelu"),
+    (Op.ADD, "row"): Kernel("kiln_add_row", F32),  # a weight's row added to every row (BERT's token type)
 }
 
 # Ops whose kernel depends on an attribute, and which.
@@ -68,6 +71,8 @@ VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.ATTENTION: lambda n: "ext" if n.attrs.softcap or any(v.kind is ValueKind.WEIGHT for v in n.inputs) else "",
     Op.MOE_FFN: lambda n: n.attrs.activation.value,
     Op.SCALE: lambda n: "row" if n.inputs[1:] and n.inputs[1].shape != (1,) else "",
+    Op.ADD: lambda n: "row" if n.inputs[1].kind is ValueKind.WEIGHT else "",
+    Op.ACTIVATE: lambda n: n.attrs.activation.value,
 }
 
 BY_FUNCTION: dict[str, Kernel] = {k.function: k for k in KERNELS.values()}

@@ -195,7 +195,18 @@ def _delta_net(n: Node) -> str | None:
     return None
 
 
+def _layer_norm(n: Node) -> str | None:
+    (x, w, b), (out,) = n.inputs, n.outputs
+    if not _same(w.shape, b.shape, (x.shape[-1],)) or out.shape != x.shape:
+        return f"input {x.shape}, weight {w.shape}, bias {b.shape}, output {out.shape} disagree"
+    return None
+
+
 def _add(n: Node) -> str | None:
+    if n.inputs[1].kind is ValueKind.WEIGHT:  # a row added to every row
+        (x, w), (out,) = n.inputs, n.outputs
+        return None if w.shape == (1, x.shape[-1]) and out.shape == x.shape else \
+            f"the row {w.shape} does not fit the rows of {x.shape}"
     problem = _elementwise(n)
     if problem is None and n.outputs[0].kind is ValueKind.STATE and n.inputs[1] != n.outputs[0]:
         return "an add into the state must add to the state itself (in place)"
@@ -223,6 +234,8 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.REGROUP: _regroup,
     Op.SSM_CONV: _ssm_conv,
     Op.DELTA_NET: _delta_net,
+    Op.LAYER_NORM: _layer_norm,
+    Op.ACTIVATE: _elementwise,
     Op.LAYER_SLICE: lambda n: None if n.inputs[0].kind is ValueKind.STATE and len(n.inputs[0].shape) == 3 and \
         n.outputs[0].shape == (n.inputs[0].shape[0], n.inputs[0].shape[2]) else
         f"{n.outputs[0].shape} is not one layer's part of the state {n.inputs[0].shape}",
@@ -230,7 +243,7 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
 assert set(SHAPE_RULES) == set(Op)
 
 _ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE, ValueKind.RECURRENT)
-_WRITES_STATE = (Op.EMBED, Op.ADD, Op.SCALE)
+_WRITES_STATE = (Op.EMBED, Op.ADD, Op.SCALE, Op.LAYER_NORM)  # a post-norm encoder norms the stream in place
 _IN_PLACE_ON_OUTPUT = (Op.SCALE, Op.SOFTCAP)  # the logits, rewritten where the LM head wrote them
 
 

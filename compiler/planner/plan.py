@@ -5,10 +5,11 @@ GGUF -> spec -> architecture -> KV config -> graph -> passes -> layout.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core.errors import GraphError
-from ..core.options import CompileOptions
+from ..core.options import MAX_PREFILL_CHUNK, CompileOptions
+from ..core.progress import as_progress
 from ..frontend.architecture import Architecture
 from ..frontend.architecture_file import load_architecture
 from ..frontend.gguf_reader import read_model
@@ -30,12 +31,28 @@ class Planned:
     layout: Layout
 
 
+def fit_encoder(spec: ModelSpec, arch: Architecture, opts: CompileOptions, log=lambda s: None) -> CompileOptions:
+    """A bidirectional model sees each input whole in one step, so that step takes the longest input
+    the model accepts: the context is at most its learned positions (absolute ones) or its training
+    context, and the step's rows and prefill chunk are the whole context. An input never fails for
+    want of a batch."""
+    if spec.hparams.causal:
+        return opts
+    limit = spec.tensor("position_embd.weight").shape[0] if arch.position_embedding == "absolute" \
+        else spec.hparams.n_ctx_train
+    ctx = min(opts.ctx, limit, MAX_PREFILL_CHUNK)
+    if ctx != opts.ctx:
+        as_progress(log).note(f"ctx {ctx}: a bidirectional model's longest input ({limit} positions)")
+    return replace(opts, ctx=ctx, batch_tokens=max(opts.batch_tokens, ctx), prefill_chunk=ctx)
+
+
 def plan(model: str | os.PathLike[str], opts: CompileOptions, log=lambda s: None) -> Planned:
     spec = read_model(resolve(model, log))
     arch = load_architecture(spec.arch)
+    opts = fit_encoder(spec, arch, opts, log)
     kv = kv_config(spec.hparams, opts)
     try:
-        graph = run_passes(build_graph(spec, arch, opts.batch_tokens, opts.ctx), PassContext(spec, kv))
+        graph = run_passes(build_graph(spec, arch, opts.batch_tokens, opts.ctx, opts.embedding), PassContext(spec, kv))
     except GraphError as e:  # the file's tensors do not make the graph its architecture describes
         raise GraphError(f"{spec.path}: {e}") if str(spec.path) not in str(e) else e from None
     return Planned(spec, arch, opts, graph, plan_layout(graph, spec, arch, opts, kv))

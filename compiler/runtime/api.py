@@ -14,7 +14,8 @@ def load(model: str | os.PathLike[str], ctx: int = CompileOptions.ctx, kv_dtype:
          threads: int | None = None, prefill_chunk: int = CompileOptions.prefill_chunk, n_seq: int = 1,
          page_size: int = CompileOptions.page_size, kv_pages: int | None = None, batch_tokens: int | None = None,
          kv_dtype_k: str | None = None, kv_dtype_v: str | None = None, kv_rotation: bool = True,
-         target: str = "native", isa: str | None = None, sanitize: bool = False, log=lambda s: None) -> Model:
+         target: str = "native", isa: str | None = None, sanitize: bool = False, embedding: bool = False,
+         log=lambda s: None) -> Model:
     """Compile `model` (or reuse its cached build) and open one instance of it.
 
     model          a GGUF path, or a bundled model's name ("smollm2-135m", "gemma3-270m"), fetched on first use
@@ -35,6 +36,8 @@ def load(model: str | os.PathLike[str], ctx: int = CompileOptions.ctx, kv_dtype:
     isa            extensions of the target to leave out, e.g. "no-amx" or "no-amx,no-avx512" (AVX2 is
                    then the widest); None: $KILN_ISA, else none. Any path can so be measured on one CPU
     sanitize       build with AddressSanitizer and UBSan (for tests)
+    embedding      steps return hidden states for m.embed / m.rerank, not logits (an encoder, such as
+                   a bert GGUF, always does); its LM head is not read
     log            a callable taking progress messages, or a core.progress.Progress
 
     Bad options raise OptionError naming the option; a foreign or unsupported GGUF raises
@@ -42,7 +45,7 @@ def load(model: str | os.PathLike[str], ctx: int = CompileOptions.ctx, kv_dtype:
     """
     opts = CompileOptions(ctx=ctx, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, n_seq=n_seq, page_size=page_size,
                           kv_pages=kv_pages, batch_tokens=batch_tokens, kv_dtype_k=kv_dtype_k, kv_dtype_v=kv_dtype_v,
-                          kv_rotation=kv_rotation)
+                          kv_rotation=kv_rotation, embedding=embedding)
     return load_options(model, opts, threads, sanitize, log, target=target, isa=isa)
 
 

@@ -40,6 +40,7 @@ class Instance:
         self.check(self.lib.kiln_open(handle, str(self.path).encode(), packed, threads or default_threads()))
         self.handle = self.ffi.gc(handle[0], self.lib.kiln_close)
         self.n_vocab, self.n_ctx = int(self.lib.kiln_n_vocab(self.handle)), int(self.lib.kiln_n_ctx(self.handle))
+        self.n_out = int(self.lib.kiln_n_out(self.handle))  # n_vocab logits, or an embedding model's n_embd
         self.n_groups = int(self.lib.kiln_n_groups(self.handle))
         self.page_size = int(self.lib.kiln_page_size(self.handle))
 
@@ -106,7 +107,7 @@ class Instance:
     def eval(self, seq, ids, logits_all: bool) -> np.ndarray:
         """kiln_eval: ids appended to seq in steps of the prefill chunk; the last row's logits, or all."""
         tokens = self.tokens(ids)
-        out = np.empty((tokens.size if logits_all else 1, self.n_vocab), dtype=np.float32)
+        out = np.empty((tokens.size if logits_all else 1, self.n_out), dtype=np.float32)
         self.call(self.lib.kiln_eval, seq.live(), self.buffer(tokens, "int32_t *"), tokens.size,
                   self.buffer(out, "float *"), int(logits_all), seq=seq)
         seq.tokens.extend(int(t) for t in tokens)
@@ -127,7 +128,7 @@ class Instance:
             want += [int(wanted == "all")] * (ids.size - 1) + [int(wanted is not None)]
         tokens = np.concatenate(rows)
         seq_arr, want_arr = np.array(seqs, np.int32), np.array(want, np.int8)
-        out = np.empty((int(want_arr.sum()), self.n_vocab), dtype=np.float32)
+        out = np.empty((int(want_arr.sum()), self.n_out), dtype=np.float32)
         batch = self.ffi.new("kiln_batch *", {"n": tokens.size, "token": self.buffer(tokens, "int32_t *"),
                                               "seq": self.buffer(seq_arr, "int32_t *"),
                                               "logits": self.buffer(want_arr, "int8_t *")})

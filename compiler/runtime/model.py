@@ -18,6 +18,7 @@ import numpy as np
 
 from ..driver import Compiled
 from ..text.tokenizer import make_tokenizer
+from . import embedding
 from .batch import run_waves
 from .constraints import Constraint, Guidance, Guide, constraint_of
 from .generation import Decoding, ThinkingBudget, stop_list
@@ -43,6 +44,8 @@ class Model:
         self.n_vocab, self.n_ctx, self.n_groups, self.page_size = i.n_vocab, i.n_ctx, i.n_groups, i.page_size
         self._tokenizer = None
         self._default: Sequence | None = None
+        self._class_head: embedding.ClassHead | None = None  # a reranker's, read on first use
+        self.embedding = compiled.planned.graph.embedding  # its steps return hidden states
         me = weakref.ref(self)  # no cycle through self: a dropped Model frees its memory at once
         self.guidance = Guidance(lambda: me().tokenizer, self.spec.hparams.n_vocab, str(self.spec.path))
         # masks overlap the steps only where the step's threads leave a core free (constraints.py)
@@ -144,6 +147,30 @@ class Model:
         sizes = [np.size(toks) if every else 1 for (_, toks), every in zip(items, every_row)]
         return np.split(self.instance.step(items, ["all" if every else "last" for every in every_row]),
                         np.cumsum(sizes)[:-1])
+
+    # -- embeddings -----------------------------------------------------------------------
+    def embed(self, inputs, pooling: str | None = None, normalize: int = 2,
+              dimensions: int | None = None) -> np.ndarray | list[np.ndarray]:
+        """Vectors of texts (or token id lists) from a model that returns hidden states (an encoder,
+        or one loaded with embedding=True): [n_inputs, dimensions] float32. pooling: none, mean,
+        cls or last (None: the file's pooling_type); normalize: llama-server's embd_normalize (2:
+        L2, -1: none); dimensions: the first d of a Matryoshka model's, renormalized. "none"
+        gives one [n_tokens, dims] array an input."""
+        self._check_embedding()
+        return embedding.embed(self, inputs, embedding.Pooling(pooling or embedding.default_pooling(self), normalize,
+                                                               dimensions))
+
+    def rerank(self, query: str, documents: SequenceABC[str]) -> np.ndarray:
+        """Each document's relevance to the query (a reranker's classification head), in order."""
+        self._check_embedding()
+        if self._class_head is None:
+            self._class_head = embedding.ClassHead(self)
+        return embedding.rerank(self, query, documents, self._class_head)
+
+    def _check_embedding(self) -> None:
+        if not self.embedding:
+            raise ModelError(f"{self.spec.path}: this build returns logits, not embeddings; load the model with "
+                             "embedding=True (kiln --embedding)")
 
     # -- the default sequence -------------------------------------------------------------
     @property
