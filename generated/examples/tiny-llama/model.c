@@ -200,7 +200,7 @@ static void step(void *arg, const kiln_thread *t) {
 
 /* ==== the model, as the runtime takes it ====================================================== */
 static const kiln_model_desc MODEL = {
-    .n_vocab = 259, .n_ctx = 64, .n_layer = N_LAYER, .n_head_kv = 2, .head_dim = 16,
+    .n_vocab = 259, .n_out = 259, .causal = 1, .n_ctx = 64, .n_layer = N_LAYER, .n_head_kv = 2, .head_dim = 16,
     .prefill_chunk = 16, .batch_tokens = 16,
     .gguf_bytes = 102720LL, .gguf_header_bytes = 5472, .gguf_header_crc32 = 3596502979u,
     .packed_bytes = 78336ULL,
