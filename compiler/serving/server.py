@@ -35,6 +35,7 @@ from .http import (ApiError, Events, HeaderLimits, ServerConfig, busy, check_hos
 from .protocol import ChatRequest, CompletionRequest, Envelope, FieldError, chat_logprobs, completion_logprobs
 from .reasoning import ChatStream, Reasoning
 from .tools import Calls
+from .retrieval import add_retrieval_routes
 from .slots import add_slot_routes
 from .types import Event, QueueFull, Request
 
@@ -66,6 +67,9 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if req.model != name:
             raise ApiError(404, f"model '{req.model}' does not exist; this server serves '{name}'", param="model",
                            code="model_not_found", kind="not_found_error")
+        if model.embedding:
+            raise ApiError(400, f"model '{name}' returns embeddings, not text: use /v1/embeddings or /v1/rerank",
+                           param="model")
         return req
 
     def fits(text: str, field: str) -> None:
@@ -330,5 +334,6 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     add_slot_routes(app, engine, config)
+    add_retrieval_routes(app, engine, config)
     app.add_middleware(HeaderLimits, config=config)
     return app

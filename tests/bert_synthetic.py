@@ -1,0 +1,79 @@
+"""Small synthetic BERT GGUFs, written as llama.cpp's converter writes a BertModel (and, with a
+class head, a BertForSequenceClassification reranker: cls.weight, cls.bias, cls.output.*), with
+the real WordPiece vocabulary of a converted model. Random weights sized so that every part moves
+the vectors: non-zero biases, LayerNorm weights away from 1, the token-type row and the position
+rows as large as the token rows."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+TOKENIZER_KEYS = ("tokenizer.ggml.token_type_count", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+                  "tokenizer.ggml.seperator_token_id", "tokenizer.ggml.padding_token_id",
+                  "tokenizer.ggml.mask_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                  "tokenizer.ggml.add_sep_token")
+
+
+def write_bert(path: Path, vocab_from: Path, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_ff: int = 128,
+               ctx: int = 128, pooling: int = 1, class_head: bool = False, seed: int = 0,
+               causal: bool = False, f16: bool = False) -> Path:
+    rng = np.random.default_rng(seed)
+    src = gguf.GGUFReader(str(vocab_from))
+    n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    w = gguf.GGUFWriter(str(path), "bert")
+    w.add_block_count(n_layer)
+    w.add_context_length(ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(causal)
+    w.add_pooling_type(gguf.PoolingType(pooling))
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    for key in TOKENIZER_KEYS:
+        f = src.fields.get(key)
+        if f is None:
+            continue
+        value = f.contents()
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, value)
+        else:
+            w.add_key_value(key, value, vtype)
+
+    def mat(*shape: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def matrix(name: str, *shape: int) -> None:  # a projection: F16 where asked, as the converter's
+        t = mat(*shape, scale=1.0 / np.sqrt(shape[-1]))
+        w.add_tensor(name, t.astype(np.float16) if f16 else t)
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(f"{name}.weight", (1.0 + mat(n, scale=0.2)))
+        w.add_tensor(f"{name}.bias", mat(n, scale=0.1))
+
+    matrix("token_embd.weight", n_vocab, n_embd)
+    w.add_tensor("token_types.weight", mat(2, n_embd, scale=0.5))
+    w.add_tensor("position_embd.weight", mat(ctx, n_embd, scale=0.5))
+    norm("token_embd_norm", n_embd)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        for name, rows, cols in (("attn_q", n_embd, n_embd), ("attn_k", n_embd, n_embd), ("attn_v", n_embd, n_embd),
+                                 ("attn_output", n_embd, n_embd), ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
+            matrix(p + name + ".weight", rows, cols)
+            w.add_tensor(p + name + ".bias", mat(rows, scale=0.1))
+        norm(p + "attn_output_norm", n_embd)
+        norm(p + "layer_output_norm", n_embd)
+    if class_head:
+        matrix("cls.weight", n_embd, n_embd)
+        w.add_tensor("cls.bias", mat(n_embd, scale=0.1))
+        w.add_tensor("cls.output.weight", mat(1, n_embd, scale=1.0))
+        w.add_tensor("cls.output.bias", mat(1, scale=0.1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
