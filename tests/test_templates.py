@@ -95,7 +95,7 @@ def test_not_json(tmp_path):
 
 
 def test_unknown_arch_template():
-    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: gemma2, gemma3, gemma4, gpt-oss, granite, llama"):
+    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: bert, gemma2, gemma3, gemma4, gpt-oss, granite, llama"):
         load_architecture("rwkv9")
 
 

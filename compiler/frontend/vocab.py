@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+from gguf import GGUFValueType
+
 from ..core.errors import ModelFileError
 from .spec import TokenizerData
 
@@ -49,6 +52,8 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...], Defaults], ...] = (
     # SentencePiece: BOS, a space before the text, spaces as U+2581; decoding keeps every space
     ("llama", ANY, Defaults(add_bos=True, add_space_prefix=True, clean_spaces=False, escape_whitespaces=True,
                             ids=(1, 2, 0, None, None))),
+    # SentencePiece unigram (T5, XLM-RoBERTa): EOS after the text, spaces as U+2581; decoding keeps spaces
+    ("t5", ANY, Defaults(add_eos=True, clean_spaces=False, escape_whitespaces=True, ids=(None, 1, 2, None, 0))),
     # WordPiece (BERT): [CLS] text [SEP]; decoding drops spaces before punctuation
     ("bert", ANY, Defaults(add_bos=True, add_sep=True, ids=(101, None, 100, 102, 0))),
     # Gemma 4: BPE over SentencePiece-style text (U+2581 spaces, raw UTF-8), BOS always; no default ids
@@ -112,6 +117,20 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...], Defaults], ...] = (
 )
 
 
+# where llama.cpp makes "<mask>" take the whitespace before it: parts of these pre-tokenizer and
+# architecture names (XLM-RoBERTa's fill-mask convention, "a <mask>" as "a<mask>")
+MASK_LSTRIP_PRE = ("jina-v2-de", "jina-v2-es", "jina-v2-code")
+MASK_LSTRIP_ARCH = ("nomic-bert-moe", "jina-bert-v3")
+
+
+@dataclass(frozen=True)
+class UnigramData(TokenizerData):
+    """A unigram ("t5") vocabulary: TokenizerData and what only its tokenizer (text/ugm.py) reads."""
+
+    precompiled_charsmap: bytes = b""  # SentencePiece's normalization rules, as the GGUF stores them
+    lstrip_mask: bool = False  # "<mask>" takes the whitespace before it (llama.cpp decides by architecture)
+
+
 def tokenizer_defaults(model: str, pre: str | None) -> Defaults | None:
     """llama.cpp's defaults for a tokenizer model and pre-tokenizer name; None where it knows neither."""
     for row_model, names, defaults in DEFAULTS:
@@ -148,7 +167,12 @@ def read_tokenizer(meta) -> TokenizerData:
     eog = {eos, meta.integer(k + "eot_token_id", default=None), meta.integer(k + "eom_token_id", default=None)}
     eog |= {i for i, text in enumerate(tokens) if text in EOG_TEXTS}
     lowercase = meta.flag(k + "normalizer.lowercase", default=True)
-    return TokenizerData(
+    unigram = {}
+    if model == "t5":
+        arch = meta.text("general.architecture", default="") or ""
+        unigram = {"precompiled_charsmap": _charsmap(meta, k + "precompiled_charsmap"),
+                   "lstrip_mask": any(s in (pre or "") for s in MASK_LSTRIP_PRE) or any(s in arch for s in MASK_LSTRIP_ARCH)}
+    return (UnigramData if model == "t5" else TokenizerData)(
         model=model,
         pre=pre,
         tokens=tuple(tokens),
@@ -175,4 +199,15 @@ def read_tokenizer(meta) -> TokenizerData:
         lowercase=lowercase,
         strip_accents=meta.flag(k + "normalizer.strip_accents", default=lowercase),
         name=meta.text("general.name", default="") or "",
+        **unigram,
     )
+
+
+def _charsmap(meta, key: str) -> bytes:
+    """The charsmap's bytes; llama.cpp takes an array of int8 or uint8 and nothing else."""
+    values = meta.array(key)
+    if values is None:
+        return b""
+    if meta.fields[key].elem not in (GGUFValueType.UINT8, GGUFValueType.INT8):
+        raise ModelFileError(f"{meta.path}: metadata key '{key}' should be an array of bytes")
+    return (np.asarray(values, dtype=np.int16) & 0xFF).astype(np.uint8).tobytes()

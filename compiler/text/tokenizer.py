@@ -16,6 +16,7 @@ remaining fragment:
   while the merged text is in the vocabulary, and what no token covers falls back to <0xXX>
   byte tokens.
 - WordPiece ("bert"): wpm.py.
+- Unigram ("t5"): ugm.py.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ..core.errors import ModelFileError
 from ..frontend.spec import TokenizerData
 from .pretokenize import PRE_TOKENIZERS, compiled, split
 from .specials import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, stripping, token_types
+from .ugm import Unigram
 from .wpm import WordPiece
 
 __all__ = ["BYTE", "CONTROL", "NORMAL", "UNKNOWN", "UNUSED", "USER_DEFINED", "Tokenizer", "make_tokenizer",
@@ -302,7 +304,39 @@ class WPMTokenizer(Tokenizer):
         return text.replace("\u2581", " ").encode()
 
 
-TOKENIZER_MODELS = {"gpt2": BPETokenizer, "gemma4": BPETokenizer, "llama": SPMTokenizer, "bert": WPMTokenizer}
+class UGMTokenizer(Tokenizer):
+    """SentencePiece unigram (T5, XLM-RoBERTa): BOS and EOS as the GGUF's add_bos/add_eos say (llama.cpp's
+    default is EOS alone). A TokenizerData that is not frontend/vocab.py's UnigramData has no
+    normalization rules."""
+
+    def __init__(self, data: TokenizerData, source: str = "model"):
+        super().__init__(data, source)
+        try:
+            self.unigram = Unigram(data, self.types, getattr(data, "precompiled_charsmap", b""))
+        except ValueError as e:
+            raise ModelFileError(f"{source}: {e}") from None
+        mask = self.vocab.get("<mask>")
+        if getattr(data, "lstrip_mask", False) and mask is not None:
+            self.lstrip = self.lstrip | {mask}
+
+    def _encode(self, text: str, after_special: bool) -> list[int]:
+        return self.unigram.encode(text)  # every fragment gets its own space prefix, as in llama.cpp
+
+    def token_bytes(self, tid: int, special: bool = False) -> bytes:
+        text, ty = self.data.tokens[tid], self.types[tid]
+        if ty in (CONTROL, UNKNOWN):
+            return text.encode() if special else b""
+        if ty == USER_DEFINED:
+            return text.encode()
+        if ty == NORMAL:
+            return text.replace("\u2581", " ").encode()
+        if ty == BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""  # an unused token: llama.cpp writes nothing for it
+
+
+TOKENIZER_MODELS = {"gpt2": BPETokenizer, "gemma4": BPETokenizer, "llama": SPMTokenizer, "bert": WPMTokenizer,
+                    "t5": UGMTokenizer}
 
 
 def make_tokenizer(data: TokenizerData, source: str = "model") -> Tokenizer:
