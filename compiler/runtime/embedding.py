@@ -142,7 +142,7 @@ def _token_ids(model, inputs, field: str) -> list[list[int]]:
         raise ModelError(f"{field}: expected a string, a list of strings, or token ids, got an empty or foreign value")
     out = []
     for k, item in enumerate(inputs):
-        ids = model.tokenize(item) if isinstance(item, str) else [int(t) for t in item]
+        ids = model.tokenize(item) if isinstance(item, str) and item else [int(t) for t in item]
         if not ids:
             raise ModelError(f"{field}[{k}]: the input is empty")
         if len(ids) > model.n_ctx:
