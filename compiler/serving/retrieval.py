@@ -47,7 +47,7 @@ class EmbeddingRequest(_Strict):
 class RerankRequest(_Strict):
     model: StrictStr | None = None
     query: Annotated[StrictStr, Field(min_length=1)]
-    documents: Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+    documents: Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=MAX_INPUTS)]
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
     return_documents: StrictBool = False
 
