@@ -170,8 +170,8 @@ def read_tokenizer(meta) -> TokenizerData:
     unigram = {}
     if model == "t5":
         arch = meta.text("general.architecture", default="") or ""
-        unigram = {"precompiled_charsmap": _charsmap(meta, k + "precompiled_charsmap"),
-                   "lstrip_mask": any(s in (pre or "") for s in MASK_LSTRIP_PRE) or any(s in arch for s in MASK_LSTRIP_ARCH)}
+        lstrip_mask = any(s in (pre or "") for s in MASK_LSTRIP_PRE) or any(s in arch for s in MASK_LSTRIP_ARCH)
+        unigram = {"precompiled_charsmap": _charsmap(meta, k + "precompiled_charsmap"), "lstrip_mask": lstrip_mask}
     return (UnigramData if model == "t5" else TokenizerData)(
         model=model,
         pre=pre,

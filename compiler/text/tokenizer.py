@@ -311,10 +311,7 @@ class UGMTokenizer(Tokenizer):
 
     def __init__(self, data: TokenizerData, source: str = "model"):
         super().__init__(data, source)
-        try:
-            self.unigram = Unigram(data, self.types, getattr(data, "precompiled_charsmap", b""))
-        except ValueError as e:
-            raise ModelFileError(f"{source}: {e}") from None
+        self.unigram = Unigram(data, self.types, getattr(data, "precompiled_charsmap", b""), source)
         mask = self.vocab.get("<mask>")
         if getattr(data, "lstrip_mask", False) and mask is not None:
             self.lstrip = self.lstrip | {mask}
