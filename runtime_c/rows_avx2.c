@@ -249,27 +249,41 @@ ROWS_FOR(q6_K, KILN_Q6_K)
 ROWS_FOR(iq4_nl, KILN_IQ4_NL)
 ROWS_FOR(mxfp4, KILN_MXFP4)
 
-void kiln_rows_f32_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
-                        float *y, size_t y_row) {
-    for (int c = 0; c < n_a; c++)
-        for (int r = 0; r < n_w; r++)
-            y[c * y_row + r] = kiln_vdot((const float *)((const uint8_t *)w + r * w_row),
-                                         (const float *)((const uint8_t *)act + c * a_row), n);
-}
-/* f16 and bf16 rows: KILN_DOT16_REF's order, 8 (or 4) converted at a time */
-void kiln_rows_f16_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
-                        float *y, size_t y_row) {
-    for (int c = 0; c < n_a; c++)
-        for (int r = 0; r < n_w; r++)
-            y[c * y_row + r] = kiln_vdot_f16((const uint16_t *)((const uint8_t *)w + r * w_row),
-                                             (const float *)((const uint8_t *)act + c * a_row), n);
-}
-
-void kiln_rows_bf16_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, int n_a,
-                         float *y, size_t y_row) {
-    for (int c = 0; c < n_a; c++)
-        for (int r = 0; r < n_w; r++)
-            y[c * y_row + r] = kiln_vdot_bf16((const uint16_t *)((const uint8_t *)w + r * w_row),
-                                              (const float *)((const uint8_t *)act + c * a_row), n);
-}
+/* f32, f16 and bf16 rows: KILN_DOT16_REF's order (kiln_vdot*), four activation rows at a time
+   sharing each weight row's loads (kiln_vdot*_x4: the same sums, bit for bit), and with AVX-512
+   two weight rows at a time too (kiln_vdot*_2x4) */
+#if defined(__AVX512F__)
+#define ROWS_PAIRS(T, dot24)                                                                        \
+        for (; r + 2 <= n_w; r += 2) {                                                              \
+            float out[2][4];                                                                        \
+            dot24((const T *)((const uint8_t *)w + r * w_row), w_row / sizeof(T),                   \
+                  (const float *)((const uint8_t *)act + c * a_row), a_row / sizeof(float), n, out); \
+            for (int j = 0; j < 2; j++)                                                             \
+                for (int k = 0; k < 4; k++) y[(c + k) * y_row + r + j] = out[j][k];                 \
+        }
+#else
+#define ROWS_PAIRS(T, dot24)
+#endif
+#define ROWS_WIDE(suffix, T, dot, dot4, dot24)                                                     \
+    void kiln_rows_##suffix##_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, \
+                                   int n_a, float *y, size_t y_row) {                               \
+        int c = 0;                                                                                  \
+        for (; c + 4 <= n_a; c += 4) {                                                              \
+            int r = 0;                                                                              \
+            ROWS_PAIRS(T, dot24)                                                                    \
+            for (; r < n_w; r++) {                                                                  \
+                float out[4];                                                                       \
+                dot4((const T *)((const uint8_t *)w + r * w_row), (const float *)((const uint8_t *)act + c * a_row), \
+                     a_row / sizeof(float), n, out);                                                \
+                for (int k = 0; k < 4; k++) y[(c + k) * y_row + r] = out[k];                        \
+            }                                                                                       \
+        }                                                                                           \
+        for (; c < n_a; c++)                                                                        \
+            for (int r = 0; r < n_w; r++)                                                           \
+                y[c * y_row + r] = dot((const T *)((const uint8_t *)w + r * w_row),                 \
+                                       (const float *)((const uint8_t *)act + c * a_row), n);        \
+    }
+ROWS_WIDE(f32, float, kiln_vdot, kiln_vdot_x4, kiln_vdot_2x4)
+ROWS_WIDE(f16, uint16_t, kiln_vdot_f16, kiln_vdot_f16_x4, kiln_vdot_f16_2x4)
+ROWS_WIDE(bf16, uint16_t, kiln_vdot_bf16, kiln_vdot_bf16_x4, kiln_vdot_bf16_2x4)
 #endif

@@ -241,6 +241,96 @@ static inline __attribute__((always_inline)) __m256 kiln_load8_f16(const uint16_
 KILN_VDOT16(kiln_vdot, float, _mm256_loadu_ps, kiln_f32_value)
 KILN_VDOT16(kiln_vdot_f16, uint16_t, kiln_load8_f16, kiln_fp16_to_fp32)
 KILN_VDOT16(kiln_vdot_bf16, uint16_t, kiln_load8_bf16, kiln_bf16_to_fp32)
+
+/* The same dot of one row of T against four rows of b (b0 + k * b_row), each with its own sums in
+   KILN_VDOT16's order, so each result is that function's bit for bit: a prefill's activation
+   rows share each converted load of the weight row. With AVX-512 a 16-lane sum holds s0 in its
+   low half and s1 in its high half, the same lanes taking the same products: one multiply-add
+   where AVX2 takes two. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 kiln_load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __attribute__((always_inline)) __m512 kiln_load16_f16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline __attribute__((always_inline)) __m512 kiln_load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#define KILN_X4_SUMS(load8, load16)                                                                 \
+        __m512 s[4];                                                                                \
+        for (int k = 0; k < 4; k++) s[k] = _mm512_setzero_ps();                                     \
+        int i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16) {                                                              \
+            const __m512 w = load16(a + i);                                                         \
+            for (int k = 0; k < 4; k++) s[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(b0 + k * b_row + i), s[k]); \
+        }                                                                                           \
+        __m256 s0[4], s1[4];                                                                        \
+        for (int k = 0; k < 4; k++)                                                                 \
+            s0[k] = _mm512_castps512_ps256(s[k]), s1[k] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s[k]), 1));
+#else
+#define KILN_X4_SUMS(load8, load16)                                                                 \
+        __m256 s0[4], s1[4];                                                                        \
+        for (int k = 0; k < 4; k++) s0[k] = s1[k] = _mm256_setzero_ps();                           \
+        int i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16) {                                                              \
+            const __m256 w0 = load8(a + i), w1 = load8(a + i + 8);                                  \
+            for (int k = 0; k < 4; k++) {                                                           \
+                s0[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(b0 + k * b_row + i), s0[k]);            \
+                s1[k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(b0 + k * b_row + i + 8), s1[k]);        \
+            }                                                                                       \
+        }
+#endif
+#define KILN_VDOT16_X4(name, T, load8, load16, load1)                                               \
+    static inline void name(const T *a, const float *b0, size_t b_row, int n, float out[4]) {      \
+        KILN_X4_SUMS(load8, load16)                                                                 \
+        const int tail = i;                                                                         \
+        for (int k = 0; k < 4; k++) {                                                               \
+            const float *b = b0 + k * b_row;                                                        \
+            i = tail;                                                                               \
+            if (i + 8 <= n) s0[k] = _mm256_fmadd_ps(load8(a + i), _mm256_loadu_ps(b + i), s0[k]), i += 8; \
+            float sum = kiln_hsum8(_mm256_add_ps(s0[k], s1[k]));                                    \
+            for (; i < n; i++) sum = fmaf(load1(a[i]), b[i], sum);                                  \
+            out[k] = sum;                                                                           \
+        }                                                                                           \
+    }
+#if defined(__AVX512F__)
+/* Two weight rows (a, a + a_row) against four activation rows: out[j][k], each KILN_VDOT16's sum
+   bit for bit, as kiln_vdot*_x4's; six loads feed eight multiply-adds. */
+#define KILN_VDOT16_2X4(name, T, load8, load16, load1)                                              \
+    static inline void name(const T *a0, size_t a_row, const float *b0, size_t b_row, int n, float out[2][4]) { \
+        __m512 s[2][4];                                                                             \
+        for (int j = 0; j < 2; j++)                                                                 \
+            for (int k = 0; k < 4; k++) s[j][k] = _mm512_setzero_ps();                              \
+        const T *a1 = a0 + a_row;                                                                   \
+        int i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16) {                                                              \
+            const __m512 w0 = load16(a0 + i), w1 = load16(a1 + i);                                  \
+            for (int k = 0; k < 4; k++) {                                                           \
+                const __m512 b = _mm512_loadu_ps(b0 + k * b_row + i);                               \
+                s[0][k] = _mm512_fmadd_ps(w0, b, s[0][k]);                                          \
+                s[1][k] = _mm512_fmadd_ps(w1, b, s[1][k]);                                          \
+            }                                                                                       \
+        }                                                                                           \
+        const int tail = i;                                                                         \
+        for (int j = 0; j < 2; j++)                                                                 \
+            for (int k = 0; k < 4; k++) {                                                           \
+                const T *a = j ? a1 : a0;                                                           \
+                const float *b = b0 + k * b_row;                                                    \
+                __m256 lo = _mm512_castps512_ps256(s[j][k]);                                        \
+                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s[j][k]), 1)); \
+                i = tail;                                                                           \
+                if (i + 8 <= n) lo = _mm256_fmadd_ps(load8(a + i), _mm256_loadu_ps(b + i), lo), i += 8; \
+                float sum = kiln_hsum8(_mm256_add_ps(lo, hi));                                      \
+                for (; i < n; i++) sum = fmaf(load1(a[i]), b[i], sum);                              \
+                out[j][k] = sum;                                                                    \
+            }                                                                                       \
+    }
+KILN_VDOT16_2X4(kiln_vdot_2x4, float, _mm256_loadu_ps, kiln_load16_f32, kiln_f32_value)
+KILN_VDOT16_2X4(kiln_vdot_f16_2x4, uint16_t, kiln_load8_f16, kiln_load16_f16, kiln_fp16_to_fp32)
+KILN_VDOT16_2X4(kiln_vdot_bf16_2x4, uint16_t, kiln_load8_bf16, kiln_load16_bf16, kiln_bf16_to_fp32)
+#endif
+KILN_VDOT16_X4(kiln_vdot_x4, float, _mm256_loadu_ps, kiln_load16_f32, kiln_f32_value)
+KILN_VDOT16_X4(kiln_vdot_f16_x4, uint16_t, kiln_load8_f16, kiln_load16_f16, kiln_fp16_to_fp32)
+KILN_VDOT16_X4(kiln_vdot_bf16_x4, uint16_t, kiln_load8_bf16, kiln_load16_bf16, kiln_bf16_to_fp32)
 #elif defined(KILN_NEON)
 static inline __attribute__((always_inline)) float32x4_t kiln_load4_f16(const uint16_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));

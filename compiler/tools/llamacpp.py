@@ -50,7 +50,7 @@ class LlamaCpp:
     def __init__(self, path: str | Path, n_ctx: int = 1024, kv_dtype: str | DType = CompileOptions.kv_dtype,
                  kv_dtype_k: str | None = None, kv_dtype_v: str | None = None, swa_full: bool = False,
                  n_batch: int = 256, threads: int = 2, flash_attn: bool | None = None, n_seq: int = 1,
-                 eval_callback=None):
+                 eval_callback=None, pooling: int | None = None):
         k, v = (parse_kv_dtype(t) for t in (kv_dtype_k or kv_dtype, kv_dtype_v or kv_dtype))
         self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
         if not self.model:
@@ -62,6 +62,8 @@ class LlamaCpp:
         cp.type_k, cp.type_v = k.value.value, v.value.value
         cp.flash_attn_type = int(flash_attn if flash_attn is not None else "fa off" not in flash_attn_settings(v.label))
         cp.swa_full = swa_full
+        if pooling is not None:  # an embedding context: each sequence's pooled vector (llama.cpp's pooling_type)
+            cp.embeddings, cp.pooling_type = True, pooling
         if eval_callback is not None:  # kept alive as long as the context, which calls it
             self._cb_eval = L.ggml_backend_sched_eval_callback(lambda t, ask, user: eval_callback(t, ask))
             cp.cb_eval = self._cb_eval
@@ -141,6 +143,28 @@ class LlamaCpp:
     def eval(self, ids: list[int]) -> np.ndarray:
         """Append ids; the last one's logits (what a prefill or a decode step gives a caller)."""
         return self._read(ids, [len(ids) - 1])[0]
+
+    def embed(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """Each input's pooled vector (an embedding context), inputs packed as llama.cpp's embedding
+        example packs them: whole, up to n_batch tokens and n_seq sequences a decode."""
+        n_embd, out = L.llama_model_n_embd(self.model), []
+        n_seq = L.llama_n_seq_max(self.ctx)
+        at = 0
+        while at < len(inputs):
+            rows, take = [], []
+            while at < len(inputs) and len(take) < n_seq and len(rows) + len(inputs[at]) <= self.n_batch:
+                rows += [(tok, j, len(take), True) for j, tok in enumerate(inputs[at])]
+                take.append(at)
+                at += 1
+            if not take:
+                raise KilnError(f"input {at} has {len(inputs[at])} tokens, over n_batch {self.n_batch}")
+            mem = L.llama_get_memory(self.ctx)
+            if mem:
+                L.llama_memory_clear(mem, True)
+            self.decode(rows)
+            out += [np.ctypeslib.as_array(L.llama_get_embeddings_seq(self.ctx, s), shape=(n_embd,)).copy()
+                    for s in range(len(take))]
+        return out
 
     def shift(self, sinks: int, n_discard: int) -> None:
         """llama.cpp's context shift: remove positions [sinks, sinks + n_discard) and move the
