@@ -376,3 +376,33 @@ def assert_reference_dots(K, t: Q, w: np.ndarray, x: np.ndarray, what: str, matm
     want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ffi.from_buffer(w[o]), ffi.from_buffer(act[r]))
                       for o in range(n_out)] for r in range(rows)], np.float32)
     np.testing.assert_array_equal(y, want, err_msg=what)
+
+
+# An encoder: a synthetic BERT in F16 (the four- and two-row F16 dots, LayerNorm, the GELU's two
+# forms, bidirectional attention) and MiniLM itself, every input's token vectors (pooling none)
+# and its pooled vector, against the scalar build's.
+ENCODER_TEXTS = ["the cat sat on the mat", "a much longer sentence about encoders, which see the whole input",
+                 "x", "Zürich's café: 12.5% higher prices in 2024!"]
+
+
+def encoder_run(path, target: str) -> dict[str, np.ndarray]:
+    m = compiler.load(path, n_seq=4, target=target)
+    rows = m.embed(ENCODER_TEXTS, pooling="none", normalize=-1)
+    return {"rows": np.concatenate(rows), "mean": m.embed(ENCODER_TEXTS)}
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+    from bert_synthetic import write_bert
+    from compiler.frontend.registry import BUNDLED, fetch
+
+    minilm = fetch(BUNDLED["minilm"])
+    bert = write_bert(tmp_path_factory.mktemp("bert") / "bert-f16.gguf", minilm, f16=True, n_embd=96, n_head=3)
+    return {name: (path, encoder_run(path, SCALAR)) for name, path in (("bert-f16", bert), ("minilm", minilm))}
+
+
+@pytest.mark.parametrize("target", X86)
+def test_encoders_vectors_are_the_scalar_builds_bit_for_bit(encoders, target):
+    runnable(target)
+    for name, (path, scalar) in encoders.items():
+        same_bits(encoder_run(path, target), scalar, f"{name} on {target}")

@@ -35,6 +35,9 @@ def run_bench(a: argparse.Namespace) -> None:
     if a.spec:
         run_spec_bench(a, threads)
         return
+    if a.embed:
+        run_embed_bench(a, threads)
+        return
     if a.profile:
         from ..tools import profile
 
@@ -91,6 +94,18 @@ def run_spec_bench(a: argparse.Namespace, threads: int) -> None:
                        "results": bench_spec.as_json(rows)}, f, indent=1)
 
 
+def run_embed_bench(a: argparse.Namespace, threads: int) -> None:
+    """kiln bench --embed: an embedding model's throughput and query latency beside llama.cpp's."""
+    from ..tools import bench_embed
+
+    path = resolve("minilm" if a.model == DEFAULT_MODEL else a.model, log)
+    rows = bench_embed.run(path, threads, a.reps, log=log)
+    sys.stdout.write(bench_embed.render(rows, str(path), threads))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": str(path), "threads": threads, "results": bench_embed.as_json(rows)}, f, indent=1)
+
+
 def run_bench_serve(a: argparse.Namespace) -> None:
     from ..runtime import default_threads
     from ..tools import bench_serve
@@ -102,6 +117,21 @@ def run_bench_serve(a: argparse.Namespace) -> None:
     w = bench_serve.Workload(a.requests, a.concurrency, a.system_words, turns=a.turns)
     name = a.model if a.model in BUNDLED else None
     path = resolve(a.model, log)
+    if a.embed:
+        from ..runtime import load
+        from ..runtime.embedding import default_pooling
+        from ..tools import bench_serve_embed
+
+        if a.model == DEFAULT_MODEL:
+            name, path = "minilm", resolve("minilm", log)
+        m = load(path, ctx=512)
+        rows = bench_serve_embed.run(path, name or path.stem, a.threads or default_threads(), a.concurrency,
+                                     a.llama_server, m.tokenize, m.n_ctx, default_pooling(m), log=log)
+        print(bench_serve_embed.render(rows, a.concurrency))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"results": rows}, f, indent=2)
+        return
     if a.constrained:
         from ..tools import bench_constrained
 
@@ -154,6 +184,9 @@ def register(sub) -> None:
                         "three workloads (grounded, code, story; --tg tokens), beside llama.cpp's prompt lookup")
     p.add_argument("--spec-max-draft", type=int, default=None, metavar="K", help="with --spec: drafts a step at most")
     add_build_options(p)
+    p.add_argument("--embed", action="store_true",
+                   help="an embedding model (default: the bundled minilm): 512 documents and a 32-token query, "
+                        "inputs a second beside llama.cpp's")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=run_bench)
 
@@ -171,6 +204,9 @@ def register(sub) -> None:
                                                          "'none' runs kiln alone")
     p.add_argument("--spec", action="store_true",
                    help="also run kiln serve --spec ngram on the same workload (speculative decoding by prompt lookup)")
+    p.add_argument("--embed", action="store_true",
+                   help="an embedding model (default: the bundled minilm) against llama-server --embedding: 512 "
+                        "documents in requests of 8, and a 32-token query's latency")
     p.add_argument("--constrained", action="store_true",
                    help="instead, the per-token cost of a JSON schema at B=1 and B=8 (mixed with free requests) "
                         "against the same requests free")

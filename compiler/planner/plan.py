@@ -35,7 +35,7 @@ def fit_encoder(spec: ModelSpec, arch: Architecture, opts: CompileOptions, log=l
     """A bidirectional model sees each input whole in one step, so that step takes the longest input
     the model accepts: the context is at most its learned positions (absolute ones) or its training
     context, and the step's rows and prefill chunk are the whole context. An input never fails for
-    want of a batch."""
+    want of a batch. Its KV pool holds one step's rows (unless kv_pages says otherwise)."""
     if spec.hparams.causal:
         return opts
     limit = spec.tensor("position_embd.weight").shape[0] if arch.position_embedding == "absolute" \
@@ -43,7 +43,10 @@ def fit_encoder(spec: ModelSpec, arch: Architecture, opts: CompileOptions, log=l
     ctx = min(opts.ctx, limit, MAX_PREFILL_CHUNK)
     if ctx != opts.ctx:
         as_progress(log).note(f"ctx {ctx}: a bidirectional model's longest input ({limit} positions)")
-    return replace(opts, ctx=ctx, batch_tokens=max(opts.batch_tokens, ctx), prefill_chunk=ctx)
+    batch = max(opts.batch_tokens, ctx)
+    # its cache lives for one step: a step's rows, and a part-filled page a sequence, are all it holds
+    pages = opts.kv_pages or min(opts.n_seq * -(-ctx // opts.page_size), -(-batch // opts.page_size) + opts.n_seq)
+    return replace(opts, ctx=ctx, batch_tokens=batch, prefill_chunk=ctx, kv_pages=pages)
 
 
 def plan(model: str | os.PathLike[str], opts: CompileOptions, log=lambda s: None) -> Planned:

@@ -4,7 +4,7 @@
  *
  *     ./logits MODEL.gguf IDS_FILE N_STEPS OUT_FILE [THREADS]
  *
- * OUT_FILE gets, as float32 rows of n_vocab:
+ * OUT_FILE gets, as float32 rows of kiln_n_out (n_vocab logits; an encoder's hidden states):
  *   the prompt's logits in one kiln_eval (every row: a chunk);
  *   the same prompt's logits token by token, after a reset;
  *   the prompt's logits from steps that take it beside another sequence's rows, two of its
@@ -37,7 +37,7 @@ int main(int argc, char **argv) {
     kiln_model *m;
     int status = kiln_open(&m, argv[1], NULL, argc > 5 ? atoi(argv[5]) : 1);
     if (status < 0) return fail(argv[1], status);
-    int n_vocab = kiln_n_vocab(m), n_steps = atoi(argv[3]);
+    int n_vocab = kiln_n_out(m), n_steps = atoi(argv[3]);
 
     int32_t ids[256];
     int n = 0;
