@@ -19,11 +19,14 @@ TOKENIZER_KEYS = ("tokenizer.ggml.token_type_count", "tokenizer.ggml.model", "to
 
 def write_bert(path: Path, vocab_from: Path, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_ff: int = 128,
                ctx: int = 128, pooling: int = 1, class_head: bool = False, seed: int = 0,
-               causal: bool = False, f16: bool = False) -> Path:
+               causal: bool = False, f16: bool = False, arch: str = "bert") -> Path:
+    """arch "nomic-bert": rotary positions (base 1000) and no position_embd, Q, K, V in one attn_qkv,
+    a SwiGLU FFN, no biases but the norms' (nomic-embed-text's)."""
     rng = np.random.default_rng(seed)
     src = gguf.GGUFReader(str(vocab_from))
     n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
-    w = gguf.GGUFWriter(str(path), "bert")
+    nomic = arch == "nomic-bert"
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(ctx)
     w.add_embedding_length(n_embd)
@@ -31,6 +34,8 @@ def write_bert(path: Path, vocab_from: Path, n_embd: int = 64, n_layer: int = 2,
     w.add_head_count(n_head)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(causal)
+    if nomic:
+        w.add_rope_freq_base(1000.0)
     w.add_pooling_type(gguf.PoolingType(pooling))
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     for key in TOKENIZER_KEYS:
@@ -57,14 +62,19 @@ def write_bert(path: Path, vocab_from: Path, n_embd: int = 64, n_layer: int = 2,
 
     matrix("token_embd.weight", n_vocab, n_embd)
     w.add_tensor("token_types.weight", mat(2, n_embd, scale=0.5))
-    w.add_tensor("position_embd.weight", mat(ctx, n_embd, scale=0.5))
+    if not nomic:
+        w.add_tensor("position_embd.weight", mat(ctx, n_embd, scale=0.5))
     norm("token_embd_norm", n_embd)
+    projections = (("attn_qkv", 3 * n_embd, n_embd), ("attn_output", n_embd, n_embd), ("ffn_up", n_ff, n_embd),
+                   ("ffn_gate", n_ff, n_embd), ("ffn_down", n_embd, n_ff)) if nomic else \
+        (("attn_q", n_embd, n_embd), ("attn_k", n_embd, n_embd), ("attn_v", n_embd, n_embd),
+         ("attn_output", n_embd, n_embd), ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff))
     for il in range(n_layer):
         p = f"blk.{il}."
-        for name, rows, cols in (("attn_q", n_embd, n_embd), ("attn_k", n_embd, n_embd), ("attn_v", n_embd, n_embd),
-                                 ("attn_output", n_embd, n_embd), ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
+        for name, rows, cols in projections:
             matrix(p + name + ".weight", rows, cols)
-            w.add_tensor(p + name + ".bias", mat(rows, scale=0.1))
+            if not nomic:
+                w.add_tensor(p + name + ".bias", mat(rows, scale=0.1))
         norm(p + "attn_output_norm", n_embd)
         norm(p + "layer_output_norm", n_embd)
     if class_head:

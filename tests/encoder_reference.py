@@ -1,7 +1,9 @@
 """A BERT GGUF's forward pass in float64 numpy, read straight from the file's tensors (as llama.cpp
 names them): the exact values kiln's vectors and a reranker's scores are measured against. It
 follows Hugging Face's BertModel (erf GELU, post-LN, bidirectional attention); a class head as
-BertForSequenceClassification applies it (tanh(cls . x + b), then cls.output)."""
+BertForSequenceClassification applies it (tanh(cls . x + b), then cls.output). A nomic-bert file
+(nomic-embed-text): no learned positions but NEOX rotary ones on Q and K, Q, K and V in one
+attn_qkv, a SwiGLU FFN, no biases but the norms'."""
 from __future__ import annotations
 
 import math
@@ -19,9 +21,11 @@ class GgufBert:
         r = gguf.GGUFReader(str(path))
         self.t = {t.name: dequantize(t.data, t.tensor_type).astype(np.float64).reshape(tuple(reversed(
             [int(d) for d in t.shape]))) for t in r.tensors}
-        meta = {k: f.contents() for k, f in r.fields.items() if k.startswith("bert.")}
-        self.n_layer, self.n_head = meta["bert.block_count"], meta["bert.attention.head_count"]
-        self.eps = meta["bert.attention.layer_norm_epsilon"]
+        a = r.fields["general.architecture"].contents()
+        meta = {k[len(a) + 1:]: f.contents() for k, f in r.fields.items() if k.startswith(a + ".")}
+        self.n_layer, self.n_head = meta["block_count"], meta["attention.head_count"]
+        self.eps = meta["attention.layer_norm_epsilon"]
+        self.rope_base = meta.get("rope.freq_base", 10000.0) if a == "nomic-bert" else None
 
     def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
         mu = x.mean(-1, keepdims=True)
@@ -29,23 +33,45 @@ class GgufBert:
         return (x - mu) / np.sqrt(var + self.eps) * self.t[name + ".weight"] + self.t[name + ".bias"]
 
     def _lin(self, x: np.ndarray, name: str) -> np.ndarray:
-        return x @ self.t[name + ".weight"].T + self.t[name + ".bias"]
+        return x @ self.t[name + ".weight"].T + self.t.get(name + ".bias", 0.0)
+
+    def _rope(self, x: np.ndarray) -> np.ndarray:
+        """[heads, n, d] rotated NEOX-wise: dims (i, i + d/2) by pos * base^(-2i/d)."""
+        d = x.shape[-1]
+        theta = np.arange(x.shape[1])[:, None] * self.rope_base ** (-2.0 * np.arange(d // 2) / d)
+        c, s = np.cos(theta), np.sin(theta)
+        a, b = x[..., :d // 2], x[..., d // 2:]
+        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
 
     def hidden(self, ids: list[int]) -> np.ndarray:
         t, n = self.t, len(ids)
-        x = t["token_embd.weight"][ids] + t["token_types.weight"][0] + t["position_embd.weight"][:n]
+        x = t["token_embd.weight"][ids] + t["token_types.weight"][0]
+        if self.rope_base is None:
+            x = x + t["position_embd.weight"][:n]
         x = self._ln(x, "token_embd_norm")
-        d = x.shape[1] // self.n_head
+        e = x.shape[1]
+        d = e // self.n_head
         for il in range(self.n_layer):
             p = f"blk.{il}."
-            q, k, v = (self._lin(x, p + f"attn_{c}").reshape(n, self.n_head, d).transpose(1, 0, 2) for c in "qkv")
+            if self.rope_base is None:
+                parts = [self._lin(x, p + f"attn_{c}") for c in "qkv"]
+            else:
+                qkv = self._lin(x, p + "attn_qkv")
+                parts = [qkv[:, :e], qkv[:, e:2 * e], qkv[:, 2 * e:]]
+            q, k, v = (h.reshape(n, self.n_head, d).transpose(1, 0, 2) for h in parts)
+            if self.rope_base is not None:
+                q, k = self._rope(q), self._rope(k)
             s = q @ k.transpose(0, 2, 1) / math.sqrt(d)
             a = np.exp(s - s.max(-1, keepdims=True))
             a /= a.sum(-1, keepdims=True)
             ctx = (a @ v).transpose(1, 0, 2).reshape(n, -1)
             x = self._ln(self._lin(ctx, p + "attn_output") + x, p + "attn_output_norm")
             up = self._lin(x, p + "ffn_up")
-            ff = self._lin(0.5 * up * (1.0 + _erf(up / math.sqrt(2.0))), p + "ffn_down")
+            if self.rope_base is None:
+                ff = self._lin(0.5 * up * (1.0 + _erf(up / math.sqrt(2.0))), p + "ffn_down")
+            else:
+                g = self._lin(x, p + "ffn_gate")
+                ff = self._lin(g / (1.0 + np.exp(-g)) * up, p + "ffn_down")
             x = self._ln(ff + x, p + "layer_output_norm")
         return x
 

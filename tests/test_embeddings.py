@@ -171,6 +171,23 @@ def test_a_decoder_pooled_by_its_last_token_matches_llamacpp(tiny, smollm2):
     assert small.embed(ids, pooling="last").tobytes() == mine.tobytes()
 
 
+def test_nomic_bert_against_float64_and_llamacpp(minilm, tmp_path):
+    """nomic-embed-text's body on a synthetic file: rotary positions, fused QKV, SwiGLU, post-LN,
+    bidirectional; mean pooling. Near float64 (1e-5 of the largest value), and llama.cpp's vectors at
+    cosine >= 0.9999."""
+    path = write_bert(tmp_path / "nomic.gguf", minilm, arch="nomic-bert", pooling=1)
+    m = compiler.load(path, n_seq=4)
+    texts = ["search_query: what is a rotary embedding", "search_document: rotary embeddings rotate q and k",
+             "a"]
+    ids = [m.tokenize(t) for t in texts]
+    ref = GgufBert(path)
+    exact = np.stack([ref.hidden(i).mean(0) for i in ids])
+    mine = m.embed(texts, normalize=-1).astype(np.float64)
+    assert np.abs(mine - exact).max() < 1e-5 * np.abs(exact).max()
+    theirs = np.stack(llama_rows(path, ids, 1))
+    assert _cos(mine, theirs).min() >= 0.9999
+
+
 def test_bad_input_is_refused_by_name(bert, tiny):
     m = compiler.load(bert)
     for bad, words in (([], "expected"), ([""], r"input\[0\]: the input is empty"), (["ok", ""], r"input\[1\]"),

@@ -72,10 +72,12 @@ _REQUIRED_ORDER_MOE = (*_REQUIRED_ORDER[:7], Stage.FFN_MOE, _REQUIRED_ORDER[-1])
 # a recurrent block: the DeltaNet in place of attention's stages
 _RECURRENT_ORDER = (Stage.ATTN_NORM, Stage.DELTA_NET, *_REQUIRED_ORDER[5:])
 _RECURRENT_ORDER_MOE = (Stage.ATTN_NORM, Stage.DELTA_NET, *_REQUIRED_ORDER_MOE[5:])
-# a post-norm encoder (norm "layer", BERT): no pre-norms and no rope; the residual stream is normed
-# after each residual add, and a plain FFN (ffn_up's projection and activation) takes ffn_glu's place
+# a post-norm encoder (norm "layer", BERT): no pre-norms; the residual stream is normed after each
+# residual add; a plain FFN (ffn_up's projection and activation) or a GLU one (nomic-bert's); rope
+# (nomic-bert's) or not
 _ENCODER_ORDER = (Stage.QKV, Stage.ATTENTION, Stage.ATTN_OUTPUT, Stage.ATTN_RESIDUAL, Stage.ATTN_OUT_NORM,
                   Stage.FFN_UP, Stage.FFN_DOWN, Stage.FFN_RESIDUAL, Stage.LAYER_OUT_NORM)
+_ENCODER_CHOICES = {Stage.FFN_GLU: Stage.FFN_UP, Stage.ROPE: None}  # a stage, and the one it stands for
 _ATTENTION_ONLY = {Stage.QKV, Stage.QK_NORM, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT}
 
 
@@ -190,6 +192,10 @@ def _check_consistency(path: Path, t: Architecture) -> None:
         raise ArchitectureError(f"{path}: field 'arch' is '{t.arch}' but the file is named for '{path.stem}'")
     required = _ENCODER_ORDER if t.norm == "layer" else _REQUIRED_ORDER if t.moe is None else _REQUIRED_ORDER_MOE
     present = [s for s in t.block if s in (*_REQUIRED_ORDER, *_ENCODER_ORDER, Stage.FFN_MOE)]
+    if t.norm == "layer":
+        present = [_ENCODER_CHOICES.get(s, s) for s in present if _ENCODER_CHOICES.get(s, s) is not None]
+        if Stage.ROPE in t.block and t.block[t.block.index(Stage.ROPE) - 1] is not Stage.QKV:
+            raise ArchitectureError(f"{path}: an encoder's 'rope' must follow 'qkv' directly")
     if tuple(present) != required:
         raise ArchitectureError(f"{path}: field 'block' must contain, in this order, {[s.value for s in required]}"
                                 + (" (a template with 'moe' has ffn_moe in place of ffn_glu and ffn_down)"

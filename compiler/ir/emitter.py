@@ -157,15 +157,16 @@ class GraphBuilder:
                  EmbeddingScale.METADATA: self.scalar("embedding_scale") or 1.0}[self.arch.embedding_scale]
         self.nodes.append(Node(Op.EMBED, "inp_embd", (self.inputs["inp_tokens"], self.weight("token_embd.weight")),
                                (self.x,), EmbedAttrs(scale)))
-        if self.arch.position_embedding == "absolute":
-            self._absolute_positions()
+        if self.arch.norm == "layer":
+            self._encoder_inputs()
         if self.per_layer is not None:
             self._per_layer_inputs()
         return self.take()
 
-    def _absolute_positions(self) -> None:
-        """BERT's, in llama.cpp's order: the token-type embedding's row 0 (every token is of type
-        0), then each row's position's row of position_embd, then LayerNorm (token_embd_norm)."""
+    def _encoder_inputs(self) -> None:
+        """A BERT family encoder's, in llama.cpp's order: the token-type embedding's row 0 where the
+        file has one (every token is of type 0), then, with absolute positions, each row's position's
+        row of position_embd, then LayerNorm (token_embd_norm)."""
         n = self.hp.n_embd
         if "token_types.weight" in self.spec.tensors:
             t = self.spec.tensor("token_types.weight")
@@ -174,12 +175,13 @@ class GraphBuilder:
                                      f"token-type embeddings are F32 rows of n_embd ({n})")
             row0 = Value("token_types.weight", ValueKind.WEIGHT, (1, n), t.dtype, t.rows(0, 1))
             self.nodes.append(Node(Op.ADD, "inp_type_embd", (self.x, row0), (self.x,)))
-        table = self.weight("position_embd.weight")
-        if table.shape[1:] != (n,):
-            raise ModelFileError(f"{self.spec.path}: tensor 'position_embd.weight' is {list(table.shape)}; position "
-                                 f"embeddings are rows of n_embd ({n})")
-        pos = self.emit(Op.EMBED, "inp_pos_embd", (self.inputs["inp_pos"], table), (self.T, n), EmbedAttrs(1.0))
-        self.add_into_x("inp_embd_pos", pos)
+        if self.arch.position_embedding == "absolute":
+            table = self.weight("position_embd.weight")
+            if table.shape[1:] != (n,):
+                raise ModelFileError(f"{self.spec.path}: tensor 'position_embd.weight' is {list(table.shape)}; "
+                                     f"position embeddings are rows of n_embd ({n})")
+            pos = self.emit(Op.EMBED, "inp_pos_embd", (self.inputs["inp_pos"], table), (self.T, n), EmbedAttrs(1.0))
+            self.add_into_x("inp_embd_pos", pos)
         self.nodes.append(Node(Op.LAYER_NORM, "inp_norm", (self.x, self.weight("token_embd_norm.weight"),
                                                            self.weight("token_embd_norm.bias")), (self.x,),
                                NormAttrs(eps=self.hp.norm_eps, weight_offset=0.0)))

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 N_DOCS, SHORTEST, LONGEST, QUERY = 512, 16, 256, 32
-LLAMA_BATCHES = (512, 2048)  # llama.cpp's n_batch (= n_ubatch) tried; its best is reported
+LLAMA_BATCHES = (256, 512)  # llama.cpp's n_batch (= n_ubatch) tried (256: the longest document); its best is reported
 
 
 @dataclass(frozen=True)
