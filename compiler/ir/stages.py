@@ -13,9 +13,10 @@ from ..core.dtypes import DType
 from ..core.errors import ModelFileError
 from ..frontend.architecture import Activation, LayerKind, QKNormSpan, RopeFactors, Scalar, Stage
 from .emitter import GraphBuilder
-from .graph import (AttentionAttrs, ConvAttrs, DeltaNetAttrs, GluAttrs, MoeAttrs, Node, NormAttrs, Op, RopeAttrs,
+from .graph import (AttentionAttrs, ConvAttrs, DeltaNetAttrs, GluAttrs, MoeAttrs, Node, Op, RopeAttrs,
                     RouteAttrs, ScaleAttrs, Value, ValueKind)
 from .rope import rope_attrs
+from .stages_encoder import attn_out_norm, ffn_up, layer_out_norm
 
 
 def _attn_norm(b: GraphBuilder) -> None:
@@ -137,30 +138,8 @@ def _ffn_glu(b: GraphBuilder) -> None:
     b.cur = b.emit(Op.GLU, "ffn_glu", (gate, up), shape, GluAttrs(b.arch.activation))
 
 
-def _ffn_up(b: GraphBuilder) -> None:
-    """A plain FFN's up projection and its activation (BERT's GELU): no gate."""
-    up = b.matmul("ffn_up", b.cur, "ffn_up", (b.T, b.hp.n_ff), b.arch.ffn_bias)
-    b.cur = b.emit(Op.ACTIVATE, "ffn_act", (up,), up.shape, GluAttrs(b.arch.activation))
-
-
 def _ffn_down(b: GraphBuilder) -> None:
     b.cur = b.matmul("ffn_out", b.cur, "ffn_down", (b.T, b.hp.n_embd), b.arch.ffn_bias)
-
-
-def _residual_norm(b: GraphBuilder, name: str, role: str) -> None:
-    """A post-norm encoder's: the residual stream itself normed in place; the next stage reads it."""
-    w = b.layer_weight(role)
-    b.nodes.append(Node(Op.LAYER_NORM, name, (b.x, w, b.layer_weight(role, "bias")), (b.x,),
-                        NormAttrs(eps=b.hp.norm_eps, weight_offset=0.0)))
-    b.cur = b.x
-
-
-def _attn_out_norm(b: GraphBuilder) -> None:
-    _residual_norm(b, "attn_out_norm", "attn_output_norm")
-
-
-def _layer_out_norm(b: GraphBuilder) -> None:
-    _residual_norm(b, "layer_out_norm", "layer_output_norm")
 
 
 def _ffn_moe(b: GraphBuilder) -> None:
@@ -361,8 +340,8 @@ STAGES: dict[Stage, Callable[[GraphBuilder], None]] = {
     Stage.PER_LAYER_EMBEDDING: _per_layer_embedding,
     Stage.LAYER_OUTPUT_SCALE: _layer_output_scale,
     Stage.FFN_MOE_BESIDE: _ffn_moe_beside,
-    Stage.FFN_UP: _ffn_up,
-    Stage.ATTN_OUT_NORM: _attn_out_norm,
-    Stage.LAYER_OUT_NORM: _layer_out_norm,
+    Stage.FFN_UP: ffn_up,
+    Stage.ATTN_OUT_NORM: attn_out_norm,
+    Stage.LAYER_OUT_NORM: layer_out_norm,
 }
 assert set(STAGES) == set(Stage)

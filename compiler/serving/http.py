@@ -179,6 +179,22 @@ def _nesting(text: str) -> int:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
+async def admitted_body(request: HttpRequest, config: ServerConfig, has_room: Callable[[], bool], cls):
+    """The checks every request that queues work passes, cheapest first: Host, API key, room in the
+    queue, Content-Type, the body's size and shape. The validated request."""
+    check_host(request, config.allowed_hosts)
+    check_key(request, config.api_keys)
+    if not has_room():
+        raise busy("the queue is full (--max-queue)")
+    check_json_content_type(request)
+    return validated(cls, await read_json(request, config.max_body_bytes))
+
+
+def model_not_found(asked: str | None, served: str) -> ApiError:
+    return ApiError(404, f"model '{asked}' does not exist; this server serves '{served}'", param="model",
+                    code="model_not_found", kind="not_found_error")
+
+
 def validated(cls, obj):
     """The request as cls; a 400 naming the field otherwise (every alternative of a union field)."""
     try:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from ..runtime.embedding import MAX_NORM, ClassHead, Pooling, default_pooling, rerank_ids, vectors
 from .engine import Engine
-from .http import ApiError, ServerConfig, busy, check_host, check_json_content_type, check_key, read_json, validated
+from .http import ApiError, ServerConfig, admitted_body, busy, model_not_found
 from .types import QueueFull
 
 MAX_INPUTS = 2048  # inputs of one request (OpenAI's bound)
@@ -58,15 +58,9 @@ def add_retrieval_routes(app: FastAPI, engine: Engine, config: ServerConfig) -> 
     head: list[ClassHead] = []  # a reranker's, read on first use
 
     async def admitted(request: HttpRequest, cls, named: bool):
-        check_host(request, config.allowed_hosts)
-        check_key(request, config.api_keys)
-        if not engine.has_room():
-            raise busy("the queue is full (--max-queue)")
-        check_json_content_type(request)
-        req = validated(cls, await read_json(request, config.max_body_bytes))
+        req = await admitted_body(request, config, engine.has_room, cls)
         if (named or req.model is not None) and req.model != name:
-            raise ApiError(404, f"model '{req.model}' does not exist; this server serves '{name}'", param="model",
-                           code="model_not_found", kind="not_found_error")
+            raise model_not_found(req.model, name)
         if not model.embedding:
             raise ApiError(400, f"model '{name}' is served for generation; start kiln serve with --embedding "
                                 "(or serve an embedding model) for this route", param="model")

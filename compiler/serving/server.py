@@ -30,8 +30,8 @@ from ..runtime.constraints import Constraint, ConstraintError, Guide
 from ..runtime.sampling import LogitBias
 from ..text.chat import chat_template, render_chat_spans
 from .engine import Engine
-from .http import (ApiError, Events, HeaderLimits, ServerConfig, busy, check_host, check_json_content_type, check_key, read_json,
-                   validated)
+from .http import (ApiError, Events, HeaderLimits, ServerConfig, admitted_body, busy, check_host, check_key,
+                   model_not_found)
 from .protocol import ChatRequest, CompletionRequest, Envelope, FieldError, chat_logprobs, completion_logprobs
 from .reasoning import ChatStream, Reasoning
 from .tools import Calls
@@ -58,15 +58,9 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     async def admitted(request: HttpRequest, cls):
         """The checks every generation request passes, cheapest first; the validated request."""
-        check_host(request, config.allowed_hosts)
-        check_key(request, config.api_keys)
-        if not engine.has_room():
-            raise busy("the queue is full (--max-queue)")
-        check_json_content_type(request)
-        req = validated(cls, await read_json(request, config.max_body_bytes))
+        req = await admitted_body(request, config, engine.has_room, cls)
         if req.model != name:
-            raise ApiError(404, f"model '{req.model}' does not exist; this server serves '{name}'", param="model",
-                           code="model_not_found", kind="not_found_error")
+            raise model_not_found(req.model, name)
         if model.embedding:
             raise ApiError(400, f"model '{name}' returns embeddings, not text: use /v1/embeddings or /v1/rerank",
                            param="model")
