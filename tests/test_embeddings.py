@@ -171,6 +171,20 @@ def test_a_decoder_pooled_by_its_last_token_matches_llamacpp(tiny, smollm2):
     assert small.embed(ids, pooling="last").tobytes() == mine.tobytes()
 
 
+def test_a_qwen3_reranker_scores_as_llamacpp(tiny, smollm2):
+    """Qwen3-Reranker's recipe on a synthetic qwen3: rank pooling of the last token through its two-row
+    cls.output (yes, no) and a softmax; the score, p(yes), within 1e-5 of llama.cpp's."""
+    rng = np.random.default_rng(3)
+    path = tiny("qwen3", tokenizer_from=smollm2, extra_meta={"pooling_type": 4, "classifier.output_labels": ["yes", "no"]},
+                extra_tensors={"cls.output.weight": (rng.standard_normal((2, 64)) * 0.5).tolist()})
+    m = compiler.load(path, embedding=True, n_seq=4)
+    docs = ["cats eat fish", "the stock market fell", "kittens drink milk"]
+    scores = m.rerank("what do cats eat", docs)
+    from compiler.runtime.embedding import rerank_ids
+    theirs = np.array([v[0] for v in llama_rows(path, [rerank_ids(m, "what do cats eat", d) for d in docs], 4)])
+    assert 0 < scores.min() and scores.max() < 1 and np.abs(scores - theirs).max() < 1e-5, (scores, theirs)
+
+
 def test_nomic_bert_against_float64_and_llamacpp(minilm, tmp_path):
     """nomic-embed-text's body on a synthetic file: rotary positions, fused QKV, SwiGLU, post-LN,
     bidirectional; mean pooling. Near float64 (1e-5 of the largest value), and llama.cpp's vectors at

@@ -19,6 +19,7 @@ _KNOWN_KEYS = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
     "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
     "pooling_type",  # how an embedding is pooled: it changes no logit
+    "classifier.output_labels",  # a reranker's class head's outputs (its cls.output rows)
 })
 # ... and keys that change nothing at these values, which kiln accepts as written. A key outside
 # both would change the model's math in a way kiln does not implement: it is refused, never ignored.

@@ -188,6 +188,11 @@ class TokenizerData:
     lowercase: bool = True  # WordPiece normalizer
     strip_accents: bool = True  # WordPiece normalizer
     name: str = ""  # general.name: llama.cpp keys a few per-token attributes on it (Phi-3)
+    rerank_template: str | None = None  # tokenizer.chat_template.rerank: a reranker's {query}/{document} prompt
+    # a unigram ("t5") vocabulary's (text/ugm.py): SentencePiece's normalization rules as the GGUF
+    # stores them, and whether "<mask>" takes the whitespace before it (llama.cpp decides by architecture)
+    precompiled_charsmap: bytes = b""
+    lstrip_mask: bool = False
 
 
 @dataclass(frozen=True)

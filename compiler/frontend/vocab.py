@@ -123,14 +123,6 @@ MASK_LSTRIP_PRE = ("jina-v2-de", "jina-v2-es", "jina-v2-code")
 MASK_LSTRIP_ARCH = ("nomic-bert-moe", "jina-bert-v3")
 
 
-@dataclass(frozen=True)
-class UnigramData(TokenizerData):
-    """A unigram ("t5") vocabulary: TokenizerData and what only its tokenizer (text/ugm.py) reads."""
-
-    precompiled_charsmap: bytes = b""  # SentencePiece's normalization rules, as the GGUF stores them
-    lstrip_mask: bool = False  # "<mask>" takes the whitespace before it (llama.cpp decides by architecture)
-
-
 def tokenizer_defaults(model: str, pre: str | None) -> Defaults | None:
     """llama.cpp's defaults for a tokenizer model and pre-tokenizer name; None where it knows neither."""
     for row_model, names, defaults in DEFAULTS:
@@ -172,7 +164,7 @@ def read_tokenizer(meta) -> TokenizerData:
         arch = meta.text("general.architecture", default="") or ""
         lstrip_mask = any(s in (pre or "") for s in MASK_LSTRIP_PRE) or any(s in arch for s in MASK_LSTRIP_ARCH)
         unigram = {"precompiled_charsmap": _charsmap(meta, k + "precompiled_charsmap"), "lstrip_mask": lstrip_mask}
-    return (UnigramData if model == "t5" else TokenizerData)(
+    return TokenizerData(
         model=model,
         pre=pre,
         tokens=tuple(tokens),
@@ -187,6 +179,7 @@ def read_tokenizer(meta) -> TokenizerData:
         add_eos=meta.flag(k + "add_eos_token", default=d.add_eos),
         add_space_prefix=meta.flag(k + "add_space_prefix", default=d.add_space_prefix),
         chat_template=None if template is None else str(template),
+        rerank_template=_text(meta.get("tokenizer.chat_template.rerank")),
         eog_ids=frozenset(i for i in eog if i is not None and 0 <= i < n),
         pre_type=d.pre_type if found else None,
         sep_id=sep,
@@ -211,3 +204,8 @@ def _charsmap(meta, key: str) -> bytes:
     if meta.fields[key].elem not in (GGUFValueType.UINT8, GGUFValueType.INT8):
         raise ModelFileError(f"{meta.path}: metadata key '{key}' should be an array of bytes")
     return (np.asarray(values, dtype=np.int16) & 0xFF).astype(np.uint8).tobytes()
+
+
+def _text(value) -> str | None:
+    """A string key's value, or None where the file has none."""
+    return None if value is None else str(value)

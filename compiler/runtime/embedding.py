@@ -213,13 +213,13 @@ def rerank_ids(model, query: str, document: str) -> list[int]:
     """llama-server's format_prompt_rerank: the model's `rerank` chat template where it has one,
     filled with the pair; else [BOS] query [EOS] [SEP] document [EOS], each where the vocab adds it."""
     tok = model.spec.tokenizer
-    template = getattr(tok, "rerank_template", None)
-    if template:
-        return model.tokenize(template.replace("{query}", query).replace("{document}", document))
+    if tok.rerank_template:  # special-token text in the template is parsed, and nothing is added
+        return model.tokenize(tok.rerank_template.replace("{query}", query).replace("{document}", document),
+                              add_special=False)
     q, d = (model.tokenize(text, add_special=False, parse_special=False) for text in (query, document))
     bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
-    eos = [tok.eos_id] if getattr(tok, "add_eos", False) and tok.eos_id is not None else []
-    sep = [tok.sep_id] if getattr(tok, "add_sep", False) and getattr(tok, "sep_id", None) is not None else []
+    eos = [tok.eos_id] if tok.add_eos and tok.eos_id is not None else []
+    sep = [tok.sep_id] if tok.add_sep and tok.sep_id is not None else []
     return bos + q + eos + sep + d + eos
 
 

@@ -306,14 +306,13 @@ class WPMTokenizer(Tokenizer):
 
 class UGMTokenizer(Tokenizer):
     """SentencePiece unigram (T5, XLM-RoBERTa): BOS and EOS as the GGUF's add_bos/add_eos say (llama.cpp's
-    default is EOS alone). A TokenizerData that is not frontend/vocab.py's UnigramData has no
-    normalization rules."""
+    default is EOS alone); normalization by the vocabulary's precompiled charsmap, where it has one."""
 
     def __init__(self, data: TokenizerData, source: str = "model"):
         super().__init__(data, source)
-        self.unigram = Unigram(data, self.types, getattr(data, "precompiled_charsmap", b""), source)
+        self.unigram = Unigram(data, self.types, data.precompiled_charsmap, source)
         mask = self.vocab.get("<mask>")
-        if getattr(data, "lstrip_mask", False) and mask is not None:
+        if data.lstrip_mask and mask is not None:
             self.lstrip = self.lstrip | {mask}
 
     def _encode(self, text: str, after_special: bool) -> list[int]:

@@ -270,13 +270,14 @@ def write_tiny_model(path: Path, s: TinySpec | None = None) -> Path:
         w.add_add_bos_token(False)
 
     for key, value in ((k, v) for k, v in s.extra_meta.items() if not k.startswith("synthetic.")):  # not: gemma4's
-        add = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}[type(value)]
+        add = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32,
+               list: w.add_array}[type(value)]
         add(f"{arch}.{key}", value)
 
     # the tensors' infos first, then their data one at a time: a model of billions of weights is
     # never held in memory whole
     planned = [(name, shape, tensor_qtype(s, name, shape)) for name, shape in tensor_shapes(s, len(vocab)).items()]
-    planned += [(name, (len(values),), Q.F32) for name, values in s.extra_tensors.items()]
+    planned += [(name, np.shape(values), Q.F32) for name, values in s.extra_tensors.items()]
     for name, shape, qtype in planned:
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         w.add_tensor_info(name, shape, np.dtype(np.float32),  # an element shape, for quantized types too

@@ -27,9 +27,9 @@ class TinySpec:
     tokenizer_from: Path | None = None  # copy a real GGUF's tokenizer (so llama.cpp loads the model)
     tokenizer_pre: str | None = None  # override its pre-tokenizer name
     chat_template: str | None = None  # tokenizer.chat_template (jinja), e.g. a reasoning model's
-    extra_meta: dict = field(default_factory=dict)  # more '{arch}.<key>' metadata: str, bool, int or float values
+    extra_meta: dict = field(default_factory=dict)  # more '{arch}.<key>' metadata: str, bool, int, float or list values
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-tensor shape overrides (numpy order)
-    extra_tensors: dict[str, tuple[float, ...]] = field(default_factory=dict)  # 1-D F32 tensors (rope factors)
+    extra_tensors: dict[str, tuple] = field(default_factory=dict)  # F32 tensors (rope factors, a class head)
     rope_base: float | None = None  # default 10000 for llama, 1e6 otherwise
     norm_mean: float = 0.0  # added to every norm's weights (Gemma's converter stores 1 + w: its branches need it)
     # an output.weight of its own where the template allows one (default: on the archs with qkv bias). A tied
