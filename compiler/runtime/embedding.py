@@ -75,7 +75,7 @@ def pooled(rows: np.ndarray, kind: str, causal: bool) -> np.ndarray:
         return rows.sum(axis=0) / rows.shape[0]
     if kind == "cls" or (kind == "rank" and not causal):
         return rows[0]
-    return rows[-1]  # last; a causal reranker's last token
+    return rows[-1]  # last, a causal reranker's last token, or (none: each token on its own) the token
 
 
 def _rows_wanted(kind: str, causal: bool) -> str:
