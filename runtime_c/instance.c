@@ -156,11 +156,12 @@ int kiln_step(kiln_model *m, const kiln_batch *b, float *logits) {
         pos[i] = b->pos ? b->pos[i] : row[i];
         if (b->logits ? b->logits[i] != 0 : i == b->n - 1) out[n_logits++] = i;
     }
-    for (int i = 0; i < b->n; i++) /* n_new now holds each sequence's rows in the step */
-        seen[i] = m->d->causal ? row[i] : m->kv.n_past[b->seq[i]] + m->n_new[b->seq[i]] - 1;
+    if (!m->d->causal) /* n_new now holds each sequence's rows in the step */
+        for (int i = 0; i < b->n; i++) seen[i] = m->kv.n_past[b->seq[i]] + m->n_new[b->seq[i]] - 1;
     if (m->mass)
         for (int i = 0; i < b->n; i++) m->mass[(size_t)b->seq[i] * m->d->n_ctx + row[i]] = 0.0f; /* new positions start at 0 */
-    kiln_step_args args = {m->weights, m->arena, m->kv_view, b->token, pos, b->seq, row, out, seen, m->state,
+    kiln_step_args args = {m->weights, m->arena, m->kv_view, b->token, pos, b->seq, row, out,
+                           m->d->causal ? row : seen, m->state,
                            m->d->state_slot_bytes / sizeof(float), b->n, n_logits, logits, m->op_seconds,
                            &m->op_clock};
     kiln_pool_run(m->pool, m->d->step, &args);

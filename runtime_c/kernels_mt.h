@@ -53,14 +53,14 @@ void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int3
                       const float *factors);
 void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v,
                       const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
-/* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
+/* y[r][i] = x[r][i] * w[i], and + w[i]: a row of weights against every row */
 void kiln_scale_row_mt(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w);
 void kiln_layer_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, const float *b, float eps,
                         int n, int rows);
 void kiln_gelu_mt(const kiln_thread *t, float *y, const float *x, int n);
-/* y[r][i] = x[r][i] + w[i]: a row added to every row (BERT's token-type embedding) */
 void kiln_add_row_mt(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w);
 void kiln_layer_slice_mt(const kiln_thread *t, float *y, const float *x, int n, int width, int n_layer, int l);
+/* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */
 void kiln_select_rows_mt(const kiln_thread *t, float *y, const float *x, const int32_t *rows, int n, int n_embd);
 void kiln_add_mt(const kiln_thread *t, float *y, const float *a, const float *b, int n);
 void kiln_scale_mt(const kiln_thread *t, float *y, const float *x, int n, float s);

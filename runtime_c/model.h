@@ -38,7 +38,7 @@ int kiln_x8_kernels(void);
    states), in row order. A bidirectional model's row sees every row its sequence has after the step. */
 int kiln_step(kiln_model *m, const kiln_batch *b, float *logits);
 /* append n_tokens to one sequence in steps of the prefill chunk; logits gets the last token's
-   [n_vocab], or every token's [n_tokens][n_vocab] when logits_all is set */
+   [kiln_n_out], or every token's [n_tokens][kiln_n_out] when logits_all is set */
 int kiln_eval(kiln_model *m, int seq, const int32_t *tokens, int n_tokens, float *logits, int logits_all);
 
 int kiln_seq_open(kiln_model *m);                        /* a free sequence's id, or KILN_E_NO_SEQ */

@@ -10,17 +10,7 @@
 
 void kiln_rms_norm(float *y, const float *x, const float *w, float w_offset, float eps, int n, int rows) {
     for (int r = 0; r < rows; r++, x += n, y += n) {
-        /* double, as ggml accumulates: long rows of large values lose bits in f32. Eight partial
-           sums, element i into sum i % 8, then added in order: one fixed order per row that the
-           compiler can run eight lanes wide, where one running sum was a chain of dependent adds */
-        double part[8] = {0};
-        int i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) part[k] += (double)x[i + k] * x[i + k];
-        for (; i < n; i++) part[i % 8] += (double)x[i] * x[i];
-        double ss = 0.0;
-        for (int k = 0; k < 8; k++) ss += part[k];
-        const float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+        const float scale = 1.0f / sqrtf((float)(kiln_sum8_double(x, n, 1, 0.0) / n) + eps);
         if (w) for (int i = 0; i < n; i++) y[i] = x[i] * scale * (w[i] + w_offset);
         else for (int i = 0; i < n; i++) y[i] = x[i] * scale; /* a norm without a weight (Gemma 4's V) */
     }
@@ -253,13 +243,17 @@ SCALAR_MT(kiln_softcap)
 ELEMENTWISE_MT(kiln_swiglu)
 ELEMENTWISE_MT(kiln_geglu)
 
-/* y[r][i] = x[r][i] * w[i]: each column by its weight (ggml_mul by a row; Gemma 4's router input) */
-void kiln_scale_row_mt(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w) {
-    int r0, r1;
-    kiln_share(t, n, 1, &r0, &r1);
-    for (int r = r0; r < r1; r++)
-        for (int i = 0; i < width; i++) y[(size_t)r * width + i] = x[(size_t)r * width + i] * w[i];
-}
+/* y[r][i] = x[r][i] OP w[i], a row of weights against every row: * each column by its weight (ggml_mul
+   by a row; Gemma 4's router input), + a row added to every row (BERT's token-type embedding) */
+#define ROW_MT(name, OP)                                                                          \
+    void name(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w) { \
+        int r0, r1;                                                                                \
+        kiln_share(t, n, 1, &r0, &r1);                                                             \
+        for (int r = r0; r < r1; r++)                                                              \
+            for (int i = 0; i < width; i++) y[(size_t)r * width + i] = x[(size_t)r * width + i] OP w[i]; \
+    }
+ROW_MT(kiln_scale_row_mt, *)
+ROW_MT(kiln_add_row_mt, +)
 
 /* y[r] = layer l's part of row r of x [n][n_layer][width] (Gemma 4's per-layer embeddings) */
 void kiln_layer_slice_mt(const kiln_thread *t, float *y, const float *x, int n, int width, int n_layer, int l) {

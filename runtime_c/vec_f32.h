@@ -77,6 +77,28 @@ static inline float kiln_tanhf(float x) {
     return copysignf(1.0f - 2.0f / (kiln_expf(2.0f * a) + 1.0f), x);
 }
 
+/* -- a norm's sums ---------------------------------------------------------------------------
+ * In double, as ggml sums a norm's row (long rows of large values lose bits in f32): eight partial
+ * sums, element i into sum i % 8, then added in order; one fixed order per row that the compiler
+ * can run eight lanes wide. `squares`: of (x - centre)^2 (centre 0: RMSNorm's; the mean: a
+ * LayerNorm's variance, never E[x^2] - mean^2, which cancels); else of x. */
+static inline double kiln_sum8_double(const float *x, int n, int squares, double centre) {
+    double part[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            const double d = (double)x[i + k] - centre;
+            part[k] += squares ? d * d : d;
+        }
+    for (; i < n; i++) {
+        const double d = (double)x[i] - centre;
+        part[i % 8] += squares ? d * d : d;
+    }
+    double sum = 0.0;
+    for (int k = 0; k < 8; k++) sum += part[k];
+    return sum;
+}
+
 /* -- sums of eight lanes ---------------------------------------------------------------------
  * Eight partial sums s[0..7] meet as ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)): what a
  * 256-bit register folds to by halves. */

@@ -221,8 +221,8 @@ class Architecture:
     k_as_v: bool = False
     # V is RMS-normed per head, without a weight (Gemma 4)
     v_norm: bool = False
-    # "absolute": the head adds a learned row per position (position_embd) and the token-type
-    # embedding's row 0 (token_types), then LayerNorms them (token_embd_norm): BERT's
+    # "absolute": the head adds a learned row per position (position_embd), BERT's; a template of
+    # LayerNorms (norm "layer") also adds the token-type row 0 and LayerNorms the sum (emitter.py)
     position_embedding: str = "none"
     # "metadata": attention is bidirectional where the file's attention.causal is false (an encoder
     # sees its whole input at once); "always": causal, and the file may not say otherwise

@@ -133,6 +133,11 @@ class GraphBuilder:
             return self.emit(Op.LAYER_NORM, name, (x, w, bias), x.shape, attrs)
         return self.emit(Op.RMS_NORM, name, (x,) if w is None else (x, w), x.shape, attrs)
 
+    def norm_stream(self, name: str, w: Value, b: Value) -> None:
+        """LayerNorm of the residual stream in place (a post-norm encoder's); the next stage reads it."""
+        self.nodes.append(Node(Op.LAYER_NORM, name, (self.x, w, b), (self.x,), NormAttrs(self.hp.norm_eps, 0.0)))
+        self.cur = self.x
+
     def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
         w = role if isinstance(role, Value) else self.layer_weight(role)
         inputs = (x, w) + ((self.layer_weight(w.name, "bias"),) if bias else ())
@@ -182,15 +187,7 @@ class GraphBuilder:
                                      f"position embeddings are rows of n_embd ({n})")
             pos = self.emit(Op.EMBED, "inp_pos_embd", (self.inputs["inp_pos"], table), (self.T, n), EmbedAttrs(1.0))
             self.add_into_x("inp_embd_pos", pos)
-        self.nodes.append(Node(Op.LAYER_NORM, "inp_norm", (self.x, self.weight("token_embd_norm.weight"),
-                                                           self.weight("token_embd_norm.bias")), (self.x,),
-                               NormAttrs(eps=self.hp.norm_eps, weight_offset=0.0)))
-
-    def max_positions(self) -> int | None:
-        """The most positions the model has a learned row for (absolute positions), else None."""
-        if self.arch.position_embedding != "absolute":
-            return None
-        return self.spec.tensor("position_embd.weight").shape[0]
+        self.norm_stream("inp_norm", self.weight("token_embd_norm.weight"), self.weight("token_embd_norm.bias"))
 
     def _per_layer_inputs(self) -> None:
         """Gemma 4's per-layer embeddings, as llama.cpp's project_per_layer_inputs: the embedding

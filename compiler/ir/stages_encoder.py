@@ -4,7 +4,7 @@ STAGES maps them."""
 from __future__ import annotations
 
 from .emitter import GraphBuilder
-from .graph import GluAttrs, Node, NormAttrs, Op
+from .graph import GluAttrs, Op
 
 
 def ffn_up(b: GraphBuilder) -> None:
@@ -13,17 +13,9 @@ def ffn_up(b: GraphBuilder) -> None:
     b.cur = b.emit(Op.ACTIVATE, "ffn_act", (up,), up.shape, GluAttrs(b.arch.activation))
 
 
-def _residual_norm(b: GraphBuilder, name: str, role: str) -> None:
-    """A post-norm encoder's: the residual stream itself normed in place; the next stage reads it."""
-    w = b.layer_weight(role)
-    b.nodes.append(Node(Op.LAYER_NORM, name, (b.x, w, b.layer_weight(role, "bias")), (b.x,),
-                        NormAttrs(eps=b.hp.norm_eps, weight_offset=0.0)))
-    b.cur = b.x
-
-
 def attn_out_norm(b: GraphBuilder) -> None:
-    _residual_norm(b, "attn_out_norm", "attn_output_norm")
+    b.norm_stream("attn_out_norm", b.layer_weight("attn_output_norm"), b.layer_weight("attn_output_norm", "bias"))
 
 
 def layer_out_norm(b: GraphBuilder) -> None:
-    _residual_norm(b, "layer_out_norm", "layer_output_norm")
+    b.norm_stream("layer_out_norm", b.layer_weight("layer_output_norm"), b.layer_weight("layer_output_norm", "bias"))
