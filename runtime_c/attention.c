@@ -233,10 +233,10 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
 
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
  * states in scratch; after a barrier each query head folds its spans in order. */
-static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, const kiln_kv_view *kv,
-                         const size_t row_bytes[2], int n_head, int n_head_kv, int hd, float scale, float softcap,
-                         const float *sinks, int max_spans, float *scratch) {
-    const int group = n_head / n_head_kv, first = kiln_kv_first_visible(kv, p), sp0 = first / SPAN, n_spans = p / SPAN - sp0 + 1;
+static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int first, int last,
+                         const kiln_kv_view *kv, const size_t row_bytes[2], int n_head, int n_head_kv, int hd,
+                         float scale, float softcap, const float *sinks, int max_spans, float *scratch) {
+    const int group = n_head / n_head_kv, sp0 = first / SPAN, n_spans = last / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + KILN_ATTN_SPAN_STATE;
     const int32_t *table = kiln_kv_table(kv, seq);
     for (int item = th->ith; item < n_head_kv * n_spans; item += th->nth) {
@@ -247,7 +247,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         for (int i = 0; i < group; i++) {
             float *slot = scratch + ((size_t)(g * group + i) * max_spans + sp) * part;
             st[i] = (attn_state){slot + KILN_ATTN_SPAN_STATE, slot, slot + 1};
-            qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = p;
+            qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = last;
         }
         int a, b;
         span_bounds(lo, hi, group, (sp0 + sp) * SPAN, &a, &b);
@@ -280,7 +280,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
  * at a time, in order. A span's rows come from memory once (fetched while the span before is
  * scored) and stay in cache while the block's queries that see them take them, ATTN_MAX_Q at a
  * time; each query folds its spans in order, as on every path. */
-static void attend_block(float *out, const float *q, int seq, const int32_t *row, int ta, int tb,
+static void attend_block(float *out, const float *q, int seq, const int32_t *row, const int32_t *seen, int ta, int tb,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int h0, int heads, int g, int n_head,
                          int hd, float scale, float softcap, const float *sinks) {
     float acc[ATTN_ITEM_FLOATS], max[ATTN_ITEM_Q], denom[ATTN_ITEM_Q];
@@ -291,7 +291,7 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
     const int nq = (tb - ta) * heads;
     for (int i = 0; i < nq; i++) {
         const int t = ta + i / heads;
-        first[i] = kiln_kv_first_visible(kv, row[t]), last[i] = row[t];
+        first[i] = kiln_kv_first_visible(kv, row[t]), last[i] = kiln_kv_last_visible(kv, row[t], seen[t]);
         lo = first[i] < lo ? first[i] : lo, hi = last[i] > hi ? last[i] : hi;
         qs[i] = q + ((size_t)t * n_head + h0 + i % heads) * hd;
         clear((attn_state){acc + (size_t)i * hd, &max[i], &denom[i]}, hd);
@@ -334,16 +334,20 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
 }
 
 void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq,
-                           const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
-                           int head_dim, float scale, float softcap, const float *sinks, void *scratch, int max_spans) {
+                           const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
+                           int n_head_kv, int head_dim, float scale, float softcap, const float *sinks, void *scratch,
+                           int max_spans) {
     const int group = n_head / n_head_kv;
     const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
     if (kv->mass && th->ith == 0) /* H2O's bookkeeping, when asked for: one thread, the others wait at the barrier */
-        kiln_attention_mass(q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks);
-    if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q && row[0] / SPAN - kiln_kv_first_visible(kv, row[0]) / SPAN < max_spans) {
-        attend_split(th, out, q, seq[0], row[0], kv, row_bytes, n_head, n_head_kv, head_dim, scale, softcap, sinks,
-                     max_spans, scratch);
-        return;
+        kiln_attention_mass(q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks);
+    if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q) {
+        const int first = kiln_kv_first_visible(kv, row[0]), last = kiln_kv_last_visible(kv, row[0], seen[0]);
+        if (last / SPAN - first / SPAN < max_spans) {
+            attend_split(th, out, q, seq[0], first, last, kv, row_bytes, n_head, n_head_kv, head_dim, scale, softcap,
+                         sinks, max_spans, scratch);
+            return;
+        }
     }
     /* An item is a block of consecutive tokens of one sequence, with the query heads of one kv
      * head (single heads when a group is too large to share a pass). A run of one sequence's
@@ -361,7 +365,7 @@ void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, co
             const int ta = t0 + (int)((long)run * b / n_blocks), tb = t0 + (int)((long)run * (b + 1) / n_blocks);
             for (int hb = 0; hb < per_block; hb++)
                 if ((item + hb) % th->nth == th->ith)
-                    attend_block(out, q, seq[ta], row, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
+                    attend_block(out, q, seq[ta], row, seen, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
                                  n_head, head_dim, scale, softcap, sinks);
         }
         t0 += run;
@@ -369,16 +373,16 @@ void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, co
 }
 
 void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,
-                       int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
-                       void *scratch, int max_spans) {
-    kiln_attention_ext_mt(th, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, NULL, scratch,
+                       const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
+                       int head_dim, float scale, void *scratch, int max_spans) {
+    kiln_attention_ext_mt(th, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, NULL, scratch,
                           max_spans);
 }
 
-void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
                     const float *sinks, void *scratch, int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
-    kiln_attention_ext_mt(&alone, out, q, seq, row, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks,
+    kiln_attention_ext_mt(&alone, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks,
                           scratch, max_spans);
 }

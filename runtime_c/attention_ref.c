@@ -10,7 +10,8 @@
 #include "kv_view.h"
 #include "vec_f32.h"
 
-void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
+void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
+                         const kiln_kv_view *kv,
                          int n_head, int n_head_kv, int head_dim, float scale, float softcap, const float *sinks) {
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
@@ -20,7 +21,7 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
     if (!s) return; /* the bookkeeping is skipped, never the attention */
     for (int t = 0; t < n_tokens; t++) {
         const int32_t *table = kiln_kv_table(kv, seq[t]);
-        const int first = kiln_kv_first_visible(kv, row[t]), n = row[t] - first + 1;
+        const int first = kiln_kv_first_visible(kv, row[t]), n = kiln_kv_last_visible(kv, row[t], seen[t]) - first + 1;
         float *mass = kv->mass + (size_t)seq[t] * kv->mass_stride + first;
         for (int h = 0; h < n_head; h++) {
             const float *qh = q + ((size_t)t * n_head + h) * head_dim;
@@ -44,7 +45,8 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
 }
 
 /* The reference: one row at a time, online softmax in scalar float. */
-void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen,
+                        int n_tokens,
                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
                         const float *sinks) {
     const int group = n_head / n_head_kv;
@@ -58,7 +60,7 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
         float *oh = out + ((size_t)t * n_head + h) * head_dim;
         float max = -INFINITY, denom = 0.0f;
         memset(acc, 0, (size_t)head_dim * sizeof(float));
-        for (int j = kiln_kv_first_visible(kv, p); j <= p; j++) { /* online softmax: rescale when a new maximum appears */
+        for (int j = kiln_kv_first_visible(kv, p), last = kiln_kv_last_visible(kv, p, seen[t]); j <= last; j++) { /* online softmax: rescale when a new maximum appears */
             kiln_kv_k_read(kv, table, h / group, j, k_row, raw);
             kiln_dequantize_row_ref(kv->k_type, raw, kr, head_dim);
             float s = 0.0f;

@@ -120,7 +120,8 @@ int kiln_model_open(const kiln_model_desc *d, kiln_model **out, const char *gguf
         if (d->layers[l].recurrent) continue;
         const kiln_kv_group *g = &m->kv.g[d->layers[l].group];
         m->kv_view[l] = (kiln_kv_view){g->pages, g->page_bytes, d->layers[l].k_off, d->layers[l].v_off, d->k_type,
-                                       d->v_type, g->tables, m->kv.max_blocks, d->kv.page_size, g->window};
+                                       d->v_type, g->tables, m->kv.max_blocks, d->kv.page_size, g->window,
+                                       .half_window = d->layers[l].symmetric_window / 2};
     }
     *out = m;
     return KILN_OK;

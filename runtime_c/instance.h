@@ -40,6 +40,8 @@ typedef struct {
     int n_head_kv, head_dim, n_rot;
     int no_factors;              /* its rope reads no frequency factors (they are the global layers') */
     int shared;                  /* it reads another layer's KV rows (a shift moves them once, there) */
+    int symmetric_window;        /* a bidirectional sliding layer: a query at p sees p +- window / 2 (its
+                                    group holds the whole input; llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC) */
 } kiln_layer_desc;
 
 /* One step's rows, and what the step function reads and writes. */

@@ -148,8 +148,9 @@ void kiln_argsort_desc(const float *v, int32_t *idx, int n);
 void kiln_moe_route(int32_t *ids, float *weights, const float *logits, int n_rows, int n_expert, int n_used,
                     int normalize, int softmax_weight);
 /* An expert FFN's activation: silu(g) u (KILN_ACT_SWIGLU), gpt-oss's clamped one (kiln_swiglu_oai),
-   or gelu(g) u (KILN_ACT_GEGLU, Gemma 4's) */
-enum kiln_activation { KILN_ACT_SWIGLU = 0, KILN_ACT_SWIGLU_OAI = 1, KILN_ACT_GEGLU = 2 };
+   gelu(g) u (KILN_ACT_GEGLU, Gemma 4's), or, an expert without a gate, kiln_gelu(u) (KILN_ACT_GELU,
+   nomic-bert-moe's: the erf GELU of a plain FFN) */
+enum kiln_activation { KILN_ACT_SWIGLU = 0, KILN_ACT_SWIGLU_OAI = 1, KILN_ACT_GEGLU = 2, KILN_ACT_GELU = 3 };
 /* What an expert adds beyond its three matrices: each one's bias, [n_expert][its output width]
    (NULL: none), added to its matmul's rows as ggml_add_id does; down's output times down_scale[e]
    (NULL: none) before that; the activation; and whether gate and up are one tensor (each expert's
@@ -159,11 +160,13 @@ typedef struct {
     int act;
     int fused_gate_up;
 } kiln_moe_extra;
-/* The scratch kiln_moe_ffn takes (its parts: moe.c; compiler/passes/scratch.py plans the same). */
+/* The scratch kiln_moe_ffn takes (its parts: moe.c; compiler/passes/scratch.py plans the same);
+   without a gate, gate_type is up's. */
 size_t kiln_moe_scratch_bytes(int gate_type, int up_type, int down_type, int n_rows, int n_expert, int n_used,
                               int n_ff, int n_embd);
 /* y[r] = sum over j < n_used, in rank order, of weights[r][j] * FFN_e(x[r]) for e = ids[r][j]:
-   FFN_e(x) = down_e act(gate_e x, up_e x), expert e the slice e of gate and up [n_expert][n_ff]
+   FFN_e(x) = down_e act(gate_e x, up_e x), or with gate NULL (KILN_ACT_GELU) down_e gelu(up_e x),
+   expert e the slice e of gate and up [n_expert][n_ff]
    [n_embd] and of down [n_expert][n_embd][n_ff] (their packed copies where given and the build reads
    them). Each expert's weights are read once for all the rows that chose it, each row's value is
    the same bits however the rows are batched. Runs on a pool of n_threads of its own; reads, where
@@ -191,6 +194,8 @@ typedef struct {
     int window;            /* 0: a query at p sees positions 0..p; else p - window + 1 .. p */
     float *mass;           /* NULL, or [n_seq][mass_stride]: attention each position has received (H2O) */
     int mass_stride;
+    int half_window;       /* > 0: a bidirectional sliding layer (EmbeddingGemma's): a query at p sees
+                              p - half_window .. p + half_window of what its sequence has; window is 0 */
 } kiln_kv_view;
 
 /* write k,v[n_tokens][n_head_kv][head_dim] of token t at position row[t] of sequence seq[t] */
@@ -205,24 +210,25 @@ void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const
 void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
                        int head_dim, int n_rot, float rope_base, int neox, const kiln_rope_scaling *sc,
                        const float *factors, int hadamard);
-/* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t sees in
-   its sequence; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
+/* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t, at
+   cache row row[t], sees in its sequence: up to seen[t] (its own row in a causal model, its
+   sequence's last row of the step in a bidirectional one), within the view's window; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
    where not NULL, adds a logit sinks[h] with no value row to each head's softmax (gpt-oss). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
    softmax is computed on its own and the spans are merged in order, so a token's result does not
    depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
    its (kv head, span) items over the threads; scratch holds n_head * max_spans * (head_dim + 2)
    floats of partial softmax (a longer history takes the sequential path, with the same result). */
 #define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + KILN_ATTN_SPAN_STATE))
-void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
                     const float *sinks, void *scratch, int max_spans);
 /* mass[seq[t]][j] += softmax(q[t][h] . K[j] * scale)[j] summed over heads, for every position j token
    t sees: the attention each position receives, which heavy-hitter eviction (H2O) keeps the largest
    of. kiln_attention_mt calls it after its own work when kv->mass is set. */
-void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, int n_tokens, const kiln_kv_view *kv,
+void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv,
                          int n_head, int n_head_kv, int head_dim, float scale, float softcap, const float *sinks);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
-void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, int n_tokens,
+void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
                         const float *sinks);
 

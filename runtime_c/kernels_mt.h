@@ -26,12 +26,13 @@ void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const 
 /* kiln_attention: (token block, query heads of one kv head) items, or one token's (kv head, span)
  * items, dealt round-robin */
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
-                       const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
-                       int head_dim, float scale, void *scratch, int max_spans);
+                       const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
+                       int n_head_kv, int head_dim, float scale, void *scratch, int max_spans);
 /* the same with soft-capped scores (Gemma 2) or sinks (gpt-oss), either 0 / NULL: none */
 void kiln_attention_ext_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
-                           const int32_t *row, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
-                           int head_dim, float scale, float softcap, const float *sinks, void *scratch, int max_spans);
+                           const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
+                           int n_head_kv, int head_dim, float scale, float softcap, const float *sinks, void *scratch,
+                           int max_spans);
 
 /* a mixture of experts (kernels.h): the router by rows; the experts' FFN by granules of output rows */
 void kiln_moe_route_mt(const kiln_thread *t, int32_t *ids, float *weights, const float *logits, int n_rows,

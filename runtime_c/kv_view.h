@@ -70,6 +70,13 @@ static inline void kiln_kv_k_write(const kiln_kv_view *kv, const int32_t *table,
     kiln_k_strided_copy(kiln_kv_k_column(kv, table, h, pos, row_bytes), kv->page_size, row, 1, row_bytes / es, es);
 }
 
-static inline int kiln_kv_first_visible(const kiln_kv_view *kv, int pos) { return kiln_window_first(kv->window, pos); }
+/* the first and last rows a query at cache row `row`, whose sequence it may see up to `seen`, reads */
+static inline int kiln_kv_first_visible(const kiln_kv_view *kv, int row) {
+    if (kv->half_window > 0) return row - kv->half_window > 0 ? row - kv->half_window : 0;
+    return kiln_window_first(kv->window, row);
+}
+static inline int kiln_kv_last_visible(const kiln_kv_view *kv, int row, int seen) {
+    return kv->half_window > 0 && row + kv->half_window < seen ? row + kv->half_window : seen;
+}
 
 #endif

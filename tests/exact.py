@@ -82,6 +82,13 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def gelu_fp16_table(x: np.ndarray) -> np.ndarray:
+    """ggml's CPU GELU, which kiln_geglu reads as well (the same tokens as llama.cpp): the tanh form
+    at x rounded to f16, the result rounded to f16; x itself above 10, 0 below -10."""
+    y = _gelu_tanh(x.astype(np.float16).astype(F64)).astype(np.float16).astype(F64)
+    return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, y))
+
+
 def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray:
     """x [n, heads, d]: GGUF llama's adjacent pairs (its converter permuted Q and K for them), or
     NeoX's halves."""
@@ -98,14 +105,21 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray
     return out
 
 
+GEMMA = ("gemma3", "gemma-embedding")
+
+
 class ExactForward:
-    """A GGUF of the llama or gemma3 architecture, forward in float64 over a token sequence."""
+    """A GGUF of the llama or gemma3 architecture, forward in float64 over a token sequence; or of
+    gemma-embedding (EmbeddingGemma), Gemma 3's body bidirectional, its sliding layers' windows
+    symmetric (a query at p sees p - window/2 .. p + window/2), to its hidden states."""
 
     def __init__(self, path: str | Path):
         self.reader = GGUFReader(str(path))
         self.arch = self._meta("general.architecture")
-        if self.arch not in ("llama", "gemma3"):
-            raise ValueError(f"{path}: the exact forward pass covers llama and gemma3, not {self.arch}")
+        if self.arch not in ("llama", *GEMMA):
+            raise ValueError(f"{path}: the exact forward pass covers llama, gemma3 and gemma-embedding, not {self.arch}")
+        self.bidirectional = self.arch == "gemma-embedding"
+        self.gelu = _gelu_tanh  # exact; gelu_fp16_table: ggml's rounding, to measure all the rest
         self.tensors = {t.name: t for t in self.reader.tensors}
         a = self.arch
         self.n_layer = int(self._meta(f"{a}.block_count"))
@@ -115,12 +129,13 @@ class ExactForward:
         self.head_dim = int(self._meta(f"{a}.attention.key_length", self.n_embd // self.n_head))
         self.eps = float(self._meta(f"{a}.attention.layer_norm_rms_epsilon"))
         self.base = float(self._meta(f"{a}.rope.freq_base", 10000.0))
-        self.window = int(self._meta(f"{a}.attention.sliding_window", 0)) if a == "gemma3" else 0
+        self.window = int(self._meta(f"{a}.attention.sliding_window", 0)) if a in GEMMA else 0
         if self._meta(f"{a}.rope.scaling.factor", 1.0) not in (0.0, 1.0):
             raise ValueError(f"{path}: RoPE scaling is not in the exact forward pass")
         self.reader.fields.clear()  # a numpy array per token string: half a gigabyte of Gemma's vocabulary
         self.embd = self.weight("token_embd.weight", np.float32)  # [vocab, n_embd], exact dequantized values
-        self.head = self.weight("output.weight", np.float32) if "output.weight" in self.tensors else self.embd
+        self.head = self.weight("output.weight", np.float32) if "output.weight" in self.tensors else \
+            None if self.bidirectional else self.embd
 
     def _meta(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -144,22 +159,24 @@ class ExactForward:
         return out
 
     def _layer_is_local(self, il: int) -> bool:
-        return self.arch == "gemma3" and (il + 1) % 6 != 0  # llama.cpp's gemma3: five local to one global
+        return self.arch in GEMMA and (il + 1) % 6 != 0  # llama.cpp's gemma3: five local to one global
 
-    def logits(self, seqs: list[list[int]]) -> list[np.ndarray]:
-        """For each sequence, [len(ids), vocab] float64: each position's next-token logits, causal
-        over its sequence. The sequences go through each layer together, so its weights are
-        dequantized once."""
-        gemma = self.arch == "gemma3"
+    def hidden(self, seqs: list[list[int]]) -> list[np.ndarray]:
+        """For each sequence, [len(ids), n_embd] float64: its last hidden states, output_norm applied.
+        The sequences go through each layer together, so its weights are dequantized once."""
         xs = [self.embd[np.asarray(ids)].astype(F64) for ids in seqs]
-        if gemma:
+        if self.arch in GEMMA:
             xs = [x * np.sqrt(F64(self.n_embd)) for x in xs]
         for il in range(self.n_layer):
             w = {n.split(".")[2]: self.weight(n) for n in self.tensors if n.startswith(f"blk.{il}.")}
             xs = [self._layer(x, w, self._layer_is_local(il)) for x in xs]
+        return [_rms(x, self.weight("output_norm.weight"), self.eps) for x in xs]
+
+    def logits(self, seqs: list[list[int]]) -> list[np.ndarray]:
+        """For each sequence, [len(ids), vocab] float64: each position's next-token logits, causal
+        over its sequence."""
         out = []
-        for x in xs:
-            x = _rms(x, self.weight("output_norm.weight"), self.eps)
+        for x in self.hidden(seqs):
             logits, step = np.empty((len(x), self.head.shape[0])), 32768
             for i in range(0, self.head.shape[0], step):  # a slice at a time: float64 of Gemma's head is 1.3 GB
                 logits[:, i:i + step] = x @ self.head[i:i + step].astype(F64).T
@@ -167,7 +184,7 @@ class ExactForward:
         return out
 
     def _layer(self, x: np.ndarray, w: dict[str, np.ndarray], local: bool) -> np.ndarray:
-        n, hd, gemma = len(x), self.head_dim, self.arch == "gemma3"
+        n, hd, gemma = len(x), self.head_dim, self.arch in GEMMA
         pos = np.arange(n)
         h = _rms(x, w["attn_norm"], self.eps)
         q = (h @ w["attn_q"].T).reshape(n, self.n_head, hd)
@@ -177,9 +194,12 @@ class ExactForward:
             q, k = _rms(q, w["attn_q_norm"], self.eps), _rms(k, w["attn_k_norm"], self.eps)
         base = 10000.0 if local else self.base  # llama.cpp's gemma3: its local layers' base is 10k
         q, k = _rope(q, pos, base, neox=gemma), _rope(k, pos, base, neox=gemma)
-        mask = pos[None, :] <= pos[:, None]
-        if local:
-            mask &= pos[:, None] - pos[None, :] < self.window
+        if self.bidirectional:  # llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC
+            mask = np.abs(pos[:, None] - pos[None, :]) <= (self.window // 2 if local else n)
+        else:
+            mask = pos[None, :] <= pos[:, None]
+            if local:
+                mask &= pos[:, None] - pos[None, :] < self.window
         out = attend(q, k, v, mask)
         a = out.reshape(n, -1) @ w["attn_output"].T
         if gemma:
@@ -187,7 +207,7 @@ class ExactForward:
         x = x + a
         h = _rms(x, w["ffn_norm"], self.eps)
         gate, up = h @ w["ffn_gate"].T, h @ w["ffn_up"].T
-        act = _gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))
+        act = self.gelu(gate) if gemma else gate / (1.0 + np.exp(-gate))
         f = (act * up) @ w["ffn_down"].T
         if gemma:
             f = _rms(f, w["post_ffw_norm"], self.eps)

@@ -367,7 +367,8 @@ class PagedCache:
     pages handed to one sequence in a scrambled order, as a pool that has been in use would.
     `t` is both parts' type, or a (K type, V type) pair."""
 
-    def __init__(self, t, n_kv: int, hd: int, n_pos: int, page_size: int, window: int = 0, seed: int = 0):
+    def __init__(self, t, n_kv: int, hd: int, n_pos: int, page_size: int, window: int = 0, seed: int = 0,
+                 half_window: int = 0):
         self.types = (t, t) if isinstance(t, Q) else tuple(t)
         self.row_bytes = [lib.kiln_row_bytes(int(x), hd) for x in self.types]
         self.half = [n_kv * page_size * rb for rb in self.row_bytes]
@@ -382,7 +383,8 @@ class PagedCache:
         self.view = ffi.new("kiln_kv_view *", {"pages": ptr(self.pages, "uint8_t *"), "page_bytes": page_bytes,
                                                 "k_off": 0, "v_off": self.half[0], "k_type": int(self.types[0]),
                                                 "v_type": int(self.types[1]), "tables": ptr(self.table, "int32_t *"),
-                                                "max_blocks": n_pages, "page_size": page_size, "window": window})
+                                                "max_blocks": n_pages, "page_size": page_size, "window": window,
+                                                "half_window": half_window})
 
     def store(self, k: np.ndarray, v: np.ndarray, rows: np.ndarray) -> None:
         seq = np.zeros(len(rows), np.int32)
@@ -411,11 +413,14 @@ class PagedCache:
         return out
 
     def attend(self, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
-               max_spans: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+               max_spans: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
+               seen: np.ndarray | None = None) -> np.ndarray:
+        """Each query at its row; seen: the last row each sees (None: its own, causal)."""
         out = np.zeros((len(rows), n_head, self.hd), np.float32)
         seq = np.zeros(len(rows), np.int32)
+        seen = rows if seen is None else seen
         args = (ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
-                len(rows), self.view, n_head, self.n_kv, self.hd, scale, softcap,
+                ptr(seen, "int32_t *"), len(rows), self.view, n_head, self.n_kv, self.hd, scale, softcap,
                 ffi.NULL if sinks is None else ptr(sinks, "float *"))
         if ref:
             lib.kiln_attention_ref(*args)
@@ -451,13 +456,17 @@ def test_kv_row_quantizer_writes_ggufs_bytes(t):
 
 
 @pytest.mark.parametrize("t", KV_PAIRS, ids=lambda t: f"{t[0].name}-{t[1].name}")
-@pytest.mark.parametrize("window", [0, 5])
-def test_kv_store_and_attention(t, window):
+@pytest.mark.parametrize("window,symmetric", [(0, False), (5, False), (0, True), (4, True)],
+                         ids=["causal", "causal-window5", "bidirectional", "bidirectional-window4"])
+def test_kv_store_and_attention(t, window, symmetric):
     """11 positions into pages of 8 rows, one position at a time as decode writes them; then
-    attend from the last two and compare with numpy over the cache as gguf.quants dequantizes it."""
+    attend from two rows and compare with numpy over the cache as gguf.quants dequantizes it: a
+    causal query sees up to itself (within its window); a bidirectional one the whole sequence
+    (within p +- window / 2, EmbeddingGemma's symmetric window)."""
     rng = np.random.default_rng(11)
     n_head, n_kv, hd, n_pos = 4, 2, 64, 11
-    cache = PagedCache(t, n_kv, hd, n_pos, page_size=8, window=window)
+    half = window // 2 if symmetric else 0
+    cache = PagedCache(t, n_kv, hd, n_pos, page_size=8, window=0 if symmetric else window, half_window=half)
     k = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32)
     pos = np.arange(n_pos, dtype=np.int32)
@@ -466,13 +475,17 @@ def test_kv_store_and_attention(t, window):
     K, V = cache.rows(0, n_pos), cache.rows(1, n_pos)
     if t[0] is Q.F32:
         assert np.array_equal(K[:, 10], k[10].transpose(0, 1).astype(np.float64))
-    q_pos = np.array([9, 10], np.int32)
+    q_pos = np.array([3, 10] if symmetric else [9, 10], np.int32)
     q = rng.standard_normal((2, n_head, hd)).astype(np.float32)
     scale = 1 / 8
-    out = cache.attend(q, q_pos, n_head, scale)
+    seen = np.full(2, n_pos - 1, np.int32) if symmetric else None
+    out = cache.attend(q, q_pos, n_head, scale, seen=seen)
     for i, p in enumerate(q_pos):
-        first = max(0, p - window + 1) if window else 0
-        js = np.arange(first, p + 1)
+        if symmetric:
+            first, last = (max(0, p - half), min(p + half, n_pos - 1)) if half else (0, n_pos - 1)
+        else:
+            first, last = max(0, p - window + 1) if window else 0, p
+        js = np.arange(first, last + 1)
         for h in range(n_head):
             kv = h // (n_head // n_kv)
             s = K[kv, js] @ q[i, h].astype(np.float64) * scale
@@ -581,6 +594,30 @@ def test_simd_attention_matches_its_scalar_twin(t, n_tokens, window, hd, page_si
     fast = cache.attend(q, pos, n_head, hd ** -0.5, max_spans=max_spans)
     ref = cache.attend(q, pos, n_head, hd ** -0.5, ref=True)
     np.testing.assert_allclose(fast, ref, rtol=2e-5, atol=1e-5)  # outputs are O(1): float order
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("half", [0, 37])
+def test_bidirectional_attention_matches_its_scalar_twin_and_batching(t, half):
+    """An encoder's queries see their whole input (half 0) or p +- half of it (a symmetric sliding
+    layer): the span kernel against the scalar reference over 300 positions, and each query's
+    bits the same alone, split over spans, and in the block."""
+    rng = np.random.default_rng(90 + half)
+    n_head, n_kv, hd, n_pos = 8, 2, 64, 300
+    cache = PagedCache(t, n_kv, hd, n_pos, 16, seed=5, half_window=half)
+    cache.store((rng.standard_normal((n_pos, n_kv, hd)) * 2).astype(np.float32),
+                rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32), np.arange(n_pos, dtype=np.int32))
+    rows = np.array([0, 1, 20, 150, 262, 298, 299], np.int32)
+    seen = np.full(len(rows), n_pos - 1, np.int32)
+    q = rng.standard_normal((len(rows), n_head, hd)).astype(np.float32)
+    block = cache.attend(q, rows, n_head, 0.125, seen=seen)
+    np.testing.assert_allclose(block, cache.attend(q, rows, n_head, 0.125, ref=True, seen=seen), rtol=2e-5, atol=1e-5)
+    for i in range(len(rows)):
+        one = (q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125)
+        alone, split = cache.attend(*one, seen=seen[:1]), cache.attend(*one, max_spans=20, seen=seen[:1])
+        assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
+    causal = cache.attend(q, rows, n_head, 0.125)
+    assert not np.allclose(causal[:-1], block[:-1], atol=1e-3)  # the rows after a query move it
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.Q8_0, Q.Q4_0], ids=lambda t: t.name)

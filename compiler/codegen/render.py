@@ -149,6 +149,8 @@ def _layer_extra(g, ly, kl, kv) -> str:
         out.append(".no_factors = 1")
     if kl.shared:
         out.append(f".shared = 1 /* reads layer {kl.source}'s rows */")
+    if ly.window and not kv.config.causal:
+        out.append(f".symmetric_window = {ly.window}")
     return "".join(", " + x for x in out)
 
 

@@ -225,7 +225,8 @@ class Architecture:
     # LayerNorms (norm "layer") also adds the token-type row 0 and LayerNorms the sum (emitter.py)
     position_embedding: str = "none"
     # "metadata": attention is bidirectional where the file's attention.causal is false (an encoder
-    # sees its whole input at once); "always": causal, and the file may not say otherwise
+    # sees its whole input at once); "never": always bidirectional, whatever the file says, as
+    # llama.cpp runs EmbeddingGemma; "always": causal, and the file may not say otherwise
     causal: str = "always"
     ffn_bias: bool = False  # ffn_up.bias and ffn_down.bias (BERT)
 
@@ -254,7 +255,7 @@ class Architecture:
             keys |= {"expert_count", "expert_used_count", "expert_feed_forward_length"}
         if self.shared_kv:
             keys |= set(SHARED_KV_KEYS)
-        if self.causal == "metadata":
+        if self.causal != "always":
             keys.add("attention.causal")
         if self.norm == "layer":
             keys.add("attention.layer_norm_epsilon")

@@ -54,7 +54,7 @@ _PARSERS = {
     "k_as_v": lambda v: _boolean(v),
     "v_norm": lambda v: _boolean(v),
     "position_embedding": lambda v: _one_of(v, ("none", "absolute")),
-    "causal": lambda v: _one_of(v, ("always", "metadata")),
+    "causal": lambda v: _one_of(v, ("always", "metadata", "never")),
     "ffn_bias": lambda v: _boolean(v),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}

@@ -232,7 +232,7 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         **read_recurrent(meta, t, n_layer=n_layer, head_dim=head_dim),
         **read_layers(meta, t, n_layer, n_head, head_dim, n_rot),
         layer_n_ff=layer_n_ff, layer_n_head_kv=layer_n_head_kv,
-        causal=meta.get(f"{a}.attention.causal") is not False if t.causal == "metadata" else True,
+        causal=t.causal == "always" or (t.causal == "metadata" and meta.get(f"{a}.attention.causal") is not False),
         pooling=meta.integer(f"{a}.pooling_type", default=None),
     )
     for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):

@@ -20,6 +20,9 @@ _KNOWN_KEYS = frozenset({
     "attention.layer_norm_rms_epsilon", "attention.sliding_window", "rope.freq_base", "rope.dimension_count",
     "pooling_type",  # how an embedding is pooled: it changes no logit
     "classifier.output_labels",  # a reranker's class head's outputs (its cls.output rows)
+    # the shapes of sentence-transformers' Dense layers after pooling (runtime/embedding.py reads
+    # their tensors, dense_2 and dense_3): they change the pooled vector, never a logit
+    "dense_2_feat_in", "dense_2_feat_out", "dense_3_feat_in", "dense_3_feat_out",
 })
 # ... and keys that change nothing at these values, which kiln accepts as written. A key outside
 # both would change the model's math in a way kiln does not implement: it is refused, never ignored.

@@ -233,11 +233,13 @@ class GraphBuilder:
         return self.take()
 
     def pooling_tensors(self) -> tuple[str, ...]:
-        """What an embedding graph leaves to the runtime: a reranker's class head (cls.*, which
-        runtime/embedding.py applies to the pooled row) and a decoder's LM head."""
+        """What an embedding graph leaves to the runtime: a reranker's class head (cls.*) and the
+        Dense layers after pooling (dense_2, dense_3), which runtime/embedding.py applies to the
+        pooled row, and a decoder's LM head."""
         if not self.embedding:
             return ()
-        return tuple(n for n in self.spec.tensors if n.startswith("cls.") or n == "output.weight")
+        return tuple(n for n in self.spec.tensors if n.startswith(("cls.", "dense_2.", "dense_3.")) or
+                     n == "output.weight")
 
     def _hidden_tail(self) -> tuple[Node, ...]:
         """An embedding model's: each wanted row's hidden state (after output_norm where the file

@@ -32,6 +32,7 @@ class KVConfig:
     head_dim: int
     k_hadamard: bool  # K (with Q) held in Hadamard blocks
     v_hadamard: bool  # V held in Hadamard blocks (attention's output rotated back)
+    causal: bool = True  # False: a bidirectional model, whose pool holds one step's inputs whole
 
     @property
     def dtype_label(self) -> str:
@@ -52,4 +53,4 @@ def kv_config(hp: HParams, opts: CompileOptions) -> KVConfig:
         return opts.kv_rotation and dtype not in FLOAT_KV and all(hd % HADAMARD_BLOCK == 0 for hd in head_dims)
 
     return KVConfig(opts.kv_dtype_k, opts.kv_dtype_v, opts.n_seq, opts.ctx, opts.page_size, hp.n_head_kv,
-                    hp.head_dim, rotated(opts.kv_dtype_k), rotated(opts.kv_dtype_v))
+                    hp.head_dim, rotated(opts.kv_dtype_k), rotated(opts.kv_dtype_v), hp.causal)

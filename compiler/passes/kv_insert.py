@@ -2,10 +2,10 @@
 
 Before: attention(q, k, v) reads this step's K/V only, as in a plain transformer.
 After:  kv_cache_store writes k and v into the layer's pages right after the later of the two is
-        computed (after rope), each row at (inp_seq, inp_row); attention(q, inp_seq, inp_row,
-        kv_cache.k, kv_cache.v) reads each row's visible history of its own sequence from the
-        cache (a bidirectional model's, inp_seen: up to its sequence's last row in the step, so
-        that every row of an input sees all of it). K and V are two values because each has its own element type. A layer that keeps
+        computed (after rope), each row at (inp_seq, inp_row); attention(q, inp_seq, inp_row, seen,
+        kv_cache.k, kv_cache.v) reads what each row at inp_row sees of its own sequence from the
+        cache: up to itself (seen is inp_row), or in a bidirectional model up to its sequence's
+        last row in the step (inp_seen), so that every row of an input sees all of it. K and V are two values because each has its own element type. A layer that keeps
         no KV (attention(q) alone) reads the pages of the layer it shares them with and writes none.
 The cache's values have the shape of each body's heads: layer kinds may differ in head width and
 KV heads (Gemma 4).
@@ -38,7 +38,7 @@ def _insert(nodes: tuple[Node, ...], seq: Value, row: Value, seen: Value, kv: KV
     out: list[Node] = []
     for i, n in enumerate(nodes):
         if n is attn:
-            n = replace(n, inputs=(q, seq, seen, *cache, *extra))  # then its sinks, if any
+            n = replace(n, inputs=(q, seq, row, seen, *cache, *extra))  # then its sinks, if any
         out.append(n)
         if i == last:
             out.append(Node(Op.KV_STORE, prefix + "kv_store", (k, v, seq, row, *cache), ()))

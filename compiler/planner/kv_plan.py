@@ -156,13 +156,16 @@ def plan_kv(config: KVConfig, layers: tuple[Layer, ...], opts: CompileOptions,
     differ (else the config's)."""
     ps = config.page_size
     max_blocks = ceil_div(config.ctx, ps)
-    # full-context group first, then sliding groups by window: a fixed order for a fixed layout
-    keys = sorted({ly.window for ly in layers}, key=lambda w: (w is not None, w or 0))
+    # full-context group first, then sliding groups by window: a fixed order for a fixed layout. A
+    # bidirectional model's pool lives for one step, which reads each input whole: one group, and a
+    # sliding layer's window is attention's mask (symmetric, kiln_layer_desc.symmetric_window)
+    pool_window = (lambda ly: ly.window) if config.causal else (lambda ly: None)
+    keys = sorted({pool_window(ly) for ly in layers}, key=lambda w: (w is not None, w or 0))
     kv_layers: dict[int, KVLayer] = {}
     groups: list[KVGroup] = []
     pool_offset = 0
     for gi, window in enumerate(keys):
-        members = tuple(ly for ly in layers if ly.window == window and ly.kv_source in (None, ly.index))
+        members = tuple(ly for ly in layers if pool_window(ly) == window and ly.kv_source in (None, ly.index))
         if window is None:
             seq_pages = max_blocks
             n_pages = config.n_seq * max_blocks if opts.kv_pages is None else opts.kv_pages

@@ -159,15 +159,52 @@ def embed(model, inputs, pooling: Pooling) -> np.ndarray | list[np.ndarray]:
         raise OptionError("pooling 'rank' scores (query, document) pairs: use rerank")
     rows = hidden_states(model, _token_ids(model, inputs, "input"), pooling.kind)
     if pooling.kind == "none":
-        return [vectors(list(part[:, None]), pooling, True) for part in rows]
-    return vectors(rows, pooling, model.spec.hparams.causal)
+        return [vectors(list(part[:, None]), pooling, True, model.projection) for part in rows]
+    return vectors(rows, pooling, model.spec.hparams.causal, model.projection)
 
 
-def vectors(rows: SequenceABC[np.ndarray], pooling: Pooling, causal: bool) -> np.ndarray:
-    """[n_inputs, dims] float32: each input's rows pooled, cut to `dimensions`, normalized."""
+def vectors(rows: SequenceABC[np.ndarray], pooling: Pooling, causal: bool,
+            projection: "Projection | None" = None) -> np.ndarray:
+    """[n_inputs, dims] float32: each input's rows pooled, projected (where the model has Dense
+    layers), cut to `dimensions`, normalized."""
     d = pooling.dimensions
-    out = [normalized(v[:d] if d else v, pooling.normalize) for v in (pooled(p, pooling.kind, causal) for p in rows)]
+    project = projection.apply if projection is not None else (lambda v: v)
+    out = [normalized(v[:d] if d else v, pooling.normalize)
+           for v in (project(pooled(p, pooling.kind, causal)) for p in rows)]
     return np.stack(out).astype(np.float32)
+
+
+def _tensor(spec, name: str) -> np.ndarray | None:
+    """A small tensor of the file dequantized to float64, in numpy's order; None where it is absent."""
+    from gguf.quants import dequantize
+
+    t = spec.tensors.get(name)
+    if t is None:
+        return None
+    raw = np.fromfile(spec.path, np.uint8, t.nbytes, offset=t.offset)
+    return dequantize(raw, t.dtype.value).reshape(t.shape).astype(np.float64)
+
+
+class Projection:
+    """Sentence-transformers' Dense layers after pooling, as llama.cpp's build_dense_out applies
+    them (EmbeddingGemma's 768 -> 3072 -> 768): the pooled vector through dense_2 (+ its bias), then
+    dense_3, no activation, in float64 like the pooling before it."""
+
+    TENSORS = ("dense_2.weight", "dense_2.bias", "dense_3.weight")
+
+    def __init__(self, spec):
+        self.w2, self.b2, self.w3 = (_tensor(spec, name) for name in self.TENSORS)
+
+    @classmethod
+    def of(cls, spec) -> "Projection | None":
+        return cls(spec) if any(name in spec.tensors for name in cls.TENSORS) else None
+
+    def apply(self, v: np.ndarray) -> np.ndarray:
+        if self.w2 is not None:
+            v = self.w2 @ v
+        if self.b2 is not None:
+            v = v + self.b2
+        return self.w3 @ v if self.w3 is not None else v
 
 
 class ClassHead:
@@ -176,21 +213,12 @@ class ClassHead:
     a Qwen3 reranker's two outputs (yes, no) through a softmax. The score is output 0."""
 
     def __init__(self, model):
-        from gguf.quants import dequantize
-
         spec = model.spec
         if "cls.output.weight" not in spec.tensors and "cls.weight" not in spec.tensors:
             raise ModelError(f"{spec.path}: the model has no classification head (cls.output.weight); it can "
                              "embed but not rerank")
-
-        def read(name: str) -> np.ndarray | None:
-            t = spec.tensors.get(name)
-            if t is None:
-                return None
-            raw = np.fromfile(spec.path, np.uint8, t.nbytes, offset=t.offset)
-            return dequantize(raw, t.dtype.value).reshape(t.shape).astype(np.float64)
-        self.dense, self.dense_b = read("cls.weight"), read("cls.bias")
-        self.out, self.out_b = read("cls.output.weight"), read("cls.output.bias")
+        self.dense, self.dense_b = _tensor(spec, "cls.weight"), _tensor(spec, "cls.bias")
+        self.out, self.out_b = _tensor(spec, "cls.output.weight"), _tensor(spec, "cls.output.bias")
         self.softmax = spec.arch in ("qwen3", "qwen3vl")
 
     def score(self, v: np.ndarray) -> float:

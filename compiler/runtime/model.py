@@ -46,6 +46,8 @@ class Model:
         self._default: Sequence | None = None
         self._class_head: embedding.ClassHead | None = None  # a reranker's, read on first use
         self.embedding = compiled.planned.graph.embedding  # its steps return hidden states
+        # the Dense layers its pooled vectors pass through (EmbeddingGemma's), where the file has them
+        self.projection = embedding.Projection.of(self.spec) if self.embedding else None
         me = weakref.ref(self)  # no cycle through self: a dropped Model frees its memory at once
         self.guidance = Guidance(lambda: me().tokenizer, self.spec.hparams.n_vocab, str(self.spec.path))
         # masks overlap the steps only where the step's threads leave a core free (constraints.py)

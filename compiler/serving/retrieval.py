@@ -117,7 +117,8 @@ def add_retrieval_routes(app: FastAPI, engine: Engine, config: ServerConfig) -> 
                            param="dimensions")
         inputs = checked(await run_in_threadpool(token_lists, req.input), "input")
         rows = await rows_of(inputs, pooling)
-        vs = vectors(rows, Pooling(pooling, req.embd_normalize, req.dimensions), model.spec.hparams.causal)
+        vs = vectors(rows, Pooling(pooling, req.embd_normalize, req.dimensions), model.spec.hparams.causal,
+                     model.projection)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()
                  if req.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vs)]

@@ -148,7 +148,7 @@ static void step(void *arg, const kiln_thread *t) {
         /* attn: attention */
         float *attn = (float *)A(0x1000); /* [n x 64] */
         void *attn_spans = A(0x2000); /* [288 bytes] */
-        kiln_attention_mt(t, attn, q_rope, inp_seq, inp_row, n, &s->kv_view[l], 4, 2, 16, 0.25f, attn_spans, 1);
+        kiln_attention_mt(t, attn, q_rope, inp_seq, inp_row, inp_row, n, &s->kv_view[l], 4, 2, 16, 0.25f, attn_spans, 1);
         OP_DONE(8);
         /* attn_out: matmul */
         float *attn_out = (float *)A(0x0); /* [n x 64] */
