@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..core.errors import KilnError
@@ -44,8 +43,7 @@ def run_bench(a: argparse.Namespace) -> None:
         p = profile.run_profile(a.model, threads, a.pp, a.pp_depth, a.reps, a.kv_dtype, log=log)
         sys.stdout.write(profile.render(p))
         if a.json:
-            with open(a.json, "w") as f:
-                json.dump(profile.as_json(p), f, indent=1)
+            write_json(a.json, [], **profile.as_json(p))
         return
     if a.page_sizes:
         from ..tools.bench_batch import render_page_sizes, run_page_size_sweep
@@ -89,9 +87,9 @@ def run_spec_bench(a: argparse.Namespace, threads: int) -> None:
     rows = bench_spec.run_spec_bench(a.model, threads, a.tg, a.reps, a.spec_max_draft, log=log)
     sys.stdout.write(bench_spec.render(rows, str(a.model), threads, a.tg))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"model": str(a.model), "threads": threads, "n_gen": a.tg,
-                       "results": bench_spec.as_json(rows)}, f, indent=1)
+        from ..tools.bench import write_json
+
+        write_json(a.json, bench_spec.as_json(rows), model=str(a.model), threads=threads, n_gen=a.tg)
 
 
 def run_embed_bench(a: argparse.Namespace, threads: int) -> None:
@@ -102,8 +100,9 @@ def run_embed_bench(a: argparse.Namespace, threads: int) -> None:
     rows = bench_embed.run(path, threads, a.reps, log=log)
     sys.stdout.write(bench_embed.render(rows, str(path), threads))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"model": str(path), "threads": threads, "results": bench_embed.as_json(rows)}, f, indent=1)
+        from ..tools.bench import write_json
+
+        write_json(a.json, bench_embed.as_json(rows), model=str(path), threads=threads)
 
 
 def run_bench_serve(a: argparse.Namespace) -> None:
@@ -114,7 +113,11 @@ def run_bench_serve(a: argparse.Namespace) -> None:
                         ("--turns", a.turns)):
         if value < 1:
             raise KilnError(f"{flag} must be at least 1, got {value}")
+    from ..tools.bench import write_json
+
     w = bench_serve.Workload(a.requests, a.concurrency, a.system_words, turns=a.turns)
+    threads = a.threads or default_threads()
+    binary = None if a.llama_server == "none" else bench_serve.find_llama_server(a.llama_server)
     name = a.model if a.model in BUNDLED else None
     path = resolve(a.model, log)
     if a.embed:
@@ -129,8 +132,7 @@ def run_bench_serve(a: argparse.Namespace) -> None:
                                      a.llama_server, m.tokenize, m.n_ctx, default_pooling(m), log=log)
         print(bench_serve_embed.render(rows, a.concurrency))
         if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"results": rows}, f, indent=2)
+            write_json(a.json, rows, llama_server=binary, model=str(path), threads=threads, embed=True)
         return
     if a.constrained:
         from ..tools import bench_constrained
@@ -139,8 +141,8 @@ def run_bench_serve(a: argparse.Namespace) -> None:
                                      a.llama_server, log=log)
         print(bench_constrained.render(rows))
         if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"schema": bench_constrained.SCHEMA, "results": rows}, f, indent=2)
+            write_json(a.json, rows, llama_server=binary, model=str(path), threads=threads,
+                       schema=bench_constrained.SCHEMA)
         return
     rows = bench_serve.run(path, name or path.stem, w, a.threads or default_threads(), a.ctx, a.kv_dtype,
                            a.llama_server, log=log, spec=a.spec)
@@ -150,8 +152,8 @@ def run_bench_serve(a: argparse.Namespace) -> None:
         print(f"kiln serve --spec ngram / kiln serve: output tok/s "
               f"{spec['output_tok_per_s'] / plain['output_tok_per_s']:.2f}x")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"workload": vars(w), "results": rows}, f, indent=2)
+        write_json(a.json, rows, llama_server=binary, model=str(path), threads=threads, ctx=a.ctx,
+                   kv_dtype=a.kv_dtype, workload=vars(w))
 
 
 def register(sub) -> None:

@@ -164,6 +164,83 @@ def render(results: list[BenchResult], model: str, threads: int, bytes_per_token
     return "\n".join(out) + "\n"
 
 
-def write_json(path: str | os.PathLike[str], results: list[BenchResult], **meta) -> None:
+def _cpu() -> dict:
+    """The CPU a run was on, as /proc/cpuinfo names it (a VM's may lack the model number: family and
+    model then say which generation), and how many CPUs the process could use."""
+    info: dict[str, str] = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+            if not line.strip():
+                break  # the first CPU's block is enough
+    except OSError:
+        pass
+    import platform
+
+    return {"model": info.get("model name", platform.processor() or platform.machine()),
+            "vendor": info.get("vendor_id", ""), "family": info.get("cpu family", ""), "model_id": info.get("model", ""),
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "flags": sorted(info.get("flags", info.get("Features", "")).split())}
+
+
+def _commit() -> dict:
+    """The checkout's commit, and whether tracked files differed from it (a run from a wheel has none)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if head.returncode:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def _llama_server_version(binary: str | None) -> str | None:
+    import subprocess
+
+    if not binary or binary == "none":
+        return None
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version:")]
+    return lines[0].removeprefix("version:").strip() if lines else None
+
+
+def provenance(threads: int | None, llama_server: str | None = None) -> dict:
+    """What a figure needs to be traced to its run: the command line, when, kiln's commit, the CPU
+    and its flags, the threads, and the llama.cpp it was set beside (docs/figures/ keeps these files)."""
+    import shlex
+    import sys
+    from datetime import datetime, timezone
+
+    from ..core.version import __version__
+
+    try:
+        from importlib.metadata import version
+
+        llama_cpp = version("llama-cpp-python")
+    except Exception:  # not installed: a run of kiln alone
+        llama_cpp = None
+    # The command line, where this process is the kiln command (python -m compiler included); a caller of
+    # compiler.cli.main(argv) from Python, such as a test, has another, and none is recorded.
+    prog = os.path.basename(sys.argv[0]) if sys.argv else ""
+    command = shlex.join(["kiln", *sys.argv[1:]]) if prog in ("kiln", "__main__.py") else None
+    return {"command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "kiln_version": __version__, **_commit(), "cpu": _cpu(), "threads": threads,
+            "llama_cpp_python": llama_cpp, "llama_server": _llama_server_version(llama_server)}
+
+
+def write_json(path: str | os.PathLike[str], results: list, llama_server: str | None = None, **meta) -> None:
+    """Every file `kiln bench --json` and `kiln bench-serve --json` write: the run's results and
+    settings, and its provenance (llama_server: the binary a serving run was set beside)."""
+    rows = [asdict(r) if hasattr(r, "__dataclass_fields__") else r for r in results]
+    doc = {**meta, "provenance": provenance(meta.get("threads"), llama_server), "results": rows}
     with open(path, "w") as f:
-        json.dump({**meta, "results": [asdict(r) for r in results]}, f, indent=1)
+        json.dump(doc, f, indent=1)
