@@ -1,5 +1,6 @@
 /* moe.c: a mixture of experts' FFN across a step's threads: each row's chosen experts (moe_route.c)
- * run their GLU FFNs, and their outputs, times the row's weights, are summed in rank order.
+ * run their FFNs (GLU, or, without a gate, up, GELU and down), and their outputs, times the row's
+ * weights, are summed in rank order.
  *
  * A step's rows are grouped by expert, so that each expert's weights are read once for all the
  * rows that chose it: a slot is a (row, rank) pair, and the slots are ordered by expert id, then
@@ -14,10 +15,11 @@
  * Every value a slot gets is a per-row function (the reference dot, swiglu, the quantizers), so a
  * row's output does not depend on the other rows of the step, on the threads, or on the build.
  *
- *   1. x's rows quantized for gate's (and up's, where its format differs) dot; the slots' list;
- *      each slot's copy of its row's activations (one row, decode: each thread quantizes it on
- *      its stack, no list and no copy needed beyond its k slots)
- *   2. gate and up rows of every chosen expert (plus their biases), then act(gate, up), by granules of n_ff
+ *   1. x's rows quantized for gate's (and up's, where its format differs; without a gate, up's)
+ *      dot; the slots' list; each slot's copy of its row's activations (one row, decode: each
+ *      thread quantizes it on its stack, no list and no copy needed beyond its k slots)
+ *   2. gate and up rows of every chosen expert (plus their biases), then act(gate, up) (without a
+ *      gate, gelu(up)) in gate's place, by granules of n_ff
  *   3. those rows quantized for down's dot
  *   4. down rows of every chosen expert and the weighted sum, by granules of n_embd
  */
@@ -43,7 +45,8 @@ typedef struct {
 } moe_scratch;
 
 typedef struct {
-    const kiln_weight *gate, *up, *down;
+    const kiln_weight *gate, *up, *down; /* gate NULL: no gate (KILN_ACT_GELU) */
+    const kiln_weight *in;               /* the first matrix x meets: gate, else up */
     int n_rows, n_expert, n_used, n_ff, n_embd;
     size_t ag, au, ad; /* activation row bytes for gate (and up) over n_embd, for down over n_ff */
     int split_up;      /* up's activations are in another format than gate's */
@@ -52,9 +55,10 @@ typedef struct {
 
 static moe_shape shape_of(const kiln_weight *gate, const kiln_weight *up, const kiln_weight *down, int n_rows,
                           int n_expert, int n_used, int n_ff, int n_embd, const kiln_moe_extra *extra) {
-    const int split = kiln_act_type(up->type) != kiln_act_type(gate->type);
-    return (moe_shape){gate, up, down, n_rows, n_expert, n_used, n_ff, n_embd,
-                       kiln_act_row_bytes(gate->type, n_embd), split ? kiln_act_row_bytes(up->type, n_embd) : 0,
+    const kiln_weight *in = gate ? gate : up;
+    const int split = kiln_act_type(up->type) != kiln_act_type(in->type);
+    return (moe_shape){gate, up, down, in, n_rows, n_expert, n_used, n_ff, n_embd,
+                       kiln_act_row_bytes(in->type, n_embd), split ? kiln_act_row_bytes(up->type, n_embd) : 0,
                        kiln_act_row_bytes(down->type, n_ff), split, extra};
 }
 
@@ -140,11 +144,11 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
     const int32_t *first = alone ? first1 : s.first, *slot_of = alone ? slot_of1 : s.slot_of;
     if (alone) {
         list_slots(m, ids, first1, slot_row1, slot_of1);
-        kiln_quantize_act(m->gate->type, x, local, n_embd);
+        kiln_quantize_act(m->in->type, x, local, n_embd);
         if (m->split_up) kiln_quantize_act(m->up->type, x, local + m->ag, n_embd);
     } else {
         for (int r = t->ith; r < m->n_rows; r += t->nth) {
-            kiln_quantize_act(m->gate->type, x + (size_t)r * n_embd, s.rows_g + r * m->ag, n_embd);
+            kiln_quantize_act(m->in->type, x + (size_t)r * n_embd, s.rows_g + r * m->ag, n_embd);
             if (m->split_up) kiln_quantize_act(m->up->type, x + (size_t)r * n_embd, s.rows_u + r * m->au, n_embd);
         }
         if (t->ith == 0) list_slots(m, ids, s.first, s.slot_row, s.slot_of);
@@ -155,7 +159,8 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
         }
         kiln_barrier(t);
     }
-    /* 2. gate and up, then act(gate) * up, for this thread's granules of every chosen expert */
+    /* 2. gate and up, then act(gate) * up (without a gate: up, then gelu(up)), for this thread's
+       granules of every chosen expert */
     int o0, o1;
     granules(t, n_ff, &o0, &o1);
     for (int e = 0; e < m->n_expert && o1 > o0; e++) {
@@ -166,7 +171,8 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
         const kiln_moe_extra *x = m->extra;
         const int fused = x && x->fused_gate_up, rows = fused ? 2 * n_ff : n_ff;
         float *g = s.gu + (size_t)first[e] * 2 * n_ff, *u = g + n_ff; /* a slot's gate rows, then its up rows */
-        expert_rows(m->gate, e, rows, n_embd, o0, o1, ag, m->ag, c, g, 2 * n_ff, reads ? reads + 3 * e : NULL);
+        if (m->gate)
+            expert_rows(m->gate, e, rows, n_embd, o0, o1, ag, m->ag, c, g, 2 * n_ff, reads ? reads + 3 * e : NULL);
         /* up: rows n_ff + o of the fused slice (its place in gu), or rows o of its own */
         expert_rows(m->up, e, rows, n_embd, (fused ? n_ff : 0) + o0, (fused ? n_ff : 0) + o1, au,
                     m->split_up ? m->au : m->ag, c, fused ? g : u, 2 * n_ff, reads ? reads + 3 * e + 1 : NULL);
@@ -175,7 +181,8 @@ static void moe_ffn(const kiln_thread *t, const moe_shape *m, float *out, const 
         for (int i = 0; i < c; i++) {
             float *gi = g + (size_t)i * 2 * n_ff + o0, *ui = u + (size_t)i * 2 * n_ff + o0;
             const int act = x ? x->act : KILN_ACT_SWIGLU;
-            if (act == KILN_ACT_SWIGLU_OAI) kiln_swiglu_oai(gi, gi, ui, o1 - o0);
+            if (act == KILN_ACT_GELU) kiln_gelu(gi, ui, o1 - o0); /* no gate: gelu(up) in gate's place */
+            else if (act == KILN_ACT_SWIGLU_OAI) kiln_swiglu_oai(gi, gi, ui, o1 - o0);
             else if (act == KILN_ACT_GEGLU) kiln_geglu(gi, gi, ui, o1 - o0);
             else kiln_swiglu(gi, gi, ui, o1 - o0);
         }

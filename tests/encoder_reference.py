@@ -3,7 +3,10 @@ names them): the exact values kiln's vectors and a reranker's scores are measure
 follows Hugging Face's BertModel (erf GELU, post-LN, bidirectional attention); a class head as
 BertForSequenceClassification applies it (tanh(cls . x + b), then cls.output). A nomic-bert file
 (nomic-embed-text): no learned positions but NEOX rotary ones on Q and K, Q, K and V in one
-attn_qkv, a SwiGLU FFN, no biases but the norms'."""
+attn_qkv, a SwiGLU FFN, no biases but the norms'. A nomic-bert-moe file (nomic-embed-text-v2-moe):
+that attention with biases, a GELU FFN with biases, and in the layers with a router (ffn_gate_inp)
+the softmax's top expert_used_count experts, each up, GELU, down, times its probability as it is
+(llama.cpp's build_moe_ffn for the arch: no renormalization), summed in rank order."""
 from __future__ import annotations
 
 import math
@@ -25,7 +28,9 @@ class GgufBert:
         meta = {k[len(a) + 1:]: f.contents() for k, f in r.fields.items() if k.startswith(a + ".")}
         self.n_layer, self.n_head = meta["block_count"], meta["attention.head_count"]
         self.eps = meta["attention.layer_norm_epsilon"]
-        self.rope_base = meta.get("rope.freq_base", 10000.0) if a == "nomic-bert" else None
+        self.rope_base = meta.get("rope.freq_base", 10000.0) if a.startswith("nomic-bert") else None
+        self.n_used = meta.get("expert_used_count", 0)
+        self.routed: list[int] = []  # every expert the router chose, in order
 
     def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
         mu = x.mean(-1, keepdims=True)
@@ -34,6 +39,22 @@ class GgufBert:
 
     def _lin(self, x: np.ndarray, name: str) -> np.ndarray:
         return x @ self.t[name + ".weight"].T + self.t.get(name + ".bias", 0.0)
+
+    @staticmethod
+    def _gelu(x: np.ndarray) -> np.ndarray:
+        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+    def _experts(self, x: np.ndarray, p: str) -> np.ndarray:
+        logits = x @ self.t[p + "ffn_gate_inp.weight"].T
+        prob = np.exp(logits - logits.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        out = np.zeros_like(x)
+        for r, row in enumerate(prob):
+            for e in np.argsort(-row, kind="stable")[:self.n_used]:
+                self.routed.append(int(e))
+                h = self._gelu(self.t[p + "ffn_up_exps.weight"][e] @ x[r])
+                out[r] += row[e] * (self.t[p + "ffn_down_exps.weight"][e] @ h)
+        return out
 
     def _rope(self, x: np.ndarray) -> np.ndarray:
         """[heads, n, d] rotated NEOX-wise: dims (i, i + d/2) by pos * base^(-2i/d)."""
@@ -66,12 +87,13 @@ class GgufBert:
             a /= a.sum(-1, keepdims=True)
             ctx = (a @ v).transpose(1, 0, 2).reshape(n, -1)
             x = self._ln(self._lin(ctx, p + "attn_output") + x, p + "attn_output_norm")
-            up = self._lin(x, p + "ffn_up")
-            if self.rope_base is None:
-                ff = self._lin(0.5 * up * (1.0 + _erf(up / math.sqrt(2.0))), p + "ffn_down")
-            else:
-                g = self._lin(x, p + "ffn_gate")
+            if p + "ffn_gate_inp.weight" in t:
+                ff = self._experts(x, p)
+            elif p + "ffn_gate.weight" in t:
+                up, g = self._lin(x, p + "ffn_up"), self._lin(x, p + "ffn_gate")
                 ff = self._lin(g / (1.0 + np.exp(-g)) * up, p + "ffn_down")
+            else:
+                ff = self._lin(self._gelu(self._lin(x, p + "ffn_up")), p + "ffn_down")
             x = self._ln(ff + x, p + "layer_output_norm")
         return x
 

@@ -15,6 +15,7 @@ from compiler.frontend.convert import convert
 from compiler.frontend.registry import BUNDLED, fetch, source_folder
 from compiler.runtime.status import ModelError
 from encoder_reference import GgufBert
+from means import skip_for_want_of
 
 # queries, sentences and paragraphs: accents, digits, punctuation, case, one near the 256-token
 # length sentence-transformers cuts MiniLM's inputs at
@@ -200,6 +201,42 @@ def test_nomic_bert_against_float64_and_llamacpp(minilm, tmp_path):
     assert np.abs(mine - exact).max() < 1e-5 * np.abs(exact).max()
     theirs = np.stack(llama_rows(path, ids, 1))
     assert _cos(mine, theirs).min() >= 0.9999
+
+
+@pytest.fixture(scope="module")
+def nomic_vocab():
+    """nomic-embed-text-v2-moe's Unigram vocabulary (llama.cpp's ggml-vocab-nomic-bert-moe.gguf)."""
+    from test_tokenizer_ugm import NOMIC
+    if not NOMIC.is_file():
+        skip_for_want_of(f"llama.cpp's vocabularies at {NOMIC.parent}", "`make vocab` unpacks them", apt=False)
+    return NOMIC
+
+
+def test_nomic_bert_moe_against_float64_and_llamacpp(nomic_vocab, tmp_path):
+    """nomic-embed-text-v2-moe's body on a synthetic file with its Unigram vocabulary: nomic-bert's
+    attention with biases, GELU FFNs with biases in even layers, and in odd ones (moe_every_n_layers
+    2) a softmax router's top 2 of 8 experts without a gate (up, GELU, down), weighted by their
+    probabilities as they are; mean pooling. Near float64 (cosine >= 0.9999, within 1e-6 of the
+    largest value: float32 rounding, a hundredth of llama.cpp's error, whose GELU is ggml's tanh form
+    from an f16 table), llama.cpp's vectors at cosine >= 0.9999, and the same bits at 1 and 2 threads."""
+    path = write_bert(tmp_path / "nomic-moe.gguf", nomic_vocab, arch="nomic-bert-moe", n_layer=4, pooling=1)
+    m = compiler.load(path, n_seq=4, threads=2)
+    texts = ["search_query: what is a mixture of experts", "search_document: a router picks two experts a token",
+             "a", "Где находится Эйфелева башня?", "東京は日本の首都です。"]
+    ids = [m.tokenize(t) for t in texts]
+    ref = GgufBert(path)
+    exact = np.stack([ref.hidden(i).mean(0) for i in ids])
+    assert len(set(ref.routed)) > 2  # the router's choice varies from token to token
+    mine = m.embed(texts, normalize=-1).astype(np.float64)
+    theirs = np.stack(llama_rows(path, ids, 1))
+    err, their_err = (np.abs(v - exact).max() / np.abs(exact).max() for v in (mine, theirs))
+    print(f"\nnomic-bert-moe: kiln vs float64 cosine {_cos(mine, exact).min():.9f}, max error {err:.2e} of the largest; "
+          f"llama.cpp vs float64 {_cos(theirs, exact).min():.9f}, {their_err:.2e}; kiln vs llama.cpp "
+          f"{_cos(mine, theirs).min():.9f}")
+    assert _cos(mine, exact).min() >= 0.9999 and err < 1e-6 and err < their_err / 100
+    assert _cos(mine, theirs).min() >= 0.9999
+    one = compiler.load(path, n_seq=4, threads=1).embed(texts, normalize=-1)
+    assert one.tobytes() == mine.astype(np.float32).tobytes()
 
 
 def test_bad_input_is_refused_by_name(bert, tiny):

@@ -121,36 +121,40 @@ def test_routing_is_ggmls_bit_for_bit(n_expert, k, normalize):
 class Experts:
     """n_expert experts' gate, up and down as the GGUF's 3-D tensors, with x8 copies where this
     build has the x8 kernels, and the scalar reference of their FFN (kiln_vec_dot_ref on each
-    (row, output) pair, kiln_swiglu_ref, the activations quantized one row at a time)."""
+    (row, output) pair, kiln_swiglu_ref, the activations quantized one row at a time). A gate type
+    None: experts without a gate (nomic-bert-moe's), kiln_gelu(up) in place of the SwiGLU."""
 
-    def __init__(self, types: tuple[Q, Q, Q], n_expert: int, n_ff: int, n_embd: int, seed: int, packed: bool):
+    def __init__(self, types: tuple[Q | None, Q, Q], n_expert: int, n_ff: int, n_embd: int, seed: int, packed: bool):
         rng = np.random.default_rng(seed)
         self.types, self.n_expert, self.n_ff, self.n_embd = types, n_expert, n_ff, n_embd
+        self.gated = types[0] is not None
         shapes = ((n_ff, n_embd), (n_ff, n_embd), (n_embd, n_ff))
-        self.raw = [np.stack([quantized(rng, *shape, t)[1] for _ in range(n_expert)]) for t, shape in zip(types, shapes)]
+        self.raw = [None if t is None else np.stack([quantized(rng, *shape, t)[1] for _ in range(n_expert)])
+                    for t, shape in zip(types, shapes)]
         self.packed = [None] * 3
-        if packed and all(lib.kiln_x8_supported(int(t), *s) for t, s in zip(types, shapes)):
+        if packed and all(t is None or lib.kiln_x8_supported(int(t), *s) for t, s in zip(types, shapes)):
             self.packed = []
             for t, (n_out, n_in), raw in zip(types, shapes, self.raw):
-                one = lib.kiln_x8_bytes(int(t), n_out, n_in)
+                one = lib.kiln_x8_bytes(int(t), n_out, n_in) if t is not None else 0
                 out = np.zeros(n_expert * one, np.uint8)
-                for e in range(n_expert):
+                for e in range(n_expert if t is not None else 0):
                     lib.kiln_pack_x8(int(t), ptr(raw[e]), ptr(out[e * one:]), n_out, n_in)
-                self.packed.append(out)
-        self.weights = [ffi.new("kiln_weight *", {"type": int(t), "data": ptr(raw),
-                                                  "packed": ffi.NULL if p is None else ptr(p)})
+                self.packed.append(out if t is not None else None)
+        self.weights = [ffi.NULL if t is None else ffi.new("kiln_weight *", {"type": int(t), "data": ptr(raw),
+                                                                              "packed": ffi.NULL if p is None else ptr(p)})
                         for t, raw, p in zip(types, self.raw, self.packed)]
+        self.extra = ffi.NULL if self.gated else ffi.new("kiln_moe_extra *", {"act": lib.KILN_ACT_GELU})
 
     def run(self, x: np.ndarray, ids: np.ndarray, w: np.ndarray, threads: int = 2) -> tuple[np.ndarray, np.ndarray]:
         rows, k = ids.shape
         y = np.zeros_like(x)
         reads = np.zeros((self.n_expert, 3), np.int32)
         g, u, d = self.types
-        scratch = np.zeros(lib.kiln_moe_scratch_bytes(int(g), int(u), int(d), rows, self.n_expert, k, self.n_ff,
-                                                      self.n_embd), np.uint8)
+        scratch = np.zeros(lib.kiln_moe_scratch_bytes(int(g if self.gated else u), int(u), int(d), rows, self.n_expert,
+                                                      k, self.n_ff, self.n_embd), np.uint8)
         status = lib.kiln_moe_ffn(ptr(y, "float *"), ptr(x, "float *"), ptr(ids, "int32_t *"), ptr(w, "float *"),
-                                  *self.weights, ffi.NULL, rows, self.n_expert, k, self.n_ff, self.n_embd, ptr(scratch),
-                                  threads, ptr(reads, "int32_t *"))
+                                  *self.weights, self.extra, rows, self.n_expert, k, self.n_ff, self.n_embd,
+                                  ptr(scratch), threads, ptr(reads, "int32_t *"))
         assert status == 0
         return y, reads
 
@@ -159,13 +163,19 @@ class Experts:
         g, u, d = self.types
         ys = np.zeros((len(x), ids.shape[1], self.n_embd), np.float32)
         for r in range(len(x)):
-            xg, xu = quantized_rows(g, x[r:r + 1])[0], quantized_rows(u, x[r:r + 1])[0]
+            xu = quantized_rows(u, x[r:r + 1])[0]
             for j, e in enumerate(ids[r]):
-                gate = np.array([lib.kiln_vec_dot_ref(int(g), self.n_embd, ptr(row), ptr(xg)) for row in self.raw[0][e]],
-                                np.float32)
                 up = np.array([lib.kiln_vec_dot_ref(int(u), self.n_embd, ptr(row), ptr(xu)) for row in self.raw[1][e]],
                               np.float32)
                 h = np.zeros(self.n_ff, np.float32)
+                if not self.gated:  # the plain FFN's erf GELU, element by element
+                    lib.kiln_gelu(ptr(h, "float *"), ptr(up, "float *"), self.n_ff)
+                    xh = quantized_rows(d, h[None, :])[0]
+                    ys[r, j] = [lib.kiln_vec_dot_ref(int(d), self.n_ff, ptr(row), ptr(xh)) for row in self.raw[2][e]]
+                    continue
+                xg = quantized_rows(g, x[r:r + 1])[0]
+                gate = np.array([lib.kiln_vec_dot_ref(int(g), self.n_embd, ptr(row), ptr(xg)) for row in self.raw[0][e]],
+                                np.float32)
                 lib.kiln_swiglu_ref(ptr(h, "float *"), ptr(gate, "float *"), ptr(up, "float *"), self.n_ff)
                 xh = quantized_rows(d, h[None, :])[0]
                 ys[r, j] = [lib.kiln_vec_dot_ref(int(d), self.n_ff, ptr(row), ptr(xh)) for row in self.raw[2][e]]
@@ -177,24 +187,25 @@ def _routing(rng, rows: int, n_expert: int, k: int) -> tuple[np.ndarray, np.ndar
     return ids, rng.uniform(0.05, 1.0, (rows, k)).astype(np.float32)
 
 
-@pytest.mark.parametrize("types", [(Q.Q4_0,) * 3, (Q.Q8_0,) * 3, (Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q4_K, Q.Q8_0, Q.Q4_1)],
-                         ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize("types", [(Q.Q4_0,) * 3, (Q.Q8_0,) * 3, (Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q4_K, Q.Q8_0, Q.Q4_1),
+                                   (None, Q.Q8_0, Q.Q8_0), (None, Q.Q4_K, Q.Q6_K)],
+                         ids=lambda ts: "-".join(t.name if t else "nogate" for t in ts))
 @pytest.mark.parametrize("packed", [True, False], ids=["x8", "gguf"])
 def test_experts_are_the_reference_bits_and_read_once_a_step(types, packed):
     """Eight rows (a batched decode) choosing 4 of 16 experts each: the scalar reference's bits, row
     for row; each chosen expert's gate, up and down rows read once for all the rows that chose it
     (the kernel counts them), the others not at all; each row alone, and the rows at another
     thread count, the same bits. Mixed types: Q4_K_M's Q6_K down, an up whose activations are in
-    another format than gate's."""
+    another format than gate's; and experts without a gate (up, kiln_gelu, down), no gate row read."""
     n_expert, k, n_ff, n_embd, rows = 16, 4, 256, 256, 8
-    ex = Experts(types, n_expert, n_ff, n_embd, seed=sum(map(int, types)) + packed, packed=packed)
+    ex = Experts(types, n_expert, n_ff, n_embd, seed=sum(int(t or 0) for t in types) + packed, packed=packed)
     rng = np.random.default_rng(11)
     x = rng.standard_normal((rows, n_embd)).astype(np.float32)
     ids, w = _routing(rng, rows, n_expert, k)
     y, reads = ex.run(x, ids, w)
     np.testing.assert_array_equal(y, ex.reference(x, ids, w))
     chosen = np.isin(np.arange(n_expert), ids)
-    assert (reads[chosen] == [n_ff, n_ff, n_embd]).all() and (reads[~chosen] == 0).all()
+    assert (reads[chosen] == [n_ff if ex.gated else 0, n_ff, n_embd]).all() and (reads[~chosen] == 0).all()
     for r in range(rows):
         alone, _ = ex.run(x[r:r + 1], ids[r:r + 1], w[r:r + 1], threads=1)
         np.testing.assert_array_equal(alone[0], y[r], err_msg=f"row {r} alone")

@@ -13,7 +13,7 @@ from compiler.frontend.architecture_file import available_archs, load_architectu
 
 
 def test_shipped_templates():
-    assert available_archs() == ("bert", "gemma-embedding", "gemma2", "gemma3", "gemma4", "gpt-oss", "granite", "llama", "nomic-bert", "olmoe", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "smollm3")
+    assert available_archs() == ("bert", "gemma-embedding", "gemma2", "gemma3", "gemma4", "gpt-oss", "granite", "llama", "nomic-bert", "nomic-bert-moe", "olmoe", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "smollm3")
     llama, qwen2, qwen3, gemma3 = (load_architecture(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
     assert llama.rope_layout is RopeLayout.PAIRWISE and not llama.qkv_bias and not llama.qk_norm
     assert qwen2.rope_layout is RopeLayout.NEOX and qwen2.qkv_bias
@@ -71,7 +71,8 @@ def _variant(tmp_path, base="llama", **changes):
     ({"attention_scale": "sqrt"}, "field 'attention_scale'"),
     ({"attn_softcap": 50.0}, "field 'attn_softcap'"),
     ({"rope_factors": "long_short"}, "'rope_factors' long_short goes with 'rope_scaling' longrope"),
-    ({"fused_qkv": True, "qkv_bias": True}, "'fused_qkv' with 'qkv_bias' is not implemented"),
+    ({"moe_block": ["attn_norm", "qkv", "rope", "attention", "attn_output", "attn_residual", "ffn_norm", "ffn_moe",
+                    "ffn_residual"]}, "field 'moe_block' needs 'moe'"),
     ({"activation": KeyError}, "missing field 'activation'"),
     ({"activation": "relu"}, "field 'activation': 'relu' is not a valid Activation"),
     ({"qkv_bias": "yes"}, "field 'qkv_bias'"),
@@ -100,5 +101,20 @@ def test_unknown_arch_template():
 
 
 def test_every_stage_is_used_by_some_template():
-    used = {s for a in map(load_architecture, available_archs()) for s in a.block + (a.recurrent_block or ())}
+    used = {s for a in map(load_architecture, available_archs())
+            for s in a.block + (a.recurrent_block or ()) + (a.moe_block or ())}
     assert used == set(Stage)
+
+
+def test_nomic_bert_moe_runs_experts_in_the_layers_the_file_picks(tmp_path):
+    """moe_every_n_layers n makes layer il a MoE layer where il % n == 1 (llama.cpp's rule); a MoE
+    layer runs moe_block, whose experts take the dense FFN's place and nothing else."""
+    t = load_architecture("nomic-bert-moe")
+    mask = tuple(il % 2 == 1 for il in range(12))
+    assert [t.layer_kind(il, moe=mask) for il in range(4)] == [LayerKind.GLOBAL, LayerKind.MOE] * 2
+    assert t.block_of(LayerKind.MOE) == t.moe_block and t.block_of(LayerKind.GLOBAL) == t.block
+    assert t.moe is not None and not t.moe.normalize and t.activation.value == "gelu" and t.fused_qkv and t.qkv_bias
+    assert "moe_every_n_layers" in t.metadata_keys() and "moe_every_n_layers" not in load_architecture("olmoe").metadata_keys()
+    bad = [s for s in t.moe_block if s is not Stage.ATTN_OUT_NORM]
+    with pytest.raises(ArchitectureError, match="'moe_block' must be 'block' with ffn_moe in place of its FFN's stages"):
+        parse_architecture_file(_variant(tmp_path, "nomic-bert-moe", moe_block=[s.value for s in bad]))

@@ -30,7 +30,7 @@ class Stage(Enum):
     FFN_NORM = "ffn_norm"
     FFN_GLU = "ffn_glu"
     FFN_DOWN = "ffn_down"
-    FFN_MOE = "ffn_moe"  # a router and experts in place of ffn_glu and ffn_down (the template's `moe`)
+    FFN_MOE = "ffn_moe"  # a router and experts in place of ffn_glu (or ffn_up) and ffn_down (the template's `moe`)
     FFN_POST_NORM = "ffn_post_norm"
     FFN_RESIDUAL = "ffn_residual"
     # a recurrent layer's mixer in place of attention (the template's `recurrent_block`): a Gated
@@ -138,7 +138,9 @@ class MoE:
     with softmax_weight gating (gpt-oss), the top experts by the logits themselves, and the softmax
     of those k logits. Each chosen expert's GLU FFN (the 3-D ffn_gate_exps, ffn_up_exps,
     ffn_down_exps: an expert is one slice; each matmul plus its expert's row of the 2-D bias where
-    `expert_biases`), its output times its weight, summed over the experts in rank order."""
+    `expert_biases`), or, where the template's activation is the plain gelu, an FFN without a gate
+    (ffn_up_exps, GELU, ffn_down_exps: nomic-bert-moe's), its output times its weight, summed over
+    the experts in rank order."""
     normalize: bool  # llama.cpp's norm_w: qwen3moe renormalizes the top-k weights, olmoe does not
     ffn_length_key: str  # the GGUF key (under '{arch}.') of an expert's FFN width
     gating: str = "softmax"  # or "softmax_weight"
@@ -160,6 +162,7 @@ class LayerKind(Enum):
     GLOBAL = "global"
     LOCAL = "local"  # sliding window
     RECURRENT = "recurrent"  # a recurrent block (recurrent_block): state per sequence, no KV
+    MOE = "moe"  # a global attention layer whose FFN is the template's experts (moe_block)
 
 
 class KVLayout(Enum):
@@ -229,6 +232,10 @@ class Architecture:
     # llama.cpp runs EmbeddingGemma; "always": causal, and the file may not say otherwise
     causal: str = "always"
     ffn_bias: bool = False  # ffn_up.bias and ffn_down.bias (BERT)
+    # the block of the layers the GGUF's moe_every_n_layers makes MoE layers (il % n == 1, as
+    # llama.cpp's nomic-bert-moe reads it): `block`'s with ffn_moe in place of the dense FFN's
+    # stages; None: every layer runs `block` (a template with `moe` then has ffn_moe there)
+    moe_block: tuple[Stage, ...] | None = None
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""
@@ -247,6 +254,8 @@ class Architecture:
             keys |= {"expert_count", "expert_used_count", self.moe.ffn_length_key}
         if self.recurrent_block is not None:
             keys |= set(RECURRENT_KEYS)
+        if self.moe_block is not None:
+            keys.add("moe_every_n_layers")
         if Stage.FFN_SHARED_EXPERT in self.block:
             keys.add("expert_shared_feed_forward_length")
         if self.kind_bodies:
@@ -274,16 +283,25 @@ class Architecture:
         default (none: no cap)."""
         return value if value is not None else (getattr(self, field) or 0.0)
 
-    def layer_kind(self, il: int, recurrent: tuple[bool, ...] = (), swa: tuple[bool, ...] = ()) -> LayerKind:
-        """Layer il's kind: recurrent where the file's mask says so, else by the layer pattern (the
-        template's, or the file's sliding_window_pattern where the template says `metadata`)."""
+    def layer_kind(self, il: int, recurrent: tuple[bool, ...] = (), swa: tuple[bool, ...] = (),
+                   moe: tuple[bool, ...] = ()) -> LayerKind:
+        """Layer il's kind: recurrent, or MoE, where the file's mask says so, else by the layer
+        pattern (the template's, or the file's sliding_window_pattern where the template says
+        `metadata`)."""
         if il < len(recurrent) and recurrent[il]:
             return LayerKind.RECURRENT
+        if il < len(moe) and moe[il]:
+            return LayerKind.MOE
         if self.layer_pattern is None:
             return LayerKind.GLOBAL
         if self.layer_pattern == FROM_FILE:
             return LayerKind.LOCAL if swa[il] else LayerKind.GLOBAL
         return self.layer_pattern[il % len(self.layer_pattern)]
+
+    def block_of(self, kind: LayerKind) -> tuple[Stage, ...]:
+        """The stages a layer of this kind runs."""
+        own = {LayerKind.RECURRENT: self.recurrent_block, LayerKind.MOE: self.moe_block}.get(kind)
+        return own if own is not None else self.block
 
     def rotates(self, il: int) -> bool:
         """Whether attention layer il applies rope (not a NoPE layer)."""

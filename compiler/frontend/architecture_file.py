@@ -56,6 +56,7 @@ _PARSERS = {
     "position_embedding": lambda v: _one_of(v, ("none", "absolute")),
     "causal": lambda v: _one_of(v, ("always", "metadata", "never")),
     "ffn_bias": lambda v: _boolean(v),
+    "moe_block": lambda v: None if v is None else tuple(Stage(s) for s in _list(v)),
 }
 assert set(_PARSERS) == {f.name for f in fields(Architecture)}
 # Fields a template may leave out, and what it then says: a dense FFN, per-head q/k norms
@@ -63,7 +64,7 @@ _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn
              "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
              "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False,
              "kind_bodies": False, "shared_kv": False, "k_as_v": False, "v_norm": False,
-             "position_embedding": "none", "causal": "always", "ffn_bias": False}
+             "position_embedding": "none", "causal": "always", "ffn_bias": False, "moe_block": None}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)
@@ -190,7 +191,8 @@ def parse_architecture_file(path: Path) -> Architecture:
 def _check_consistency(path: Path, t: Architecture) -> None:
     if t.arch != path.stem:
         raise ArchitectureError(f"{path}: field 'arch' is '{t.arch}' but the file is named for '{path.stem}'")
-    required = _ENCODER_ORDER if t.norm == "layer" else _REQUIRED_ORDER if t.moe is None else _REQUIRED_ORDER_MOE
+    dense = t.moe is None or t.moe_block is not None  # `block` has no experts (moe_block's layers do)
+    required = _ENCODER_ORDER if t.norm == "layer" else _REQUIRED_ORDER if dense else _REQUIRED_ORDER_MOE
     present = [s for s in t.block if s in (*_REQUIRED_ORDER, *_ENCODER_ORDER, Stage.FFN_MOE)]
     if t.norm == "layer":
         present = [_ENCODER_CHOICES.get(s, s) for s in present if _ENCODER_CHOICES.get(s, s) is not None]
@@ -205,6 +207,8 @@ def _check_consistency(path: Path, t: Architecture) -> None:
     for block in (t.block, t.recurrent_block or ()):
         if Stage.FFN_SHARED_EXPERT in block and block[block.index(Stage.FFN_SHARED_EXPERT) - 1] is not Stage.FFN_MOE:
             raise ArchitectureError(f"{path}: 'ffn_shared_expert' must follow 'ffn_moe' directly")
+    if t.moe_block is not None:
+        _check_moe_block(path, t)
     if Stage.DELTA_NET in t.block:
         raise ArchitectureError(f"{path}: field 'block' lists delta_net, which belongs in 'recurrent_block'")
     if t.recurrent_block is not None:
@@ -218,7 +222,21 @@ def _check_consistency(path: Path, t: Architecture) -> None:
         raise ArchitectureError(f"{path}: field 'layer_pattern' is required by, and only allowed with, attn_variant 'hybrid_sliding'")
     if hybrid and t.layer_pattern != FROM_FILE and LayerKind.LOCAL not in t.layer_pattern:
         raise ArchitectureError(f"{path}: a hybrid_sliding template needs local layers in 'layer_pattern'")
-    if t.fused_qkv and t.qkv_bias:
-        raise ArchitectureError(f"{path}: 'fused_qkv' with 'qkv_bias' is not implemented")
     if (t.rope_factors is RopeFactors.LONG_SHORT) != (RopeScaling.LONGROPE in t.rope_scaling):
         raise ArchitectureError(f"{path}: 'rope_factors' long_short goes with 'rope_scaling' longrope, and only with it")
+
+
+def _check_moe_block(path: Path, t: Architecture) -> None:
+    """moe_block is block with ffn_moe in place of the dense FFN's stages, in a template with `moe`
+    whose layers are of no other kind."""
+    if t.moe is None:
+        raise ArchitectureError(f"{path}: field 'moe_block' needs 'moe' (its experts)")
+    if t.recurrent_block is not None or t.layer_pattern is not None or t.kind_bodies:
+        raise ArchitectureError(f"{path}: 'moe_block' with other kinds of layer (recurrent_block, layer_pattern, "
+                                "kind_bodies) is not implemented")
+    ffn = (Stage.FFN_UP, Stage.FFN_GLU, Stage.FFN_DOWN)
+    at = next(i for i, s in enumerate(t.block) if s in ffn)
+    want = (*t.block[:at], Stage.FFN_MOE, *(s for s in t.block[at:] if s not in ffn))
+    if t.moe_block != want:
+        raise ArchitectureError(f"{path}: field 'moe_block' must be 'block' with ffn_moe in place of its FFN's "
+                                f"stages: {[s.value for s in want]}")

@@ -228,7 +228,7 @@ def _read_hparams(meta: _Metadata, t: Architecture, tok: TokenizerData) -> HPara
         sliding_window=meta.integer(f"{a}.attention.sliding_window", default=None),
         scalars=read_scalars(meta, t),
         **read_rope_scaling(meta, t),
-        **read_experts(meta, t),
+        **read_experts(meta, t, n_layer),
         **read_recurrent(meta, t, n_layer=n_layer, head_dim=head_dim),
         **read_layers(meta, t, n_layer, n_head, head_dim, n_rot),
         layer_n_ff=layer_n_ff, layer_n_head_kv=layer_n_head_kv,

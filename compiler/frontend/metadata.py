@@ -113,14 +113,23 @@ def read_rope_scaling(meta, t: Architecture) -> dict:
     )
 
 
-def read_experts(meta, t: Architecture) -> dict:
+def read_experts(meta, t: Architecture, n_layer: int) -> dict:
     """A mixture of experts' numbers, as llama.cpp reads them: expert_count and expert_used_count
     (both required), and an expert's FFN width from the template's key (qwen3moe's
-    expert_feed_forward_length, absent: feed_forward_length / expert_used_count)."""
+    expert_feed_forward_length, absent: feed_forward_length / expert_used_count); with a moe_block,
+    which layers run it: il % moe_every_n_layers == 1 (absent or 0: none, and no expert is read)."""
     a = t.arch
     beside = t.moe is None and Stage.FFN_MOE_BESIDE in t.block  # Gemma 4's: experts where the file has them
     if (t.moe is None and not beside) or (beside and meta.get(f"{a}.expert_count") is None):
         return {}
+    moe = {}
+    if t.moe_block is not None:
+        every = meta.integer(f"{a}.moe_every_n_layers", default=0)
+        if every < 0:
+            raise ModelFileError(f"{meta.path}: metadata '{a}.moe_every_n_layers' = {every} must not be negative")
+        moe["moe_layers"] = tuple(every > 0 and il % every == 1 for il in range(n_layer))
+        if not any(moe["moe_layers"]):
+            return moe
     n_expert, n_used = meta.integer(f"{a}.expert_count"), meta.integer(f"{a}.expert_used_count")
     if not 1 <= n_expert <= MOE_MAX_EXPERTS:
         raise ModelFileError(f"{meta.path}: metadata '{a}.expert_count' = {n_expert}; kiln runs 1 to "
@@ -133,7 +142,7 @@ def read_experts(meta, t: Architecture) -> dict:
         n_ff = meta.integer(f"{a}.feed_forward_length") // n_used
     if n_ff <= 0:
         raise ModelFileError(f"{meta.path}: metadata '{a}.expert_feed_forward_length' = {n_ff} must be positive")
-    return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff)
+    return moe | dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff)
 
 
 def read_recurrent(meta, t: Architecture, n_layer: int, head_dim: int) -> dict:

@@ -94,6 +94,7 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    moe_layers: tuple[bool, ...] = ()  # the layers that run the template's moe_block (moe_every_n_layers)
     # a recurrent template's (Gated DeltaNet): which layers are recurrent, and their sizes
     recurrent_layers: tuple[bool, ...] = ()
     ssm: "SSMParams | None" = None
@@ -146,10 +147,13 @@ class HParams:
                  "rope_attn_factor": self.rope_scaled, "rope_n_ctx_orig": self.rope_scaled,
                  "yarn_beta_fast": self.rope_scaling == "yarn", "yarn_beta_slow": self.rope_scaling == "yarn",
                  **{name: self.n_expert > 0 for name in ("n_expert", "n_expert_used", "n_ff_exp")},
-                 "recurrent_layers": False, "ssm": False, "shared_kv_layers": self.shared_kv_layers > 0,
+                 "recurrent_layers": False, "ssm": False, "moe_layers": False,
+                 "shared_kv_layers": self.shared_kv_layers > 0,
                  **{name: False for name in PER_LAYER_FIELDS}}
         out = [(f.name, getattr(self, f.name)) for f in fields(self) if shown.get(f.name, True)]
         out += self.per_layer()
+        if any(self.moe_layers):  # which layers' FFN is the experts: M, else D(ense)
+            out.append(("moe_layers", "".join("M" if m else "D" for m in self.moe_layers)))
         if self.ssm is not None:  # the layer kinds as a pattern, and the DeltaNet's sizes by their names
             out.append(("recurrent_layers", "".join("R" if r else "A" for r in self.recurrent_layers)))
             out += [(f"ssm_{f.name}", getattr(self.ssm, f.name)) for f in fields(self.ssm)]

@@ -2,9 +2,9 @@
 
 An architecture's `block` lists stages; `STAGES` maps each to the function that emits its nodes.
 A body is built once, from the tensors and hyperparameters of the first layer that runs it (a
-hybrid model has two: attention layers run `block`, recurrent ones `recurrent_block`; Gemma 4 one
-per layer kind and KV ownership, emitter.py's body_names); every layer that runs it must then
-have a tensor of the same shape for every role the body uses, and `Graph.layers` records which
+hybrid model has two: attention layers run `block`, recurrent ones `recurrent_block`; nomic-bert-moe
+two, its MoE layers running `moe_block`; Gemma 4 one per layer kind and KV ownership, emitter.py's
+body_names); every layer that runs it must then have a tensor of the same shape for every role the body uses, and `Graph.layers` records which
 (with each layer's kind, window and rope base). A role may be a range of rows of a file tensor (Phi-3's fused attn_qkv and
 ffn_up) or a tensor every layer shares (the rope factors).
 """
@@ -46,7 +46,7 @@ def _body(b: GraphBuilder, name: str) -> tuple[Body, dict]:
     hyperparameters of that layer), and the roles it binds."""
     b.first = b.body_names.index(name)
     b.hp, b.roles, b.cur = b.spec.hparams.for_layer(b.first), {}, b.x
-    for stage in b.arch.recurrent_block if name == Section.RECURRENT else b.arch.block:
+    for stage in b.arch.block_of(b.kinds[b.first]):
         STAGES[stage](b)
     b.hp = b.spec.hparams
     return Body(name, _prefixed(b.take(), body_prefix(name))), b.roles

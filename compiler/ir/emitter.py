@@ -42,7 +42,7 @@ class GraphBuilder:
         self.hp = spec.hparams
         self.nodes: list[Node] = []
         self.roles: dict[str, tuple[str, tuple[int, int] | None]] = {}  # role -> its tensor (blk.0.*), and rows
-        self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers, self.hp.swa_layers)
+        self.kinds = tuple(arch.layer_kind(il, self.hp.recurrent_layers, self.hp.swa_layers, self.hp.moe_layers)
                            for il in range(self.hp.n_layer))
         self.kv_sources = tuple(self._kv_source(il) for il in range(self.hp.n_layer))
         self.body_names = self._body_names()
@@ -138,9 +138,12 @@ class GraphBuilder:
         self.nodes.append(Node(Op.LAYER_NORM, name, (self.x, w, b), (self.x,), NormAttrs(self.hp.norm_eps, 0.0)))
         self.cur = self.x
 
-    def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool = False) -> Value:
+    def matmul(self, name: str, x: Value, role: str | Value, shape: tuple[int, ...], bias: bool | Value = False) -> Value:
+        """x times the role's weight, plus its bias where `bias` (the role's own, or the one given)."""
         w = role if isinstance(role, Value) else self.layer_weight(role)
-        inputs = (x, w) + ((self.layer_weight(w.name, "bias"),) if bias else ())
+        if bias is True:
+            bias = self.layer_weight(w.name, "bias")
+        inputs = (x, w) + ((bias,) if bias else ())
         return self.emit(Op.MATMUL, name, inputs, shape, MatmulAttrs())
 
     def regroup(self, name: str, x: Value, groups: int, parts: tuple[int, ...], outputs: tuple[tuple[int, ...], ...],
@@ -266,14 +269,14 @@ class GraphBuilder:
 
     def _body_names(self) -> tuple[str, ...]:
         """The body each layer runs: the recurrent one, or the attention layers' (one per layer kind
-        where the template's kinds differ in shape, and apart for the layers that keep no KV). The
-        first attention layer's is Section.BODY."""
+        where the template's kinds differ in shape or a kind runs a block of its own, the MoE layers'
+        moe_block; and apart for the layers that keep no KV). The first attention layer's is Section.BODY."""
         keys = []
         for il, kind in enumerate(self.kinds):
             if kind is LayerKind.RECURRENT:
                 keys.append(Section.RECURRENT)
                 continue
-            key = kind.value if self.arch.kind_bodies else ""
+            key = kind.value if self.arch.kind_bodies or self.arch.block_of(kind) != self.arch.block else ""
             if self.kv_sources[il] != il:
                 key = f"{key}_shared" if key else "shared"
             keys.append(key)

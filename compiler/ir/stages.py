@@ -24,26 +24,27 @@ def _attn_norm(b: GraphBuilder) -> None:
 
 
 def _qkv(b: GraphBuilder) -> None:
-    hp, bias = b.hp, b.arch.qkv_bias
-    nq, nkv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-    if b.arch.fused_qkv:  # llama.cpp's views of attn_qkv: Q's rows, K's, V's
-        q, k, v = b.fused("blk.0.attn_qkv.weight", (("attn_q", nq), ("attn_k", nkv), ("attn_v", nkv)))
-    else:
-        q, k, v = "attn_q", "attn_k", "attn_v"
+    hp, nq, nkv = b.hp, b.hp.n_head * b.hp.head_dim, b.hp.n_head_kv * b.hp.head_dim
+    q, k, v = "attn_q", "attn_k", "attn_v"
+    qb = kb = vb = b.arch.qkv_bias  # each projection's own bias, where the template has them
+    if b.arch.fused_qkv:  # llama.cpp's views of attn_qkv: Q's rows, K's, V's (and of its bias)
+        q, k, v = b.fused("blk.0.attn_qkv.weight", ((q, nq), (k, nkv), (v, nkv)))
+        if b.arch.qkv_bias:
+            qb, kb, vb = b.fused("blk.0.attn_qkv.bias", (("attn_q_bias", nq), ("attn_k_bias", nkv), ("attn_v_bias", nkv)))
     if b.arch.attn_output_gate:  # each head's query, then its gate: split them apart
-        qg = b.matmul("q_gated", b.cur, q, (b.T, hp.n_head, 2 * hp.head_dim), bias)
+        qg = b.matmul("q_gated", b.cur, q, (b.T, hp.n_head, 2 * hp.head_dim), qb)
         b.q, b.gate = b.regroup("q", qg, hp.n_head, (hp.head_dim, hp.head_dim), ((0,), (1,)),
                                 (("q", (b.T, hp.n_head, hp.head_dim)), ("attn_gate", (b.T, hp.n_head * hp.head_dim))))
     else:
-        b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), bias)
+        b.q = b.matmul("q", b.cur, q, (b.T, hp.n_head, hp.head_dim), qb)
     if not b.owns_kv:  # it attends to another layer's KV (shared_kv)
         b.k = b.v = None
         return
-    b.k = b.matmul("k", b.cur, k, (b.T, hp.n_head_kv, hp.head_dim), bias)
+    b.k = b.matmul("k", b.cur, k, (b.T, hp.n_head_kv, hp.head_dim), kb)
     if b.arch.k_as_v and not b.has("blk.0.attn_v.weight"):  # K's projection, normed apart (qk_norm)
         b.v = b.k
     else:
-        b.v = b.matmul("v", b.cur, v, (b.T, hp.n_head_kv, hp.head_dim), bias)
+        b.v = b.matmul("v", b.cur, v, (b.T, hp.n_head_kv, hp.head_dim), vb)
 
 
 def _qk_norm(b: GraphBuilder) -> None:
@@ -147,11 +148,11 @@ def _ffn_moe(b: GraphBuilder) -> None:
     experts' FFNs weighted and summed (moe_ffn), as llama.cpp's build_moe_ffn names them."""
     hp, moe = b.hp, b.arch.moe
     n_exp, k, n_ff, n_embd = hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd
-    expected = {"ffn_gate_inp": (n_exp, n_embd), "ffn_gate_exps": (n_exp, n_ff, n_embd),
-                "ffn_up_exps": (n_exp, n_ff, n_embd), "ffn_down_exps": (n_exp, n_embd, n_ff)}
+    parts = ("gate", "up", "down")[b.arch.activation is Activation.GELU:]  # a plain GELU expert has no gate
+    matrix = {"gate": (n_ff, n_embd), "up": (n_ff, n_embd), "down": (n_embd, n_ff)}  # an expert's slice of each
+    expected = {"ffn_gate_inp": (n_exp, n_embd)} | {f"ffn_{p}_exps": (n_exp, *matrix[p]) for p in parts}
     if moe.expert_biases:  # a row of each expert's output width an expert
-        expected |= {"ffn_gate_exps.bias": (n_exp, n_ff), "ffn_up_exps.bias": (n_exp, n_ff),
-                     "ffn_down_exps.bias": (n_exp, n_embd)}
+        expected |= {f"ffn_{p}_exps.bias": (n_exp, matrix[p][0]) for p in parts}
     if moe.router_bias:
         expected["ffn_gate_inp.bias"] = (n_exp,)
     for role, shape in expected.items():
@@ -164,12 +165,10 @@ def _ffn_moe(b: GraphBuilder) -> None:
                                  + (" of F32" if bias else ""))
     logits = b.matmul("ffn_moe_logits", b.cur, "ffn_gate_inp", (b.T, n_exp), moe.router_bias)
     ids, weights = _route(b, logits, RouteAttrs(n_exp, k, moe.normalize, moe.gating == "softmax_weight"))
-    roles = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-    experts = tuple(b.layer_weight(role) for role in roles)
-    biases = tuple(b.layer_weight(role, "bias") for role in roles) if moe.expert_biases else ()
-    parts = ("gate", "up", "down") + (("gate_b", "up_b", "down_b") if biases else ())
+    experts = tuple(b.layer_weight(f"ffn_{p}_exps") for p in parts)
+    biases = tuple(b.layer_weight(f"ffn_{p}_exps", "bias") for p in parts) if moe.expert_biases else ()
     b.cur = b.emit(Op.MOE_FFN, "ffn_moe_out", (b.cur, ids, weights, *experts, *biases), (b.T, n_embd),
-                   MoeAttrs(n_exp, k, b.arch.activation, parts))
+                   MoeAttrs(n_exp, k, b.arch.activation, parts + tuple(f"{p}_b" for p in parts if biases)))
 
 
 def _route(b: GraphBuilder, logits: Value, attrs: RouteAttrs) -> tuple[Value, Value]:

@@ -51,6 +51,7 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.MOE_FFN, "swiglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.MOE_FFN, "swiglu_oai"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
     (Op.MOE_FFN, "geglu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),
+    (Op.MOE_FFN, "gelu"): Kernel("kiln_moe_ffn", RUNTIME_DTYPES),  # experts without a gate (nomic-bert-moe)
     (Op.GLU, "sigmoid"): Kernel("kiln_sigmoid_gate"),
     (Op.GLU, "sigmoid_row"): Kernel("kiln_sigmoid_row_gate"),  # one gate a row
     (Op.REGROUP, ""): Kernel("kiln_regroup"),

@@ -49,7 +49,7 @@ def moe_scratch_bytes(gate: DType, up: DType, down: DType, rows: int, n_expert: 
 
 def _moe_bytes(g: Graph, n: Node, kv: KVConfig) -> int:
     x, a, w = n.inputs[0], n.attrs, moe_weights(n)
-    gate, up = (w["gate_up"],) * 2 if "gate_up" in w else (w["gate"], w["up"])
+    gate, up = (w["gate_up"],) * 2 if "gate_up" in w else (w.get("gate", w["up"]), w["up"])  # no gate: up's rows
     down = w["down"]
     return max(moe_scratch_bytes(tg.dtype, tu.dtype, td.dtype, x.shape[0], a.n_expert, a.n_used, down.shape[2],
                                  x.shape[1]) for tg, tu, td in zip(*(g.tensors(v) for v in (gate, up, down))))

@@ -150,6 +150,8 @@ def _moe_ffn(n: Node) -> str | None:
     if len(a.parts) != len(n.inputs) - 3 or not set(a.parts) <= set(MOE_PARTS) or "down" not in w \
             or ("gate_up" in w) == ("gate" in w or "up" in w):
         return f"weights {a.parts} are not gate, up (or gate_up), down, and their optional biases and scale"
+    if ("gate" in w or "gate_up" in w) == (a.activation is Activation.GELU):  # a plain GELU expert has no gate
+        return f"a {a.activation.value} expert {'has no' if a.activation is Activation.GELU else 'needs a'} gate"
     n_embd, n_ff = x.shape[-1], w["down"].shape[2]
     if ids.shape != (x.shape[0], a.n_used) or weights.shape != ids.shape or out.shape != x.shape:
         return f"x {x.shape}, ids {ids.shape}, weights {weights.shape}, output {out.shape} disagree"
