@@ -20,6 +20,7 @@
  * types are dequantized and transposed on the stack.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -181,7 +182,7 @@ static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_vi
  * weighted V rows, the queries sharing each row load; each score and each column is summed
  * in one order whoever shares it (attn_span.h). */
 static void score_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
-                       const span_rows *sp, int hd, float scale, float softcap) {
+                       const span_rows *sp, int hd, float scale, float softcap, const float *slope, const int *at) {
     float s[ATTN_MAX_Q][SPAN];
     const int j0 = sp->j0, n = sp->n;
     int order[ATTN_MAX_Q], n_live = 0;
@@ -198,6 +199,8 @@ static void score_span(const attn_state st[], const float *const q[], const int 
     }
     for (int o = 0; o < n_live; o++) {
         const int i = order[o];
+        if (slope) /* ALiBi: each score less the head's slope times its distance (llama.cpp's mask of -|i - j|) */
+            for (int j = 0; j < n; j++) s[i][j] += slope[i] * (float)-abs(at[i] - (j0 + j));
         if (softcap != 0.0f) kiln_vsoftcap(s[i], n, softcap); /* each score on its own: lanes do not matter */
         if (j0 < first[i] || j0 + n - 1 > last[i]) /* the span's edge: rows this query cannot see */
             for (int j = 0; j < n; j++)
@@ -233,9 +236,10 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
 
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
  * states in scratch; after a barrier each query head folds its spans in order. */
-static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int first, int last,
+static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, int first, int last,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int n_head, int n_head_kv, int hd,
-                         float scale, float softcap, const float *sinks, int max_spans, float *scratch) {
+                         float scale, float softcap, const float *sinks, const float *slopes, int max_spans,
+                         float *scratch) {
     const int group = n_head / n_head_kv, sp0 = first / SPAN, n_spans = last / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + KILN_ATTN_SPAN_STATE;
     const int32_t *table = kiln_kv_table(kv, seq);
@@ -243,11 +247,13 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         const int g = item / n_spans, sp = item % n_spans;
         const float *qs[ATTN_MAX_Q];
         attn_state st[ATTN_MAX_Q];
-        int lo[ATTN_MAX_Q], hi[ATTN_MAX_Q];
+        int lo[ATTN_MAX_Q], hi[ATTN_MAX_Q], at[ATTN_MAX_Q];
+        float sl[ATTN_MAX_Q];
         for (int i = 0; i < group; i++) {
             float *slot = scratch + ((size_t)(g * group + i) * max_spans + sp) * part;
             st[i] = (attn_state){slot + KILN_ATTN_SPAN_STATE, slot, slot + 1};
             qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = last;
+            at[i] = p, sl[i] = slopes ? slopes[g * group + i] : 0.0f;
         }
         int a, b;
         span_bounds(lo, hi, group, (sp0 + sp) * SPAN, &a, &b);
@@ -260,7 +266,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
         span_rows rows;
         stage_span(&rows, buf, buf + nb, kv, table, g, row_bytes, hd, a, b);
-        score_span(st, qs, lo, hi, group, &rows, hd, scale, softcap);
+        score_span(st, qs, lo, hi, group, &rows, hd, scale, softcap, slopes ? sl : NULL, at);
     }
     kiln_barrier(th);
     for (int h = th->ith; h < n_head; h += th->nth) {
@@ -282,7 +288,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
  * time; each query folds its spans in order, as on every path. */
 static void attend_block(float *out, const float *q, int seq, const int32_t *row, const int32_t *seen, int ta, int tb,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int h0, int heads, int g, int n_head,
-                         int hd, float scale, float softcap, const float *sinks) {
+                         int hd, float scale, float softcap, const float *sinks, const float *slopes) {
     float acc[ATTN_ITEM_FLOATS], max[ATTN_ITEM_Q], denom[ATTN_ITEM_Q];
     float pacc[ATTN_MAX_Q][KILN_MAX_HEAD_DIM], pmax[ATTN_MAX_Q], pdenom[ATTN_MAX_Q];
     const float *qs[ATTN_ITEM_Q];
@@ -312,15 +318,17 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
         for (int i0 = 0; i0 < nq;) {
             const float *sq[ATTN_MAX_Q];
             attn_state ps[ATTN_MAX_Q];
-            int sf[ATTN_MAX_Q], sl[ATTN_MAX_Q], idx[ATTN_MAX_Q], n = 0;
+            int sf[ATTN_MAX_Q], sl[ATTN_MAX_Q], idx[ATTN_MAX_Q], at[ATTN_MAX_Q], n = 0;
+            float slope[ATTN_MAX_Q];
             for (; i0 < nq && n < ATTN_MAX_Q; i0++)
                 if (first[i0] <= b && last[i0] >= a) {
                     sq[n] = qs[i0], sf[n] = first[i0], sl[n] = last[i0], idx[n] = i0;
+                    at[n] = row[ta + i0 / heads], slope[n] = slopes ? slopes[h0 + i0 % heads] : 0.0f;
                     ps[n] = (attn_state){pacc[n], &pmax[n], &pdenom[n]};
                     n++;
                 }
             if (!n) break;
-            score_span(ps, sq, sf, sl, n, &rows, hd, scale, softcap);
+            score_span(ps, sq, sf, sl, n, &rows, hd, scale, softcap, slopes ? slope : NULL, at);
             for (int k = 0; k < n; k++)
                 fold((attn_state){acc + (size_t)idx[k] * hd, &max[idx[k]], &denom[idx[k]]}, pacc[k], pmax[k],
                      pdenom[k], hd);
@@ -333,19 +341,29 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
     }
 }
 
+void kiln_alibi_slopes(float *slopes, int n_head, float max_bias) {
+    const int n_log2 = 1 << (int)floor(log2((double)n_head));
+    const float m0 = powf(2.0f, -max_bias / (float)n_log2), m1 = powf(2.0f, -(max_bias / 2.0f) / (float)n_log2);
+    for (int h = 0; h < n_head; h++)
+        slopes[h] = h < n_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_log2) + 1));
+}
+
 void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq,
                            const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
-                           int n_head_kv, int head_dim, float scale, float softcap, const float *sinks, void *scratch,
-                           int max_spans) {
+                           int n_head_kv, int head_dim, float scale, float softcap, const float *sinks, float alibi,
+                           void *scratch, int max_spans) {
     const int group = n_head / n_head_kv;
+    float slope_of[alibi > 0.0f ? n_head : 1];
+    const float *slopes = alibi > 0.0f ? slope_of : NULL;
+    if (slopes) kiln_alibi_slopes(slope_of, n_head, alibi);
     const size_t row_bytes[2] = {kiln_row_bytes(kv->k_type, head_dim), kiln_row_bytes(kv->v_type, head_dim)};
     if (kv->mass && th->ith == 0) /* H2O's bookkeeping, when asked for: one thread, the others wait at the barrier */
-        kiln_attention_mass(q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks);
+        kiln_attention_mass(q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks, alibi);
     if (n_tokens == 1 && scratch && group <= ATTN_MAX_Q) {
         const int first = kiln_kv_first_visible(kv, row[0]), last = kiln_kv_last_visible(kv, row[0], seen[0]);
         if (last / SPAN - first / SPAN < max_spans) {
-            attend_split(th, out, q, seq[0], first, last, kv, row_bytes, n_head, n_head_kv, head_dim, scale, softcap,
-                         sinks, max_spans, scratch);
+            attend_split(th, out, q, seq[0], row[0], first, last, kv, row_bytes, n_head, n_head_kv, head_dim, scale,
+                         softcap, sinks, slopes, max_spans, scratch);
             return;
         }
     }
@@ -366,7 +384,7 @@ void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, co
             for (int hb = 0; hb < per_block; hb++)
                 if ((item + hb) % th->nth == th->ith)
                     attend_block(out, q, seq[ta], row, seen, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
-                                 n_head, head_dim, scale, softcap, sinks);
+                                 n_head, head_dim, scale, softcap, sinks, slopes);
         }
         t0 += run;
     }
@@ -375,14 +393,14 @@ void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, co
 void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,
                        const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv,
                        int head_dim, float scale, void *scratch, int max_spans) {
-    kiln_attention_ext_mt(th, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, NULL, scratch,
-                          max_spans);
+    kiln_attention_ext_mt(th, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, 0.0f, NULL,
+                          0.0f, scratch, max_spans);
 }
 
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                    const float *sinks, void *scratch, int max_spans) {
+                    const float *sinks, float alibi, void *scratch, int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
     kiln_attention_ext_mt(&alone, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks,
-                          scratch, max_spans);
+                          alibi, scratch, max_spans);
 }

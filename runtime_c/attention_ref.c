@@ -11,14 +11,16 @@
 #include "vec_f32.h"
 
 void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
-                         const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale, float softcap, const float *sinks) {
+                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
+                         const float *sinks, float alibi) {
     const int group = n_head / n_head_kv;
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim);
     float kr[KILN_MAX_HEAD_DIM];
     uint8_t raw[KILN_MAX_HEAD_DIM * sizeof(float)];
     float *s = malloc(sizeof(float) * (size_t)kv->mass_stride); /* one head's scores over a history */
+    float slopes[alibi > 0.0f ? n_head : 1];
     if (!s) return; /* the bookkeeping is skipped, never the attention */
+    if (alibi > 0.0f) kiln_alibi_slopes(slopes, n_head, alibi);
     for (int t = 0; t < n_tokens; t++) {
         const int32_t *table = kiln_kv_table(kv, seq[t]);
         const int first = kiln_kv_first_visible(kv, row[t]), n = kiln_kv_last_visible(kv, row[t], seen[t]) - first + 1;
@@ -32,6 +34,7 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
                 float dot = 0.0f; /* the scores' chain (attn_span.h) */
                 for (int d = 0; d < head_dim; d++) dot = fmaf(qh[d], kr[d], dot);
                 s[j] = dot * scale;
+                if (alibi > 0.0f) s[j] += slopes[h] * (float)-abs(row[t] - (first + j));
                 if (softcap != 0.0f) kiln_vsoftcap(&s[j], 1, softcap);
                 max = s[j] > max ? s[j] : max;
             }
@@ -46,10 +49,11 @@ void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row,
 
 /* The reference: one row at a time, online softmax in scalar float. */
 void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen,
-                        int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                        const float *sinks) {
+                        int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
+                        float softcap, const float *sinks, float alibi) {
     const int group = n_head / n_head_kv;
+    float slopes[alibi > 0.0f ? n_head : 1];
+    if (alibi > 0.0f) kiln_alibi_slopes(slopes, n_head, alibi);
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     float acc[KILN_MAX_HEAD_DIM], kr[KILN_MAX_HEAD_DIM], vr[KILN_MAX_HEAD_DIM];
     uint8_t raw[KILN_MAX_HEAD_DIM * sizeof(float)];
@@ -66,6 +70,7 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
             float s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qh[d] * kr[d];
             s *= scale;
+            if (alibi > 0.0f) s += slopes[h] * (float)-abs(p - j);
             if (softcap != 0.0f) s = tanhf(s * (1.0f / softcap)) * softcap;
             if (s > max) {
                 const float c = expf(max - s);

@@ -67,6 +67,11 @@ void kiln_gelu(float *y, const float *x, int n) {
     }
 }
 
+void kiln_geglu_erf(float *y, const float *gate, const float *up, int n) {
+    kiln_gelu(y, gate, n);
+    for (int i = 0; i < n; i++) y[i] *= up[i];
+}
+
 void kiln_layer_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, const float *b, float eps,
                         int n, int rows) {
     int r0, r1;

@@ -108,6 +108,7 @@ void kiln_geglu_ref(float *y, const float *gate, const float *up, int n); /* the
 /* rows of n: y = (x - mean) / sqrt(var + eps) * w + b (w, b NULL: 1, 0) */
 void kiln_layer_norm(float *y, const float *x, const float *w, const float *b, float eps, int n, int rows);
 void kiln_gelu(float *y, const float *x, int n); /* x Phi(x), erf's GELU */
+void kiln_geglu_erf(float *y, const float *gate, const float *up, int n); /* kiln_gelu(gate) * up (jina-bert-v2) */
 /* -- Gated DeltaNet (delta_net.c) ----------------------------------------------------------- */
 /* Channels c0 .. c1 - 1 of each row, rows in order: y = silu(sum over the taps of w[c][k] times the
    window: its sequence's last taps - 1 inputs (state + seq * slot_floats, [taps - 1][channels], zeros
@@ -212,7 +213,9 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
                        const float *factors, int hadamard);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t, at
    cache row row[t], sees in its sequence: up to seen[t] (its own row in a causal model, its
-   sequence's last row of the step in a bidirectional one), within the view's window; softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
+   sequence's last row of the step in a bidirectional one), within the view's window; alibi > 0
+   (jina-bert-v2's ALiBi, llama.cpp's max_alibi_bias) adds slope_h * -|row[t] - j| to each score,
+   head h's slope as ggml's soft_max makes it (kiln_alibi_slopes); softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
    where not NULL, adds a logit sinks[h] with no value row to each head's softmax (gpt-oss). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
    softmax is computed on its own and the spans are merged in order, so a token's result does not
    depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
@@ -221,15 +224,19 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
 #define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + KILN_ATTN_SPAN_STATE))
 void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
                     const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                    const float *sinks, void *scratch, int max_spans);
+                    const float *sinks, float alibi, void *scratch, int max_spans);
+/* ALiBi's slope of each of n_head heads for max_bias: m0^(h+1) for the first 2^floor(log2 n_head)
+   heads, then m1^(2(h - that) + 1), as ggml's soft_max */
+void kiln_alibi_slopes(float *slopes, int n_head, float max_bias);
 /* mass[seq[t]][j] += softmax(q[t][h] . K[j] * scale)[j] summed over heads, for every position j token
    t sees: the attention each position receives, which heavy-hitter eviction (H2O) keeps the largest
    of. kiln_attention_mt calls it after its own work when kv->mass is set. */
-void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv,
-                         int n_head, int n_head_kv, int head_dim, float scale, float softcap, const float *sinks);
+void kiln_attention_mass(const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
+                         const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
+                         const float *sinks, float alibi);
 /* the same, one cache row at a time in scalar float: the reference the SIMD version is tested against */
-void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
-                        const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                        const float *sinks);
+void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen,
+                        int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
+                        float softcap, const float *sinks, float alibi);
 
 #endif

@@ -28,11 +28,11 @@ void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const 
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
                        const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
                        int n_head_kv, int head_dim, float scale, void *scratch, int max_spans);
-/* the same with soft-capped scores (Gemma 2) or sinks (gpt-oss), either 0 / NULL: none */
+/* the same with soft-capped scores (Gemma 2), sinks (gpt-oss) or ALiBi (jina-bert-v2), each 0 / NULL: none */
 void kiln_attention_ext_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
                            const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
-                           int n_head_kv, int head_dim, float scale, float softcap, const float *sinks, void *scratch,
-                           int max_spans);
+                           int n_head_kv, int head_dim, float scale, float softcap, const float *sinks, float alibi,
+                           void *scratch, int max_spans);
 
 /* a mixture of experts (kernels.h): the router by rows; the experts' FFN by granules of output rows */
 void kiln_moe_route_mt(const kiln_thread *t, int32_t *ids, float *weights, const float *logits, int n_rows,
@@ -59,6 +59,7 @@ void kiln_scale_row_mt(const kiln_thread *t, float *y, const float *x, int n, in
 void kiln_layer_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, const float *b, float eps,
                         int n, int rows);
 void kiln_gelu_mt(const kiln_thread *t, float *y, const float *x, int n);
+void kiln_geglu_erf_mt(const kiln_thread *t, float *y, const float *gate, const float *up, int n);
 void kiln_add_row_mt(const kiln_thread *t, float *y, const float *x, int n, int width, const float *w);
 void kiln_layer_slice_mt(const kiln_thread *t, float *y, const float *x, int n, int width, int n_layer, int l);
 /* y[i] = x[rows[i]] for i < n: the rows whose logits were asked for */

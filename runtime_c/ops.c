@@ -242,6 +242,7 @@ SCALAR_MT(kiln_scale)
 SCALAR_MT(kiln_softcap)
 ELEMENTWISE_MT(kiln_swiglu)
 ELEMENTWISE_MT(kiln_geglu)
+ELEMENTWISE_MT(kiln_geglu_erf) /* encoder.c's */
 
 /* y[r][i] = x[r][i] OP w[i], a row of weights against every row: * each column by its weight (ggml_mul
    by a row; Gemma 4's router input), + a row added to every row (BERT's token-type embedding) */

@@ -29,12 +29,13 @@ def write_bert(path: Path, vocab_from: Path, n_embd: int = 64, n_layer: int = 2,
     a SwiGLU FFN, no biases but the norms' (nomic-embed-text's). "nomic-bert-moe": the same
     attention with biases, a GELU FFN with biases, and in odd layers (moe_every_n_layers 2) a
     router (ffn_gate_inp) over 8 experts without a gate or biases (ffn_up_exps, ffn_down_exps), 2 a
-    token (nomic-embed-text-v2-moe's)."""
+    token (nomic-embed-text-v2-moe's). "jina-bert-v2": BERT's attention with ALiBi in place of
+    position_embd, and a GEGLU FFN whose ffn_up (and its bias) holds the gate's rows then up's."""
     rng = np.random.default_rng(seed)
     src = read_header(Path(vocab_from)).fields  # kiln's walk: gguf-py's takes 13 s over 250k pieces
     n_vocab = len(src["tokenizer.ggml.tokens"].raw)
     n_types = src["tokenizer.ggml.token_type_count"].raw if "tokenizer.ggml.token_type_count" in src else 2
-    nomic, moe = arch.startswith("nomic-bert"), arch == "nomic-bert-moe"
+    nomic, moe, jina = arch.startswith("nomic-bert"), arch == "nomic-bert-moe", arch == "jina-bert-v2"
     n_expert = 8
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -69,13 +70,13 @@ def write_bert(path: Path, vocab_from: Path, n_embd: int = 64, n_layer: int = 2,
 
     matrix("token_embd.weight", n_vocab, n_embd)
     w.add_tensor("token_types.weight", mat(n_types, n_embd, scale=0.5))
-    if not nomic:
+    if not nomic and not jina:
         w.add_tensor("position_embd.weight", mat(ctx, n_embd, scale=0.5))
     norm("token_embd_norm", n_embd)
     attention = (("attn_qkv", 3 * n_embd, n_embd),) if nomic else \
         (("attn_q", n_embd, n_embd), ("attn_k", n_embd, n_embd), ("attn_v", n_embd, n_embd))
     gate = (("ffn_gate", n_ff, n_embd),) if arch == "nomic-bert" else ()  # nomic-bert's SwiGLU
-    ffn = (("ffn_up", n_ff, n_embd), *gate, ("ffn_down", n_embd, n_ff))
+    ffn = (("ffn_up", (2 if jina else 1) * n_ff, n_embd), *gate, ("ffn_down", n_embd, n_ff))
     for il in range(n_layer):
         p = f"blk.{il}."
         experts = moe and il % 2 == 1

@@ -6,7 +6,9 @@ BertForSequenceClassification applies it (tanh(cls . x + b), then cls.output). A
 attn_qkv, a SwiGLU FFN, no biases but the norms'. A nomic-bert-moe file (nomic-embed-text-v2-moe):
 that attention with biases, a GELU FFN with biases, and in the layers with a router (ffn_gate_inp)
 the softmax's top expert_used_count experts, each up, GELU, down, times its probability as it is
-(llama.cpp's build_moe_ffn for the arch: no renormalization), summed in rank order."""
+(llama.cpp's build_moe_ffn for the arch: no renormalization), summed in rank order. A jina-bert-v2 file (jina-embeddings-v2): BERT's attention with ALiBi in place
+of learned positions (each score plus slope_h * -|i - j|, ggml's slopes for max bias 8), and a GEGLU
+FFN whose ffn_up holds the gate's rows then up's, gelu(gate) * up by erf as jina's code has it."""
 from __future__ import annotations
 
 import math
@@ -17,6 +19,13 @@ import numpy as np
 from gguf.quants import dequantize
 
 _erf = np.vectorize(math.erf)
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ggml's soft_max slopes: m0^(h+1) for the first 2^floor(log2 n) heads, then m1^(2(h - that) + 1)."""
+    n2 = 1 << int(math.floor(math.log2(n_head)))
+    m0, m1 = 2.0 ** (-max_bias / n2), 2.0 ** (-(max_bias / 2.0) / n2)
+    return np.array([m0 ** (h + 1) if h < n2 else m1 ** (2 * (h - n2) + 1) for h in range(n_head)])
 
 
 class GgufBert:
@@ -30,6 +39,8 @@ class GgufBert:
         self.eps = meta["attention.layer_norm_epsilon"]
         self.rope_base = meta.get("rope.freq_base", 10000.0) if a.startswith("nomic-bert") else None
         self.n_used = meta.get("expert_used_count", 0)
+        self.alibi = a == "jina-bert-v2"
+        self.max_bias = 8.0 if self.alibi else 0.0  # llama.cpp fixes jina-bert-v2's at 8 (a control may set 0)
         self.routed: list[int] = []  # every expert the router chose, in order
 
     def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -67,7 +78,7 @@ class GgufBert:
     def hidden(self, ids: list[int]) -> np.ndarray:
         t, n = self.t, len(ids)
         x = t["token_embd.weight"][ids] + t["token_types.weight"][0]
-        if self.rope_base is None:
+        if self.rope_base is None and not self.alibi:
             x = x + t["position_embd.weight"][:n]
         x = self._ln(x, "token_embd_norm")
         e = x.shape[1]
@@ -83,12 +94,17 @@ class GgufBert:
             if self.rope_base is not None:
                 q, k = self._rope(q), self._rope(k)
             s = q @ k.transpose(0, 2, 1) / math.sqrt(d)
+            if self.max_bias:
+                s = s - alibi_slopes(self.n_head, self.max_bias)[:, None, None] * np.abs(np.subtract.outer(range(n), range(n)))
             a = np.exp(s - s.max(-1, keepdims=True))
             a /= a.sum(-1, keepdims=True)
             ctx = (a @ v).transpose(1, 0, 2).reshape(n, -1)
             x = self._ln(self._lin(ctx, p + "attn_output") + x, p + "attn_output_norm")
             if p + "ffn_gate_inp.weight" in t:
                 ff = self._experts(x, p)
+            elif self.alibi:  # ffn_up: the gate's rows, then up's
+                up = self._lin(x, p + "ffn_up")
+                ff = self._lin(self._gelu(up[:, :up.shape[1] // 2]) * up[:, up.shape[1] // 2:], p + "ffn_down")
             elif p + "ffn_gate.weight" in t:
                 up, g = self._lin(x, p + "ffn_up"), self._lin(x, p + "ffn_gate")
                 ff = self._lin(g / (1.0 + np.exp(-g)) * up, p + "ffn_down")

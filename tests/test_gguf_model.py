@@ -86,7 +86,7 @@ def test_truncated_real_model(smollm2, tmp_path):
 
 
 def test_unknown_architecture(tiny):
-    with pytest.raises(ModelFileError, match=r"unknown architecture 'mamba9'.*supported: bert, gemma-embedding, gemma2, gemma3, gemma4, gpt-oss, granite, llama, nomic-bert, nomic-bert-moe, olmoe, phi3, qwen2, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, smollm3"):
+    with pytest.raises(ModelFileError, match=r"unknown architecture 'mamba9'.*supported: bert, gemma-embedding, gemma2, gemma3, gemma4, gpt-oss, granite, jina-bert-v2, llama, nomic-bert, nomic-bert-moe, olmoe, phi3, qwen2, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, smollm3"):
         read_model(tiny("llama", metadata_arch="mamba9"))
 
 

@@ -9,6 +9,7 @@ from gguf import GGML_QUANT_SIZES, quants
 from compiler.build.runtime import runtime_kernels
 
 from compiler.core.dtypes import RUNTIME_DTYPES, X8_DTYPES, act_row_bytes
+from encoder_reference import alibi_slopes
 
 K = runtime_kernels()
 ffi, lib = K.ffi, K.lib
@@ -338,6 +339,20 @@ def test_glu_and_add():
     np.testing.assert_array_equal(y, g + u)
 
 
+def test_erf_gelu_and_its_glu():
+    """BERT's GELU, x Phi(x) by erf, and jina-bert-v2's GLU of it, against math.erf in float64, to
+    2e-6 relative down to 1e-12 (the two forms meet at -1/sqrt 2)."""
+    import math
+    x = np.concatenate([np.linspace(-12, 12, 4001), [-0.7071068, -0.70710677, 0.0, -30.0, 30.0]]).astype(np.float32)
+    u = np.linspace(-2, 3, x.size).astype(np.float32)
+    exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
+    y, glu = np.zeros_like(x), np.zeros_like(x)
+    lib.kiln_gelu(ptr(y, "float *"), ptr(x, "float *"), x.size)
+    lib.kiln_geglu_erf(ptr(glu, "float *"), ptr(x, "float *"), ptr(u, "float *"), x.size)
+    np.testing.assert_allclose(y, exact, rtol=2e-6, atol=1e-12)
+    np.testing.assert_array_equal(glu, y * u)  # one rounding after the GELU's
+
+
 @pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_1, Q.F32], ids=lambda t: t.name)
 def test_embed_rows(t):
     rng = np.random.default_rng(6)
@@ -414,14 +429,14 @@ class PagedCache:
 
     def attend(self, q: np.ndarray, rows: np.ndarray, n_head: int, scale: float, ref: bool = False,
                max_spans: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
-               seen: np.ndarray | None = None) -> np.ndarray:
+               seen: np.ndarray | None = None, alibi: float = 0.0) -> np.ndarray:
         """Each query at its row; seen: the last row each sees (None: its own, causal)."""
         out = np.zeros((len(rows), n_head, self.hd), np.float32)
         seq = np.zeros(len(rows), np.int32)
         seen = rows if seen is None else seen
         args = (ptr(out, "float *"), ptr(q, "float *"), ptr(seq, "int32_t *"), ptr(rows, "int32_t *"),
                 ptr(seen, "int32_t *"), len(rows), self.view, n_head, self.n_kv, self.hd, scale, softcap,
-                ffi.NULL if sinks is None else ptr(sinks, "float *"))
+                ffi.NULL if sinks is None else ptr(sinks, "float *"), alibi)
         if ref:
             lib.kiln_attention_ref(*args)
         else:
@@ -618,6 +633,37 @@ def test_bidirectional_attention_matches_its_scalar_twin_and_batching(t, half):
         assert np.array_equal(alone[0], block[i]) and np.array_equal(split[0], block[i])
     causal = cache.attend(q, rows, n_head, 0.125)
     assert not np.allclose(causal[:-1], block[:-1], atol=1e-3)  # the rows after a query move it
+
+
+@pytest.mark.parametrize("n_head", [8, 6])  # 6: past the power of two, the second slope series
+def test_alibi_attention(n_head):
+    """jina-bert-v2's ALiBi (max bias 8): each score plus slope_h * -|i - j|, bidirectional, against
+    numpy with ggml's slopes; the span kernel against the scalar twin, each query's bits the same
+    alone, split over spans and in the block; and the bias visibly moves the output."""
+    rng = np.random.default_rng(44)
+    n_kv, hd, n_pos = 2, 64, 150
+    cache = PagedCache(Q.F32, n_kv, hd, n_pos, 16, seed=2)
+    k, v = (rng.standard_normal((n_pos, n_kv, hd)).astype(np.float32) for _ in range(2))
+    cache.store(k, v, np.arange(n_pos, dtype=np.int32))
+    rows = np.array([0, 5, 70, 149], np.int32)
+    seen = np.full(len(rows), n_pos - 1, np.int32)
+    q = rng.standard_normal((len(rows), n_head, hd)).astype(np.float32)
+    got = cache.attend(q, rows, n_head, 0.125, seen=seen, alibi=8.0)
+    slopes = alibi_slopes(n_head, 8.0)
+    for i, p in enumerate(rows):
+        for h in range(n_head):
+            g = h // (n_head // n_kv)
+            s = k[:, g].astype(np.float64) @ q[i, h] * 0.125 - slopes[h] * np.abs(p - np.arange(n_pos))
+            w = np.exp(s - s.max())
+            np.testing.assert_allclose(got[i, h], (w / w.sum()) @ v[:, g], rtol=1e-4, atol=1e-5)
+    ref = cache.attend(q, rows, n_head, 0.125, ref=True, seen=seen, alibi=8.0)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-5)
+    for i in range(len(rows)):
+        one = (q[i:i + 1].copy(), rows[i:i + 1].copy(), n_head, 0.125)
+        alone = cache.attend(*one, seen=seen[:1], alibi=8.0)
+        split = cache.attend(*one, max_spans=12, seen=seen[:1], alibi=8.0)
+        assert np.array_equal(alone[0], got[i]) and np.array_equal(split[0], got[i])
+    assert not np.allclose(got, cache.attend(q, rows, n_head, 0.125, seen=seen), atol=1e-2)
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.Q8_0, Q.Q4_0], ids=lambda t: t.name)

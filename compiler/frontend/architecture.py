@@ -67,6 +67,7 @@ class Activation(Enum):
     # g sigmoid(1.702 g) (clamp(up, -7, 7) + 1)
     SWIGLU_OAI = "swiglu_oai"
     GELU = "gelu"  # a plain FFN's x Phi(x) (erf), BERT's: no gate
+    GEGLU_ERF = "geglu_erf"  # gate Phi(gate) (erf) * up: jina-bert-v2's GLU, as its own code computes it
 
 
 class EmbeddingScale(Enum):
@@ -236,6 +237,9 @@ class Architecture:
     # llama.cpp's nomic-bert-moe reads it): `block`'s with ffn_moe in place of the dense FFN's
     # stages; None: every layer runs `block` (a template with `moe` then has ffn_moe there)
     moe_block: tuple[Stage, ...] | None = None
+    # ALiBi in place of positions (jina-bert-v2): each score plus slope_h * -|i - j|, the slopes
+    # from this max bias as ggml makes them (llama.cpp fixes jina-bert-v2's at 8); None: none
+    alibi_max_bias: float | None = None
 
     def metadata_keys(self) -> frozenset[str]:
         """The keys under '{arch}.' this architecture reads: any other that changes the math is refused."""

@@ -55,6 +55,7 @@ _PARSERS = {
     "v_norm": lambda v: _boolean(v),
     "position_embedding": lambda v: _one_of(v, ("none", "absolute")),
     "causal": lambda v: _one_of(v, ("always", "metadata", "never")),
+    "alibi_max_bias": lambda v: None if v is None else float(v),
     "ffn_bias": lambda v: _boolean(v),
     "moe_block": lambda v: None if v is None else tuple(Stage(s) for s in _list(v)),
 }
@@ -64,7 +65,8 @@ _OPTIONAL = {"moe": None, "qk_norm_span": "head", "recurrent_block": None, "attn
              "ffn_norm_weight": "ffn_norm", "head_pairing": "modulo",
              "nope_layer_step": None, "attn_sinks": False, "attn_output_bias": False,
              "kind_bodies": False, "shared_kv": False, "k_as_v": False, "v_norm": False,
-             "position_embedding": "none", "causal": "always", "ffn_bias": False, "moe_block": None}
+             "position_embedding": "none", "causal": "always", "ffn_bias": False, "moe_block": None,
+             "alibi_max_bias": None}
 
 _REQUIRED_ORDER = (Stage.ATTN_NORM, Stage.QKV, Stage.ROPE, Stage.ATTENTION, Stage.ATTN_OUTPUT,
                    Stage.ATTN_RESIDUAL, Stage.FFN_NORM, Stage.FFN_GLU, Stage.FFN_DOWN, Stage.FFN_RESIDUAL)

@@ -125,6 +125,7 @@ class AttentionAttrs:
     head_dim: int
     scale: float
     softcap: float = 0.0  # scores -> c tanh(s / c) before the softmax; 0: none
+    alibi: float = 0.0  # ALiBi's max bias: each score plus slope_h * -|i - j| (jina-bert-v2); 0: none
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ def _attention_scale(b: GraphBuilder) -> float:
 def _attention(b: GraphBuilder) -> None:
     hp = b.hp
     attrs = AttentionAttrs(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, scale=_attention_scale(b),
-                           softcap=b.arch.softcap_value("attn_softcap", b.hp.scalar("attn_logit_softcapping")))
+                           softcap=b.arch.softcap_value("attn_softcap", b.hp.scalar("attn_logit_softcapping")),
+                           alibi=b.arch.alibi_max_bias or 0.0)
     sinks = ()
     if b.arch.attn_sinks:  # one logit a head, in every softmax's denominator
         t = b.first_tensor("blk.0.attn_sinks.weight")
@@ -130,12 +131,14 @@ def _ffn_norm(b: GraphBuilder) -> None:
 
 def _ffn_glu(b: GraphBuilder) -> None:
     shape, n_ff = (b.T, b.hp.n_ff), b.hp.n_ff
-    if b.arch.fused_ffn_up:  # ffn_up holds the gate's rows, then up's (ggml_swiglu's halves)
+    if b.arch.fused_ffn_up:  # ffn_up holds the gate's rows, then up's (ggml_swiglu's halves), its bias too
         gate_w, up_w = b.fused("blk.0.ffn_up.weight", (("ffn_gate", n_ff), ("ffn_up", n_ff)))
-    else:
-        gate_w, up_w = "ffn_gate", "ffn_up"
-    gate = b.matmul("ffn_gate", b.cur, gate_w, shape)
-    up = b.matmul("ffn_up", b.cur, up_w, shape)
+        gate_b, up_b = b.fused("blk.0.ffn_up.bias", (("ffn_gate_bias", n_ff), ("ffn_up_bias", n_ff))) \
+            if b.arch.ffn_bias else (False, False)
+    else:  # llama.cpp's BERT family: a bias on up alone
+        gate_w, up_w, gate_b, up_b = "ffn_gate", "ffn_up", False, b.arch.ffn_bias
+    gate = b.matmul("ffn_gate", b.cur, gate_w, shape, gate_b)
+    up = b.matmul("ffn_up", b.cur, up_w, shape, up_b)
     b.cur = b.emit(Op.GLU, "ffn_glu", (gate, up), shape, GluAttrs(b.arch.activation))
 
 

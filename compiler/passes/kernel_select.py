@@ -39,11 +39,12 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.HADAMARD, ""): Kernel("kiln_hadamard"),
     (Op.KV_STORE, ""): Kernel("kiln_kv_store", cache=tuple(KV_DTYPES.values())),
     (Op.ATTENTION, ""): Kernel("kiln_attention", cache=tuple(KV_DTYPES.values())),
-    (Op.ATTENTION, "ext"): Kernel("kiln_attention_ext", F32, tuple(KV_DTYPES.values())),  # soft-cap, sinks
+    (Op.ATTENTION, "ext"): Kernel("kiln_attention_ext", F32, tuple(KV_DTYPES.values())),  # soft-cap, sinks, ALiBi
     (Op.ADD, ""): Kernel("kiln_add"),
     (Op.SELECT_ROWS, ""): Kernel("kiln_select_rows"),
     (Op.GLU, "swiglu"): Kernel("kiln_swiglu"),
     (Op.GLU, "geglu"): Kernel("kiln_geglu"),
+    (Op.GLU, "geglu_erf"): Kernel("kiln_geglu_erf"),
     (Op.SCALE, ""): Kernel("kiln_scale", F32),  # by a number, or a weight's one value
     (Op.SCALE, "row"): Kernel("kiln_scale_row", F32),  # each column by its weight (Gemma 4's router input)
     (Op.SOFTCAP, ""): Kernel("kiln_softcap"),
@@ -69,7 +70,7 @@ VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.GLU: lambda n: n.attrs.activation.value + ("_row" if n.inputs[0].shape[1:] == (1,) != n.inputs[1].shape[1:]
                                                     else ""),
     Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 or n.attrs.n_rot < n.inputs[0].shape[-1] else "",
-    Op.ATTENTION: lambda n: "ext" if n.attrs.softcap or any(v.kind is ValueKind.WEIGHT for v in n.inputs) else "",
+    Op.ATTENTION: lambda n: "ext" if n.attrs.softcap or n.attrs.alibi or any(v.kind is ValueKind.WEIGHT for v in n.inputs) else "",
     Op.MOE_FFN: lambda n: n.attrs.activation.value,
     Op.SCALE: lambda n: "row" if n.inputs[1:] and n.inputs[1].shape != (1,) else "",
     Op.ADD: lambda n: "row" if n.inputs[1].kind is ValueKind.WEIGHT else "",
