@@ -234,7 +234,9 @@ def provenance(threads: int | None, llama_server: str | None = None) -> dict:
     command = shlex.join(["kiln", *sys.argv[1:]]) if prog in ("kiln", "__main__.py") else None
     return {"command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "kiln_version": __version__, **_commit(), "cpu": _cpu(), "threads": threads,
-            "llama_cpp_python": llama_cpp, "llama_server": _llama_server_version(llama_server)}
+            "llama_cpp_python": llama_cpp, "llama_server": _llama_server_version(llama_server),
+            # the machine's load at the end (1, 5 and 15 minutes): on a shared machine, how busy the run's neighbours were
+            "loadavg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
 
 
 def write_json(path: str | os.PathLike[str], results: list, llama_server: str | None = None, **meta) -> None:
