@@ -35,7 +35,7 @@ def _exact(path, ids, max_bias: float = 8.0, swap_halves: bool = False) -> np.nd
 
 
 def test_against_float64_and_llamacpp(jina):
-    """Within 1e-5 of the largest float64 value; cosine >= 0.9999 to llama.cpp's vectors (whose GEGLU
+    """Within 1e-6 of the largest float64 value; cosine >= 0.9999 to llama.cpp's vectors (whose GEGLU
     takes the tanh form, kiln's the erf one jina's code uses: kiln is the nearer to float64). The
     float64 pass without ALiBi, or with the GLU's halves swapped, lies far from kiln's vectors."""
     m = compiler.load(jina, n_seq=4)
@@ -44,13 +44,13 @@ def test_against_float64_and_llamacpp(jina):
     mine = m.embed(TEXTS, normalize=-1).astype(np.float64)
     scale = np.abs(exact).max()
     err = np.abs(mine - exact).max(1) / scale
-    assert err.max() < 1e-5, err
+    assert err.max() < 1e-6, err  # 2e-7 here; llama.cpp 2.7e-4 (its tanh GELU)
     theirs = np.stack(llama_rows(jina, ids, 1))
     assert _cos(mine, theirs).min() >= 0.9999
     assert (err <= np.abs(theirs - exact).max(1) / scale).all()
     for control in (dict(max_bias=0.0), dict(swap_halves=True)):
         wrong = _exact(jina, ids, **control)
-        assert np.abs(mine - wrong)[[0, 2, 3]].max() / scale > 1e-3, control  # 100 times the bound
+        assert np.abs(mine - wrong)[[0, 2, 3]].max() / scale > 1e-3, control  # 1,000 times the bound
 
 
 def test_a_vector_is_the_same_bits_however_it_is_batched(jina):
