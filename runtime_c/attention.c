@@ -383,7 +383,8 @@ void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, co
             const int ta = t0 + (int)((long)run * b / n_blocks), tb = t0 + (int)((long)run * (b + 1) / n_blocks);
             for (int hb = 0; hb < per_block; hb++)
                 if ((item + hb) % th->nth == th->ith)
-                    attend_block(out, q, seq[ta], row, seen, ta, tb, kv, row_bytes, hb * heads, heads, hb * heads / group,
+                    attend_block(out, q, seq[ta], row, seen, ta, tb, kv, row_bytes, hb * heads, heads,
+                                 hb * heads / group,
                                  n_head, head_dim, scale, softcap, sinks, slopes);
         }
         t0 += run;
@@ -397,10 +398,10 @@ void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const 
                           0.0f, scratch, max_spans);
 }
 
-void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
-                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                    const float *sinks, float alibi, void *scratch, int max_spans) {
+void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen,
+                    int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
+                    float softcap, const float *sinks, float alibi, void *scratch, int max_spans) {
     const kiln_thread alone = {0, 1, NULL};
-    kiln_attention_ext_mt(&alone, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap, sinks,
-                          alibi, scratch, max_spans);
+    kiln_attention_ext_mt(&alone, out, q, seq, row, seen, n_tokens, kv, n_head, n_head_kv, head_dim, scale, softcap,
+                          sinks, alibi, scratch, max_spans);
 }

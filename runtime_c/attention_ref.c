@@ -64,7 +64,8 @@ void kiln_attention_ref(float *out, const float *q, const int32_t *seq, const in
         float *oh = out + ((size_t)t * n_head + h) * head_dim;
         float max = -INFINITY, denom = 0.0f;
         memset(acc, 0, (size_t)head_dim * sizeof(float));
-        for (int j = kiln_kv_first_visible(kv, p), last = kiln_kv_last_visible(kv, p, seen[t]); j <= last; j++) { /* online softmax: rescale when a new maximum appears */
+        const int last = kiln_kv_last_visible(kv, p, seen[t]);
+        for (int j = kiln_kv_first_visible(kv, p); j <= last; j++) { /* online softmax: rescale on a new maximum */
             kiln_kv_k_read(kv, table, h / group, j, k_row, raw);
             kiln_dequantize_row_ref(kv->k_type, raw, kr, head_dim);
             float s = 0.0f;

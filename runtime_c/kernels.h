@@ -213,18 +213,20 @@ void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int
                        const float *factors, int hadamard);
 /* out[t][h] = softmax(q[t][h] . K[h/group][j] * scale) V over the positions j that token t, at
    cache row row[t], sees in its sequence: up to seen[t] (its own row in a causal model, its
-   sequence's last row of the step in a bidirectional one), within the view's window; alibi > 0
-   (jina-bert-v2's ALiBi, llama.cpp's max_alibi_bias) adds slope_h * -|row[t] - j| to each score,
-   head h's slope as ggml's soft_max makes it (kiln_alibi_slopes); softcap != 0 caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks,
-   where not NULL, adds a logit sinks[h] with no value row to each head's softmax (gpt-oss). Every query's history is cut at multiples of KILN_ATTN_SPAN positions; each span's
-   softmax is computed on its own and the spans are merged in order, so a token's result does not
-   depend on the other rows of the step or on the threads. One token with scratch != NULL spreads
-   its (kv head, span) items over the threads; scratch holds n_head * max_spans * (head_dim + 2)
-   floats of partial softmax (a longer history takes the sequential path, with the same result). */
+   sequence's last row of the step in a bidirectional one), within the view's window. softcap != 0
+   caps each score first, s -> softcap tanh(s / softcap) (Gemma 2); sinks, where not NULL, adds a
+   logit sinks[h] with no value row to each head's softmax (gpt-oss); alibi > 0 (jina-bert-v2's
+   ALiBi, llama.cpp's max_alibi_bias) adds slope_h * -|row[t] - j| to each score, head h's slope as
+   ggml's soft_max makes it (kiln_alibi_slopes). Every query's history is cut at multiples of
+   KILN_ATTN_SPAN positions; each span's softmax is computed on its own and the spans are merged in
+   order, so a token's result does not depend on the other rows of the step or on the threads. One
+   token with scratch != NULL spreads its (kv head, span) items over the threads; scratch holds
+   n_head * max_spans * (head_dim + 2) floats of partial softmax (a longer history takes the
+   sequential path, with the same result). */
 #define KILN_ATTN_SCRATCH_FLOATS(n_head, max_spans, head_dim) ((n_head) * (max_spans) * ((head_dim) + KILN_ATTN_SPAN_STATE))
-void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
-                    const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale, float softcap,
-                    const float *sinks, float alibi, void *scratch, int max_spans);
+void kiln_attention(float *out, const float *q, const int32_t *seq, const int32_t *row, const int32_t *seen,
+                    int n_tokens, const kiln_kv_view *kv, int n_head, int n_head_kv, int head_dim, float scale,
+                    float softcap, const float *sinks, float alibi, void *scratch, int max_spans);
 /* ALiBi's slope of each of n_head heads for max_bias: m0^(h+1) for the first 2^floor(log2 n_head)
    heads, then m1^(2(h - that) + 1), as ggml's soft_max */
 void kiln_alibi_slopes(float *slopes, int n_head, float max_bias);
