@@ -157,7 +157,8 @@ def run_bench_serve(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="pp/tg/tg-at-depth side by side with llama.cpp (same GGUF, same threads)")
+    p = sub.add_parser("bench", help="pp/tg/tg-at-depth side by side with llama.cpp (same GGUF, same threads)",
+                       epilog="docs: docs/benchmarks.md")
     add_model_argument(p)
     p.add_argument("--synthetic", default=None, metavar="SHAPE",
                    help="instead of MODEL, a model of this shape with random weights and SmolLM2's tokenizer, written "
@@ -192,7 +193,8 @@ def register(sub) -> None:
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(run=run_bench)
 
-    p = sub.add_parser("bench-serve", help="a serving workload against kiln serve and llama.cpp's llama-server")
+    p = sub.add_parser("bench-serve", help="a serving workload against kiln serve and llama.cpp's llama-server",
+                       epilog="docs: docs/benchmarks.md")
     add_model_argument(p)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight; each server gets as many slots")

@@ -94,7 +94,7 @@ def run(a: argparse.Namespace) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("chat", help="an interactive conversation in the model's chat template; each turn "
-                                    "prefills only the new message")
+                                    "prefills only the new message", epilog="docs: docs/c-library.md")
     add_model_options(p)
     add_build_options(p)
     add_sampling_options(p)

@@ -57,7 +57,8 @@ def run(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("compile", help="generate C, build the shared library (cached), optionally copy it out")
+    p = sub.add_parser("compile", help="generate C, build the shared library (cached), optionally copy it out",
+                       epilog="docs: docs/architecture.md (the pipeline), docs/c-library.md (--c-lib)")
     add_model_options(p)
     add_build_options(p)
     p.add_argument("-o", "--output", help="directory to keep model.c, the layout map and the library")

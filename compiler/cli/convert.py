@@ -17,7 +17,8 @@ def run(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="convert a Hugging Face BERT folder (safetensors, tokenizer.json) to GGUF")
+    p = sub.add_parser("convert", help="convert a Hugging Face BERT folder (safetensors, tokenizer.json) to GGUF",
+                       epilog="docs: docs/retrieval.md")
     p.add_argument("folder", metavar="DIR", help="the model folder: config.json, model.safetensors, tokenizer.json "
                                                   "and, for sentence-transformers, modules.json")
     p.add_argument("-o", "--output", metavar="OUT.gguf", required=True, help="the GGUF to write")

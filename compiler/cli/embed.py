@@ -43,7 +43,8 @@ def run(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("embed", help="embed each line of a file: one JSON vector a line (an embedding model)")
+    p = sub.add_parser("embed", help="embed each line of a file: one JSON vector a line (an embedding model)",
+                       epilog="docs: docs/retrieval.md")
     add_model_options(p)
     add_build_options(p)
     p.add_argument("-f", "--file", required=True, help="the inputs: a line of text each (--jsonl: a JSON string each)")

@@ -31,7 +31,7 @@ def run_ir(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("layout", help="print the planned memory layout")
+    p = sub.add_parser("layout", help="print the planned memory layout", epilog="docs: docs/architecture.md")
     add_model_options(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="emit JSON instead of the text map")
@@ -39,6 +39,6 @@ def register(sub) -> None:
     p.set_defaults(run=run_layout)
 
     p = sub.add_parser("ir", help="print the IR after all passes: the head, the layer body once, the tail, "
-                                  "and what each layer binds")
+                                  "and what each layer binds", epilog="docs: docs/architecture.md")
     add_model_options(p)
     p.set_defaults(run=run_ir)

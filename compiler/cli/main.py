@@ -12,7 +12,9 @@ COMMANDS = (models, convert, layout, compile, text, run, chat, embed, serve, ben
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kiln", description="Ahead-of-time compiler for CPU LLM inference.")
+    ap = argparse.ArgumentParser(prog="kiln", description="Ahead-of-time compiler for CPU LLM inference.",
+                                 epilog="docs: README.md, then docs/ (one page a topic); "
+                                        "each command's --help names its page")
     ap.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

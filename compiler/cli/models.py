@@ -31,7 +31,7 @@ def run(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("models", help="list or fetch the bundled models")
+    p = sub.add_parser("models", help="list or fetch the bundled models", epilog="docs: docs/models.md")
     p.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")
     p.add_argument("names", nargs="*", help="models to fetch")
     p.add_argument("--all", action="store_true", help="fetch every bundled model")

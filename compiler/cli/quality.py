@@ -46,7 +46,8 @@ def run_perplexity(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved")
+    p = sub.add_parser("kv-quality", help="KL and top-1 of each KV dtype against the f32 cache, and the bytes saved",
+                       epilog="docs: docs/long-context.md")
     add_model_argument(p)
     p.add_argument("--kv-dtype", default="f16,q8_0",
                    help="comma-separated dtypes to measure, K/V for a pair such as q8_0/q4_0 (default f16,q8_0)")
@@ -59,7 +60,7 @@ def register(sub) -> None:
     p.set_defaults(run=run_kv_quality)
 
     p = sub.add_parser("perplexity", help="perplexity of a text: llama-perplexity's chunks, or streamed through "
-                                          "a fixed cache with context shift")
+                                          "a fixed cache with context shift", epilog="docs: docs/long-context.md")
     add_model_options(p)
     add_build_options(p)
     p.add_argument("--text", help="UTF-8 text file (default: a public-domain story of about 10,000 tokens)")

@@ -46,7 +46,8 @@ def run(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="generate text, streaming it (the model is compiled on first use, then cached)")
+    p = sub.add_parser("run", help="generate text, streaming it (the model is compiled on first use, then cached)",
+                       epilog="docs: docs/usage.md")
     add_model_options(p)
     add_build_options(p)
     p.add_argument("-p", "--prompt", required=True, help="the prompt text")

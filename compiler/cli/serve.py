@@ -101,7 +101,8 @@ def run(a: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching and a prefix cache")
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching and a prefix cache",
+                       epilog="docs: docs/serving.md (on Ray: docs/cluster.md)")
     add_model_options(p, n_seq=8)
     add_build_options(p)
     p.add_argument("--host", default="127.0.0.1")

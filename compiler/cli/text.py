@@ -71,7 +71,7 @@ def register(sub) -> None:
     for name, helptext in (("tokenize", "text to token ids, space-separated on one line (as examples/c/generate.c "
                                          "reads them)"),
                            ("detokenize", "token ids (whitespace-separated) to text")):
-        p = sub.add_parser(name, help=helptext)
+        p = sub.add_parser(name, help=helptext, epilog="docs: docs/c-library.md")
         add_model_argument(p)
         src = p.add_mutually_exclusive_group()
         src.add_argument("-p", "--prompt", help="the text (tokenize) or ids (detokenize); default: standard input")
