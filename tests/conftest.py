@@ -26,7 +26,8 @@ from synthetic import TinySpec, write_tiny_model  # noqa: E402
 # front end. A module not named here is slow.
 FAST_MODULES = {"test_builders", "test_cli", "test_fuzz_gguf", "test_gguf_model", "test_golden", "test_kernels",
                 "test_model", "test_moe", "test_passes", "test_planner", "test_progress", "test_runtime_structs",
-                "test_templates", "test_threads", "test_tokenizer", "test_layout_html", "test_means", "test_quant_cli"}
+                "test_templates", "test_threads", "test_tokenizer", "test_layout_html", "test_means", "test_quant_cli",
+                "test_docs"}
 NETWORK_MODULES = {"test_registry"}
 TIERS = {
     "slow": "compiles and runs the real models, builds several runtimes, or serves (not in make test-fast)",
