@@ -7,7 +7,7 @@ of SmolLM2, the real openai client against the ingress.
   the prefix-affinity router's hit rate, summed over the replicas, beats Ray's default router's,
   and each replica's kiln_* metrics reach Ray's metrics export, labelled by replica;
 - a client that leaves is cancelled on its replica, its pages freed;
-- README's `serve deploy` config deploys; a replica killed under load (its pid from Ray's state
+- docs/cluster.md's `serve deploy` config deploys; a replica killed under load (its pid from Ray's state
   API, once requests are evidently in flight on it) loses no request: only a stream that had
   shown output from it may end in an error, every other request is retried and completes, and
   every text is the one a single `kiln serve` gives; Ray restarts the replica.
@@ -56,7 +56,7 @@ N_SEQ, CTX, REPLICAS = 4, 640, 2
 KV_PAGES = 24
 TEST_ARGS = {"model": MODEL, "n_seq": N_SEQ, "ctx": CTX, "kv_pages": KV_PAGES, "threads_per_replica": 1,
              "replicas": REPLICAS}
-README = Path(__file__).parent.parent / "README.md"
+CLUSTER_DOC = Path(__file__).parent.parent / "docs" / "cluster.md"  # the page an operator deploys from
 RECOVERY_BOUND = 300.0  # seconds from a replica's death to a healthy deployment of 2 replicas again
 DEPLOY_BOUND = 300.0
 SIGNAL_BOUND = 120.0  # seconds from SIGINT to kiln serve --ray saying it is taking its app down
@@ -113,15 +113,14 @@ class Cluster:
         self.wait_healthy(DEPLOY_BOUND)
 
     def deploy_readme_config(self, tmp_path) -> None:
-        """README's `serve deploy` config, its args checked and then set to this machine's, deployed
-        through Ray's REST API as an operator would."""
-        text = README.read_text()
-        section = text[text.index("## Serving on a cluster"):]
+        """docs/cluster.md's `serve deploy` config, its args checked and then set to this machine's,
+        deployed through Ray's REST API as an operator would."""
+        section = CLUSTER_DOC.read_text()
         start = section.index("```yaml\n") + len("```yaml\n")
         config = yaml.safe_load(section[start:section.index("```", start)])
         (app,) = config["applications"]
         assert app["import_path"] == "compiler.serving.ray:build_app"
-        settings_from_args(app["args"])  # every argument the README shows is one the app takes
+        settings_from_args(app["args"])  # every argument the page shows is one the app takes
         app["args"] = TEST_ARGS
         config["http_options"] = {"host": "127.0.0.1", "port": int(self.url.rsplit(":", 1)[1])}
         (tmp_path / "kiln.yaml").write_text(yaml.safe_dump(config))
@@ -355,7 +354,7 @@ KILL_REQUESTS, KILL_CONCURRENCY, STREAM_EVERY = 48, 16, 4
 
 
 def test_a_killed_replica_loses_no_request(cluster, one_engine, tmp_path):
-    """README's config, deployed by `serve deploy`; 48 requests at concurrency 16, one in four
+    """docs/cluster.md's config, deployed by `serve deploy`; 48 requests at concurrency 16, one in four
     streamed; SIGKILL to one replica's pid (from Ray's state API) once it has shown a stream output
     and more requests await whole answers than one replica takes at once (so some are on it).
     Only a stream that had shown output from the killed replica may fail (with an error event);
@@ -428,7 +427,7 @@ def test_replicas_against_threads(cluster):
     """The multi-tenant workload on 2 replicas x 1 thread (n_seq 4 and 24 KV pages each) against
     1 replica x 2 threads (n_seq 8, 48 pages: the same sequences and pool in all); then both
     routers again with pools of the default size (n_seq x ctx: 40 pages), which hold all four
-    prefixes. Printed, for the README and the issue's note."""
+    prefixes. Printed, for docs/cluster.md and the issue's note."""
     requests = tenant_requests()
     rows = []
     for name, args in (("2 replicas x 1 thread, affinity", {}),

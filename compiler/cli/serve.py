@@ -90,7 +90,7 @@ def run(a: argparse.Namespace) -> None:
         f"{stats['pages_total']} KV pages of {o.page_size} positions, {m.n_threads} threads"
         + (f"; speculative decoding by prompt lookup, up to {engine.speculation.max_draft} drafts a step"
            if engine.speculation else "")
-        + ("" if keys else "; no API key (see README: Security)"))
+        + ("" if keys else "; no API key (see docs/serving.md, Security)"))
     try:
         # h11 bounds a request's header block (count and size together); httptools would not
         uvicorn.run(create_app(engine, config), host=a.host, port=a.port, log_level=a.log_level, http="h11",

@@ -1,5 +1,5 @@
 """kiln serve --ray: replicas of `kiln serve` on a Ray cluster behind one endpoint (serving/ray.py;
-README: Serving on a cluster). Ray itself is an extra: pip install kiln[ray]."""
+docs/cluster.md). Ray itself is an extra: pip install kiln[ray]."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,7 @@ RAY_ONLY = ("replicas", "autoscale", "threads_per_replica", "ray_address")
 
 
 def add_ray_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("on a Ray cluster (pip install kiln[ray]; README: Serving on a cluster)")
+    g = p.add_argument_group("on a Ray cluster (pip install kiln[ray]; docs/cluster.md)")
     g.add_argument("--ray", action="store_true", help="serve replicas of this server on Ray Serve behind one ingress, "
                                                      "routed by prompt prefix")
     g.add_argument("--replicas", type=int, default=None, metavar="N", help="replicas (default 1)")

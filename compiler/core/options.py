@@ -11,7 +11,7 @@ MAX_PREFILL_CHUNK = 4096
 MAX_SEQ = 256
 MAX_PAGES = 1 << 22
 # Rows of a page are a multiple of 8 so that attention's groups of eight rows never straddle
-# two pages (runtime_c/attention.c); 64 was measured fastest (README, "Choosing the page size").
+# two pages (runtime_c/attention.c); 64 was measured fastest (`kiln bench --page-sizes`; docs/architecture.md).
 PAGE_SIZE_MULTIPLE = 8
 DEFAULT_PAGE_SIZE = 64
 

@@ -121,7 +121,7 @@ class KilnIngress:
         path, config = request.scope["path"], self.settings.server
         if path == "/metrics":
             raise ApiError(404, "kiln's metrics are each replica's, in Ray's metrics export (ray_kiln_*, labelled "
-                                "by replica): see README, Serving on a cluster", kind="not_found_error")
+                                "by replica): see docs/cluster.md", kind="not_found_error")
         check_host(request, config.allowed_hosts)
         if path != "/health":  # the one route server.py answers without a key
             check_key(request, config.api_keys)  # before the body is read or tokenized, as server.py does

@@ -56,7 +56,7 @@ class PrefixAffinityRouter(RequestRouter):
         one before the request goes to the least-loaded one instead. A full replica (at its
         max_ongoing_requests) is never preferred, whatever the bound. kiln's default lets only
         that move a prefix: on a CPU a prefill is dear, and measured on the multi-tenant
-        workload (README: Serving on a cluster), spreading at a bound of n_seq lost more to
+        workload (docs/cluster.md), spreading at a bound of n_seq lost more to
         prefills than it won back in queueing."""
         self._imbalance = imbalance
         self._table_blocks = table_blocks

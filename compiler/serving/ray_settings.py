@@ -75,7 +75,7 @@ _LISTS = ("api_keys", "allowed_hosts")
 
 
 def settings_from_args(args: dict) -> Settings:
-    """A `serve deploy` config's args (README: Serving on a cluster); an unknown one is refused by name."""
+    """A `serve deploy` config's args (docs/cluster.md); an unknown one is refused by name."""
     args = dict(args)
     known = _COMPILE | _SERVER | _OWN | {"alias"}
     unknown = sorted(set(args) - known)
