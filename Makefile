@@ -69,12 +69,23 @@ $(IK_SRC)/CMakeLists.txt: $(VENV)/.setup-stamp
 	$(BIN)/pip download --quiet --no-deps --no-binary ik-llama-cpp-python \
 	  'ik-llama-cpp-python==$(IK_LLAMA_PY)' -d build/ik-llama
 	tar xzf build/ik-llama/ik_llama_cpp_python-$(IK_LLAMA_PY).tar.gz -C build/ik-llama
-	touch $@
-build/ik-llama/bin/llama-bench: $(IK_SRC)/CMakeLists.txt
+	# the sdist ships common/build-info.cpp made, without the script that would remake it from git: newer
+	# than its template, it is kept
+	touch $(IK_SRC)/common/build-info.cpp $@
+# The sdist's tree lacks common/cmake/build-info-gen-cpp.cmake, the script that writes build-info.cpp
+# (CMake fails on it), and has no .git (git would report kiln's checkout): the build info is written
+# here from its template, naming the sdist, so that a binary's version says which ik_llama.cpp it is.
+# Newer than its template, it is never regenerated.
+IK_BUILD_INFO := $(IK_SRC)/common/build-info.cpp
+$(IK_BUILD_INFO): $(IK_SRC)/CMakeLists.txt
+	sed -e 's|@BUILD_NUMBER@|0|' -e 's|@BUILD_COMMIT@|ik-llama-cpp-python-$(IK_LLAMA_PY)|' \
+	  -e "s|@BUILD_COMPILER@|$$($(CC) --version | head -1)|" -e "s|@BUILD_TARGET@|$$($(CC) -dumpmachine)|" \
+	  $(IK_SRC)/common/build-info.cpp.in > $@
+build/ik-llama/bin/llama-bench: $(IK_SRC)/CMakeLists.txt $(IK_BUILD_INFO)
 	cmake -S $(IK_SRC) -B build/ik-llama/native $(IK_CMAKE_COMMON) -DGGML_NATIVE=ON >/dev/null
 	cmake --build build/ik-llama/native --target $(IK_TOOLS) -j$$(nproc)
 	mkdir -p $(@D) && cd build/ik-llama/native/bin && cp $(IK_TOOLS) $(abspath $(@D))/
-build/ik-llama/bin-avx2/llama-bench: $(IK_SRC)/CMakeLists.txt
+build/ik-llama/bin-avx2/llama-bench: $(IK_SRC)/CMakeLists.txt $(IK_BUILD_INFO)
 	cmake -S $(IK_SRC) -B build/ik-llama/avx2 $(IK_CMAKE_COMMON) $(LLAMA_AVX2_ARGS) >/dev/null
 	cmake --build build/ik-llama/avx2 --target $(IK_TOOLS) -j$$(nproc)
 	mkdir -p $(@D) && cd build/ik-llama/avx2/bin && cp $(IK_TOOLS) $(abspath $(@D))/
