@@ -111,9 +111,9 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
     const __m256i lut = f.lut ? _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f.lut)),
                                                  _mm256_set1_epi8(is_signed ? 0 : (char)0x80))
                               : _mm256_setzero_si256();
-    float yd[X8_ROWS][X8_MAX_BLOCKS], ys[X8_ROWS][X8_MAX_BLOCKS];
-    int32_t seed[X8_ROWS][X8_MAX_BLOCKS];
-    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS, 1);
+    float yd[X8_MAX_BLOCKS][X8_ROWS], ys[X8_MAX_BLOCKS][X8_ROWS]; /* block-major, as x8_vnni.c's */
+    int32_t seed[X8_MAX_BLOCKS][X8_ROWS];
+    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], 1, X8_ROWS);
     for (int g = g0; g < g1; g++) {
         const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
         __m256 acc[X8_ROWS], mins[X8_ROWS];
@@ -129,15 +129,15 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             for (int c = 0; c < C; c++) {
                 const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
                 __m256i sum = is_signed ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
-                if (f.offset && !is_signed) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[c][b]));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(yd[c][b])), acc[c]);
+                if (f.offset && !is_signed) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[b][c]));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(yd[b][c])), acc[c]);
             }
         }
         if (f.has_min) { /* each row's minimums, block by block: a chain of its own, as the reference's */
             blk = w + (size_t)g * nb * x8_bytes;
             for (int b = 0; b < nb; b++, blk += x8_bytes) {
                 const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-                for (int c = 0; c < C; c++) mins[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(ys[c][b]), mins[c]);
+                for (int c = 0; c < C; c++) mins[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(ys[b][c]), mins[c]);
             }
         }
         for (int c = 0; c < C; c++) _mm256_storeu_ps(y + c * y_row + 8 * g, _mm256_add_ps(acc[c], mins[c]));

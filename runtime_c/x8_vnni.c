@@ -30,9 +30,11 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
     kiln_x8_b32_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
-    float yd[X8_TOKENS][X8_MAX_BLOCKS], ys[X8_TOKENS][X8_MAX_BLOCKS];
-    int32_t seed[X8_TOKENS][X8_MAX_BLOCKS];
-    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], X8_MAX_BLOCKS, 1);
+    /* block-major: a block's values for the C rows share a cache line (row-major, 4 KB apart, they
+       all fell in one L1 set, and Q4_1's three arrays' 24 lines overflowed its 8 ways) */
+    float yd[X8_MAX_BLOCKS][X8_TOKENS], ys[X8_MAX_BLOCKS][X8_TOKENS];
+    int32_t seed[X8_MAX_BLOCKS][X8_TOKENS];
+    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], 1, X8_TOKENS);
     for (int g = g0; g < g1; g += 2) {
         const int pair = g + 1 < g1;
         const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
@@ -49,10 +51,10 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             for (int c = 0; c < C; c++) {
                 /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
                 const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
-                const __m512i sum = chunk_dot(u, y4, _mm512_set1_epi32(seed[c][b]));
+                const __m512i sum = chunk_dot(u, y4, _mm512_set1_epi32(seed[b][c]));
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                                         _mm512_mul_ps(d, _mm512_set1_ps(yd[c][b])), acc[c]);
-                if (f.has_min) mins[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ys[c][b]), mins[c]);
+                                         _mm512_mul_ps(d, _mm512_set1_ps(yd[b][c])), acc[c]);
+                if (f.has_min) mins[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ys[b][c]), mins[c]);
             }
         }
         for (int c = 0; c < C; c++) {
@@ -83,14 +85,14 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
     /* IQ4_XS: value + 128 for each nibble, its sub-block's sum seeded with -128 sum(y) */
     const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl)),
                                            _mm512_set1_epi8((char)0x80));
-    int32_t mpair[X8_TOKENS][X8_MAX_BLOCKS / 8][8]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16 */
+    int32_t mpair[X8_MAX_BLOCKS / 8][X8_TOKENS][8]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16, block-major */
     for (int c = 0; c < C && has_min; c++)
         for (int b = 0; b < nb; b++) {
             const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
             for (int p = 0; p < n_pairs; p++) { /* sub-blocks of 32 (of 16 for Q2_K) */
                 const int lo = q2 ? yb->bsums[2 * p] : yb->bsums[4 * p] + yb->bsums[4 * p + 1];
                 const int hi = q2 ? yb->bsums[2 * p + 1] : yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
-                mpair[c][b][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+                mpair[b][c][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
             }
         }
     for (int g = g0; g < g1; g += 2) {
@@ -168,7 +170,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(yd)), acc[c]);
                 if (has_min) {
                     __m512i msum = _mm512_setzero_si512();
-                    for (int p = 0; p < n_pairs; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[c][b][p]));
+                    for (int p = 0; p < n_pairs; p++) msum = _mm512_dpwssd_epi32(msum, mp[p], _mm512_set1_epi32(mpair[b][c][p]));
                     mins[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum),
                                               _mm512_mul_ps(x16_half(blk + 16, apart), _mm512_set1_ps(yd)), mins[c]);
                 }
