@@ -55,15 +55,88 @@ static inline float quantize_block(const float *x, int8_t *qs, int *sum) {
     return d;
 }
 
+/* Eight vectors reduced at once, vector k's max (or sum) into lane k: a transposing tree of 7 ops
+   for 8 reductions. Each level pairs lanes (unpack), then halves (shuffle), then 128-bit lanes. */
+static inline __m256 max8x8(const __m256 v[8]) {
+    __m256 a[4], b[2];
+    for (int k = 0; k < 4; k++) a[k] = _mm256_max_ps(_mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                                                     _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 2; k++) b[k] = _mm256_max_ps(_mm256_shuffle_ps(a[2 * k], a[2 * k + 1], 0x44),
+                                                     _mm256_shuffle_ps(a[2 * k], a[2 * k + 1], 0xEE));
+    return _mm256_max_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+
+static inline __m256i sum8x8(const __m256i v[8]) {
+    __m256i a[4], b[2];
+    for (int k = 0; k < 4; k++) a[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]),
+                                                        _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 2; k++) {
+        const __m256 lo = _mm256_castsi256_ps(a[2 * k]), hi = _mm256_castsi256_ps(a[2 * k + 1]);
+        b[k] = _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0x44)),
+                                _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0xEE)));
+    }
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b[0], b[1], 0x20), _mm256_permute2x128_si256(b[0], b[1], 0x31));
+}
+
+/* Eight blocks of 32 at once, so that the reductions, the divisions and the f16 conversions, each a
+   long dependent chain for one block, are one vector op for eight: d[k] = max|x_k| / 127 and
+   id[k] = 1 / d[k] (0 for an all-zero block) as the scalar quantizer makes them, q8 values into qs
+   (block k at qs + k * stride), their sums into sum[k]. The same bits: max and the integer sums do
+   not depend on order, vdivps rounds as divss, vcvtps2ph as the (_Float16) conversion. */
+static inline void quantize_8_blocks(const float *x, uint8_t *qs, size_t stride, __m256 *d_out, __m256i *sum_out) {
+    const __m256 abs_mask = _mm256_set1_ps(-0.0f);
+    __m256 amax[8];
+    for (int k = 0; k < 8; k++) {
+        const float *xb = x + 32 * k;
+        amax[k] = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(abs_mask, _mm256_loadu_ps(xb)),
+                                              _mm256_andnot_ps(abs_mask, _mm256_loadu_ps(xb + 8))),
+                                _mm256_max_ps(_mm256_andnot_ps(abs_mask, _mm256_loadu_ps(xb + 16)),
+                                              _mm256_andnot_ps(abs_mask, _mm256_loadu_ps(xb + 24))));
+    }
+    const __m256 d = _mm256_div_ps(max8x8(amax), _mm256_set1_ps(127.0f));
+    const __m256 nonzero = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), nonzero);
+    float ids[8];
+    _mm256_storeu_ps(ids, id);
+    __m256i sums[8];
+    for (int k = 0; k < 8; k++) {
+        const __m256 s = _mm256_set1_ps(ids[k]);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) q[j] = round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * k + 8 * j), s));
+        narrow32(q, (int8_t *)(qs + k * stride));
+        sums[k] = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    }
+    *d_out = d, *sum_out = sum8x8(sums);
+}
+
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n) {
     block_q8_0 *y = dst;
-    int sum;
-    for (int b = 0; b < n / QK8_0; b++) y[b].d = kiln_fp32_to_fp16(quantize_block(x + b * QK8_0, y[b].qs, &sum));
+    int sum, b = 0;
+    for (; b + 8 <= n / QK8_0; b += 8) {
+        __m256 d;
+        __m256i sums;
+        quantize_8_blocks(x + b * QK8_0, (uint8_t *)y[b].qs, sizeof(block_q8_0), &d, &sums);
+        kiln_half h[8];
+        _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int k = 0; k < 8; k++) y[b + k].d = h[k];
+    }
+    for (; b < n / QK8_0; b++) y[b].d = kiln_fp32_to_fp16(quantize_block(x + b * QK8_0, y[b].qs, &sum));
 }
 
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n) {
     block_q8_1 *y = dst;
-    for (int b = 0; b < n / QK8_1; b++) {
+    int b = 0;
+    for (; b + 8 <= n / QK8_1; b += 8) {
+        __m256 d;
+        __m256i sums;
+        quantize_8_blocks(x + b * QK8_1, (uint8_t *)y[b].qs, sizeof(block_q8_1), &d, &sums);
+        kiln_half h[8], hs[8];
+        const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(d, rnd));
+        _mm_storeu_si128((__m128i *)hs, _mm256_cvtps_ph(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sums)), rnd));
+        for (int k = 0; k < 8; k++) y[b + k].d = h[k], y[b + k].s = hs[k];
+    }
+    for (; b < n / QK8_1; b++) {
         int sum;
         const float d = quantize_block(x + b * QK8_1, y[b].qs, &sum);
         y[b].d = kiln_fp32_to_fp16(d);
