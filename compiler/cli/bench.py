@@ -29,6 +29,7 @@ def run_bench(a: argparse.Namespace) -> None:
     build = {"target": a.target, "isa": a.isa}  # the kiln build benched: any path, on this CPU
     meta: dict = {"model": str(a.model), "threads": threads, "kv_dtype": a.kv_dtype, **build}
     results = []
+    engines: dict = {}  # each rival's version and flags, for the JSON's provenance
     if a.pp_depth < 0 or a.pp < 1:
         raise KilnError("--pp must be at least 1 and --pp-depth at least 0")
     if a.spec:
@@ -54,26 +55,47 @@ def run_bench(a: argparse.Namespace) -> None:
         meta["page_sizes"] = {str(k): {str(d): v for d, v in row.items()} for k, row in sweep.items()}
     elif not a.batch_only:
         tests = default_tests(a.pp, a.tg, a.depth, a.pp_depth)
+        ik = _ik_runner(a, "llama-bench")
         results = run_bench(a.model, tests, threads, a.reps, a.kv_dtype, log=log, build=build,
-                            bandwidth=lambda: read_bandwidth_c(threads, passes=3, log=log))
+                            bandwidth=lambda: read_bandwidth_c(threads, passes=3, log=log), ik=ik)
+        engines["llama.cpp"] = {"flags": {"n_batch": 512, "settings": list(results[0].llamacpp_runs)}}
+        if ik is not None:
+            from ..tools.ik_llama import bench_kv
+
+            engines["ik_llama.cpp"] = {**ik.describe(), "kv_dtype": bench_kv(a.kv_dtype)}
         m = load(a.model, ctx=max(t.depth + t.n_timed for t in tests) + 1, kv_dtype=a.kv_dtype, **build)
         ext = m.compiled.extension
         meta["kernels"] = kernel_set(ext.sanitize, ext.target, ext.isa)
         meta["decode_bytes_per_token"] = decode_bytes_per_token(m)
         meta["read_bandwidth_numpy_gb_s"] = read_bandwidth_numpy(threads)
+        ik_note = ("ik_llama.cpp's llama-bench takes no f32 KV cache (its -ctk knows none): ik held f16"
+                   if a.kv_dtype == "f32" else "")
         sys.stdout.write(render(results, str(a.model), threads, meta["decode_bytes_per_token"],
-                                meta["read_bandwidth_numpy_gb_s"], meta["kernels"]))
+                                meta["read_bandwidth_numpy_gb_s"], meta["kernels"], ik_note))
     if batches:
         from ..tools.bench_batch import render_batch, run_batch_bench
 
+        ik = _ik_runner(a, "llama-batched-bench")
         batched = run_batch_bench(a.model, batches, a.batch_depth, a.tg, threads, a.reps, a.kv_dtype, log=log,
-                                  build=build)
+                                  build=build, ik=ik)
         sys.stdout.write(render_batch(batched, str(a.model), threads, a.batch_depth, a.tg, a.kv_dtype))
         meta["batched"] = [{"batch": r.batch, "kiln_tok_s": r.kiln_tok_s, "llamacpp_tok_s": r.llamacpp_tok_s,
-                            "ratio": r.ratio} for r in batched]
+                            "ratio": r.ratio, **({"ik_tok_s": r.ik_tok_s, "ik_ratio": r.ik_ratio,
+                                                  "ik_flash_attn": r.ik_flash_attn} if r.ik_tok_s else {})}
+                           for r in batched]
         meta["batch_depth"] = a.batch_depth
+        if ik is not None:
+            engines["ik_llama.cpp batched"] = ik.describe()
     if a.json:
-        write_json(a.json, results, **meta)
+        write_json(a.json, results, engines=engines, **meta)
+
+
+def _ik_runner(a: argparse.Namespace, tool: str):
+    """ik_llama.cpp's `tool` as --ik and the kiln target find it, or None (a missing build is one line)."""
+    from ..tools import ik_llama
+
+    binary = ik_llama.find(a.ik, tool, a.target, "--ik", log=log)
+    return ik_llama.Runner(binary) if binary else None
 
 
 def run_spec_bench(a: argparse.Namespace, threads: int) -> None:
@@ -144,15 +166,19 @@ def run_bench_serve(a: argparse.Namespace) -> None:
             write_json(a.json, rows, llama_server=binary, model=str(path), threads=threads,
                        schema=bench_constrained.SCHEMA)
         return
+    from ..tools import ik_llama
+
+    ik = ik_llama.find(a.ik_server, "llama-server", None, "--ik-server", log=log)
     rows = bench_serve.run(path, name or path.stem, w, a.threads or default_threads(), a.ctx, a.kv_dtype,
-                           a.llama_server, log=log, spec=a.spec)
+                           a.llama_server, log=log, spec=a.spec, ik_server=ik, ik_rtr=a.ik_rtr)
     print(bench_serve.render(rows, w))
     if a.spec:
         plain, spec = rows[0], rows[1]
         print(f"kiln serve --spec ngram / kiln serve: output tok/s "
               f"{spec['output_tok_per_s'] / plain['output_tok_per_s']:.2f}x")
     if a.json:
-        write_json(a.json, rows, llama_server=binary, model=str(path), threads=threads, ctx=a.ctx,
+        engines = {"ik_llama.cpp": {"sdist": ik_llama.SDIST, "binary": str(ik), **ik_llama.version(ik)}} if ik else None
+        write_json(a.json, rows, llama_server=binary, engines=engines, model=str(path), threads=threads, ctx=a.ctx,
                    kv_dtype=a.kv_dtype, workload=vars(w))
 
 
@@ -186,6 +212,10 @@ def register(sub) -> None:
                    help="instead, one stream's decode with and without speculative decoding (prompt lookup) on "
                         "three workloads (grounded, code, story; --tg tokens), beside llama.cpp's prompt lookup")
     p.add_argument("--spec-max-draft", type=int, default=None, metavar="K", help="with --spec: drafts a step at most")
+    p.add_argument("--ik", default=None, metavar="PATH|none",
+                   help="ik_llama.cpp, the third engine: its bin directory (or one of its tools there), or 'none' "
+                        "(default: $KILN_IK_LLAMA, then `make ik-llama`'s build/ik-llama/bin, bin-avx2 with "
+                        "--target x86-64-v3; missing, the bench runs without it)")
     add_build_options(p)
     p.add_argument("--embed", action="store_true",
                    help="an embedding model (default: the bundled minilm): 512 documents and a 32-token query, "
@@ -206,6 +236,10 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads for both servers (default: physical cores)")
     p.add_argument("--llama-server", default=None, help="llama-server binary (default: on PATH or beside python); "
                                                          "'none' runs kiln alone")
+    p.add_argument("--ik-server", default="auto", metavar="PATH|auto|none",
+                   help="ik_llama.cpp's llama-server (or its bin directory), a third server on the same workload; "
+                        "auto (default): $KILN_IK_LLAMA, then `make ik-llama`'s, and none if missing")
+    p.add_argument("--ik-rtr", action="store_true", help="run ik's llama-server with run-time repack (-rtr)")
     p.add_argument("--spec", action="store_true",
                    help="also run kiln serve --spec ngram on the same workload (speculative decoding by prompt lookup)")
     p.add_argument("--embed", action="store_true",

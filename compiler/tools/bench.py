@@ -5,6 +5,8 @@ generation (tg) times N single-token decodes, optionally after a prefill of `dep
 tokens that is not timed. Each test runs once to warm up, then `reps` times, alternating
 engines so that a noisy neighbour hits both; medians are reported with kiln/llama.cpp ratios.
 llama.cpp runs with flash attention off and on; the ratio is against the faster of the two.
+ik_llama.cpp, the third engine, runs as its own llama-bench process a round, run-time repack off
+and on (tools/ik_llama.py), with a second ratio against the faster of those.
 
 Decode is bound by the rate at which the cores read memory, and on a shared machine that rate
 moves from minute to minute. So each round of a decode test also measures it (runtime_c/bench/
@@ -45,6 +47,9 @@ class BenchResult:
     kiln_runs: list[float]
     llamacpp_runs: dict[str, list[float]]  # by setting: "fa off", "fa on"
     bandwidth_runs: list[float] = field(default_factory=list)  # GB/s read beside each round (decode tests)
+    ik_runs: dict[str, list[float]] = field(default_factory=dict)  # by setting: "rtr off", "rtr on"; {} without ik
+    ik_tok_s: float | None = None  # the faster repack setting
+    ik_ratio: float | None = None  # kiln / ik_tok_s
 
     def of_bound(self, runs: list[float], bytes_per_token: int) -> float:
         """The median over rounds of a run's bytes read per second over the bandwidth of its round."""
@@ -53,6 +58,10 @@ class BenchResult:
     @property
     def llamacpp_by_setting(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.llamacpp_runs.items()}
+
+    @property
+    def ik_by_setting(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.ik_runs.items()}
 
 
 def default_tests(pp: int = 512, tg: int = 128, depth: int = 1024, pp_depth: int = 0) -> list[BenchTest]:
@@ -96,35 +105,64 @@ def llamacpp_engine(path, ctx: int, threads: int, kv_dtype: str, flash_attn: boo
     return _Engine(llm.reset, llm.eval, lambda tok: llm.eval([tok]))
 
 
+IK = "ik "  # the prefix of ik_llama.cpp's settings among a round's engines
+
+
 def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
               log=lambda s: None, build: dict | None = None,
-              bandwidth: Callable[[], float] | None = None) -> list[BenchResult]:
-    """bandwidth: measures the read bandwidth (GB/s) once more, in each counted round of a decode test."""
+              bandwidth: Callable[[], float] | None = None, ik=None) -> list[BenchResult]:
+    """bandwidth: measures the read bandwidth (GB/s) once more, in each counted round of a decode test.
+    ik: an ik_llama.Runner of its llama-bench, a third engine in the same rounds, or None."""
+    from . import ik_llama
+
     ctx = max(t.depth + t.n_timed for t in tests) + 1
     kiln, m = kiln_engine(model, ctx, threads, kv_dtype, build)
     from .llamacpp import flash_attn_settings
 
     engines = {"kiln": kiln, **{name: llamacpp_engine(m.spec.path, ctx, threads, kv_dtype, fa)
                                 for name, fa in flash_attn_settings(kv_dtype).items()}}
+    if ik is not None:
+        engines |= {IK + name: e for name, e in ik_llama.bench_engines(ik, m.spec.path, threads, kv_dtype,
+                                                                       moe=m.spec.hparams.n_expert > 0).items()}
     tokens = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab, ctx)]
     results = []
     for t in tests:
-        runs: dict[str, list[float]] = {name: [] for name in engines}
+        here = dict(engines)
+        if t.n_prompt and t.depth and ik is not None:
+            here = {n: e for n, e in here.items() if not n.startswith(IK)}
+            log(f"{t.name}: llama-bench has no prompt at depth; ik_llama.cpp sits this test out")
+        runs: dict[str, list[float]] = {name: [] for name in here}
         bw: list[float] = []
         for rep in range(reps + 1):  # the first round warms every engine up and is not counted
-            for name, engine in engines.items():
-                speed = engine.run(t, tokens)
+            for name in list(here):
+                if name not in here:
+                    continue  # ik, dropped this round
+                try:
+                    speed = here[name].run(t, tokens)
+                except ik_llama.IkError as e:  # a model ik cannot run: the bench goes on with two engines
+                    log(f"ik_llama.cpp failed ({e}); going on without it")
+                    here, engines, runs = ({n: v for n, v in d.items() if not n.startswith(IK)}
+                                           for d in (here, engines, runs))
+                    continue
                 if rep:
                     runs[name].append(speed)
             if rep and t.n_gen and bandwidth:
                 bw.append(bandwidth())
-        kiln_runs = runs.pop("kiln")
-        k = statistics.median(kiln_runs)
-        best = max(statistics.median(v) for v in runs.values())
-        log(f"{t.name}: kiln {k:.1f} tok/s, llama.cpp " +
-            ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in runs.items()))
-        results.append(BenchResult(t.name, k, best, k / best, kiln_runs, runs, bw))
+        results.append(_result(t.name, runs, bw, log))
     return results
+
+
+def _result(test: str, runs: dict[str, list[float]], bw: list[float], log) -> BenchResult:
+    """The medians and ratios of a test's counted runs, by engine and setting."""
+    med = statistics.median
+    kiln_runs = runs.pop("kiln")
+    ik_runs = {n.removeprefix(IK): runs.pop(n) for n in list(runs) if n.startswith(IK)}
+    k = med(kiln_runs)
+    best = max(med(v) for v in runs.values())
+    ik_best = max((med(v) for v in ik_runs.values()), default=None)
+    log(f"{test}: kiln {k:.1f} tok/s, llama.cpp " + ", ".join(f"{n} {med(v):.1f}" for n, v in runs.items())
+        + "".join(f", ik {n} {med(v):.1f}" for n, v in ik_runs.items()))
+    return BenchResult(test, k, best, k / best, kiln_runs, runs, bw, ik_runs, ik_best, k / ik_best if ik_best else None)
 
 
 def decode_bytes_per_token(m) -> int:
@@ -140,15 +178,19 @@ def decode_bytes_per_token(m) -> int:
 
 
 def render(results: list[BenchResult], model: str, threads: int, bytes_per_token: int,
-           bandwidth_numpy: float | None = None, kernels: str = "") -> str:
+           bandwidth_numpy: float | None = None, kernels: str = "", ik_note: str = "") -> str:
     names = list(results[0].llamacpp_runs)
-    out = [f"kiln bench: {model}, {threads} thread(s), medians; ratio = kiln / the faster llama.cpp",
-           *([f"kiln's kernels: {kernels}"] if kernels else []),
-           f"{'test':<14} {'kiln tok/s':>11} " + " ".join(f"{'llama.cpp ' + n:>17}" for n in names) + f" {'ratio':>7}"]
+    iks = list(dict.fromkeys(n for r in results for n in r.ik_runs))  # ik's settings, where it ran
+    vs_ik = "; vs ik = kiln / the faster ik_llama.cpp" if iks else ""
+    out = [f"kiln bench: {model}, {threads} thread(s), medians; ratio = kiln / the faster llama.cpp{vs_ik}",
+           *([f"kiln's kernels: {kernels}"] if kernels else []), *([ik_note] if iks and ik_note else []),
+           f"{'test':<14} {'kiln tok/s':>11} " + " ".join(f"{'llama.cpp ' + n:>17}" for n in names)
+           + "".join(f" {'ik ' + n:>11}" for n in iks) + f" {'ratio':>7}" + (f" {'vs ik':>7}" if iks else "")]
     for r in results:
-        by = r.llamacpp_by_setting
+        by, ik = r.llamacpp_by_setting, r.ik_by_setting
         out.append(f"{r.test:<14} {r.kiln_tok_s:>11.1f} " + " ".join(f"{by[n]:>17.1f}" for n in names)
-                   + f" {r.ratio:>6.2f}x")
+                   + "".join(f" {ik[n]:>11.1f}" if n in ik else f" {'-':>11}" for n in iks) + f" {r.ratio:>6.2f}x"
+                   + ((f" {r.ik_ratio:>6.2f}x" if r.ik_ratio else f" {'-':>7}") if iks else ""))
     judged = [r for r in results if r.bandwidth_runs]
     if judged:
         every = [bw for r in judged for bw in r.bandwidth_runs]
@@ -158,8 +200,10 @@ def render(results: list[BenchResult], model: str, threads: int, bytes_per_token
                    f"{max(every):.1f} GB/s; each run against its round's:")
     for r in judged:
         best = max(r.llamacpp_runs, key=lambda n: statistics.median(r.llamacpp_runs[n]))
+        ik = max(r.ik_runs, key=lambda n: statistics.median(r.ik_runs[n]), default=None)
+        of_ik = f", ik_llama.cpp at {100 * r.of_bound(r.ik_runs[ik], bytes_per_token):.0f}%" if ik else ""
         out.append(f"  {r.test}: kiln at {100 * r.of_bound(r.kiln_runs, bytes_per_token):.0f}% of the bound, "
-                   f"llama.cpp at {100 * r.of_bound(r.llamacpp_runs[best], bytes_per_token):.0f}% "
+                   f"llama.cpp at {100 * r.of_bound(r.llamacpp_runs[best], bytes_per_token):.0f}%{of_ik} "
                    f"(rounds at {statistics.median(r.bandwidth_runs):.1f} GB/s, median)")
     return "\n".join(out) + "\n"
 
@@ -213,9 +257,10 @@ def _llama_server_version(binary: str | None) -> str | None:
     return lines[0].removeprefix("version:").strip() if lines else None
 
 
-def provenance(threads: int | None, llama_server: str | None = None) -> dict:
+def provenance(threads: int | None, llama_server: str | None = None, engines: dict | None = None) -> dict:
     """What a figure needs to be traced to its run: the command line, when, kiln's commit, the CPU
-    and its flags, the threads, and the llama.cpp it was set beside (docs/figures/ keeps these files)."""
+    and its flags, the threads, and the llama.cpp it was set beside (docs/figures/ keeps these files).
+    engines: each rival's version and flags by name (ik_llama.cpp's build info and command lines)."""
     import shlex
     import sys
     from datetime import datetime, timezone
@@ -235,14 +280,17 @@ def provenance(threads: int | None, llama_server: str | None = None) -> dict:
     return {"command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "kiln_version": __version__, **_commit(), "cpu": _cpu(), "threads": threads,
             "llama_cpp_python": llama_cpp, "llama_server": _llama_server_version(llama_server),
+            **({"engines": engines} if engines else {}),
             # the machine's load at the end (1, 5 and 15 minutes): on a shared machine, how busy the run's neighbours were
             "loadavg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
 
 
-def write_json(path: str | os.PathLike[str], results: list, llama_server: str | None = None, **meta) -> None:
+def write_json(path: str | os.PathLike[str], results: list, llama_server: str | None = None,
+               engines: dict | None = None, **meta) -> None:
     """Every file `kiln bench --json` and `kiln bench-serve --json` write: the run's results and
-    settings, and its provenance (llama_server: the binary a serving run was set beside)."""
+    settings, and its provenance (llama_server: the binary a serving run was set beside; engines:
+    the rivals' versions and flags)."""
     rows = [asdict(r) if hasattr(r, "__dataclass_fields__") else r for r in results]
-    doc = {**meta, "provenance": provenance(meta.get("threads"), llama_server), "results": rows}
+    doc = {**meta, "provenance": provenance(meta.get("threads"), llama_server, engines), "results": rows}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)

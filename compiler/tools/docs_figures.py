@@ -94,6 +94,8 @@ def _link(run: Run, page: Path) -> str:
 def caption(run: Run, page: Path) -> str:
     p = run.prov
     llama = f", llama-server {p['llama_server']}" if p.get("llama_server") else ""
+    ik = next((e for n, e in (p.get("engines") or {}).items() if n.startswith("ik_llama.cpp")), None)
+    llama += f", ik_llama.cpp from {ik['sdist']}" if ik else ""
     commit = (p.get("commit") or "?")[:7] + (" with uncommitted changes" if p.get("dirty") else "")
     load = f", load {p['loadavg'][0]:.1f} at the end" if p.get("loadavg") else ""
     return (f"*{run.machine}, {p.get('threads')} threads, kiln {commit}, llama-cpp-python "
@@ -101,26 +103,41 @@ def caption(run: Run, page: Path) -> str:
             f"([JSON]({_link(run, page)}))")
 
 
+def _ik_cells(ik: dict, settings: list[str], ratio) -> str:
+    """ik_llama.cpp's columns of a row, where the run had it: its tok/s by setting, and kiln over the faster."""
+    if not settings:
+        return ""
+    cells = "".join(f" {ik[s]:.1f} |" if s in ik else " - |" for s in settings)
+    return cells + (f" {ratio:.2f}x |" if ratio else " - |")
+
+
 def _bench(doc: dict) -> list[str]:
     settings = list(doc["results"][0]["llamacpp_runs"])
-    rows = ["| test | kiln tok/s | " + " | ".join(f"llama.cpp {s}" for s in settings) + " | kiln / the faster |",
-            "|---|---|" + "---|" * len(settings) + "---|"]
+    iks = list(dict.fromkeys(s for r in doc["results"] for s in r.get("ik_runs") or {}))
+    rows = ["| test | kiln tok/s | " + " | ".join(f"llama.cpp {s}" for s in settings) + " | kiln / the faster |"
+            + "".join(f" ik {s} |" for s in iks) + (" kiln / the faster ik |" if iks else ""),
+            "|---|---|" + "---|" * len(settings) + "---|" + "---|" * (len(iks) + bool(iks))]
     for r in doc["results"]:
         by = {s: statistics.median(v) for s, v in r["llamacpp_runs"].items()}
+        ik = {s: statistics.median(v) for s, v in (r.get("ik_runs") or {}).items()}
         rows.append(f"| {r['test']} | {r['kiln_tok_s']:.1f} | " + " | ".join(f"{by[s]:.1f}" for s in settings)
-                    + f" | {r['ratio']:.2f}x |")
+                    + f" | {r['ratio']:.2f}x |" + _ik_cells(ik, iks, r.get("ik_ratio")))
     return rows
 
 
 def _batch(doc: dict) -> list[str]:
     one = next((r["kiln_tok_s"] for r in doc["batched"] if r["batch"] == 1), None)
     settings = list(doc["batched"][0]["llamacpp_tok_s"])  # llama.cpp's tok/s by flash-attention setting
+    iks = list(dict.fromkeys(s for r in doc["batched"] for s in r.get("ik_tok_s") or {}))
     rows = ["| sequences | kiln tok/s | x one sequence | " + " | ".join(f"llama.cpp {s}" for s in settings)
-            + " | kiln / the faster |", "|---|---|---|" + "---|" * len(settings) + "---|"]
+            + " | kiln / the faster |" + "".join(f" ik {s} |" for s in iks)
+            + (" kiln / the faster ik |" if iks else ""),
+            "|---|---|---|" + "---|" * len(settings) + "---|" + "---|" * (len(iks) + bool(iks))]
     for r in doc["batched"]:
         rel = f"{r['kiln_tok_s'] / one:.2f}x" if one else "-"
         rows.append(f"| {r['batch']} | {r['kiln_tok_s']:.1f} | {rel} | "
-                    + " | ".join(f"{r['llamacpp_tok_s'][s]:.1f}" for s in settings) + f" | {r['ratio']:.2f}x |")
+                    + " | ".join(f"{r['llamacpp_tok_s'][s]:.1f}" for s in settings) + f" | {r['ratio']:.2f}x |"
+                    + _ik_cells(r.get("ik_tok_s") or {}, iks, r.get("ik_ratio")))
     return rows
 
 
