@@ -69,9 +69,7 @@ $(IK_SRC)/CMakeLists.txt: $(VENV)/.setup-stamp
 	$(BIN)/pip download --quiet --no-deps --no-binary ik-llama-cpp-python \
 	  'ik-llama-cpp-python==$(IK_LLAMA_PY)' -d build/ik-llama
 	tar xzf build/ik-llama/ik_llama_cpp_python-$(IK_LLAMA_PY).tar.gz -C build/ik-llama
-	# the sdist ships common/build-info.cpp made, without the script that would remake it from git: newer
-	# than its template, it is kept
-	touch $(IK_SRC)/common/build-info.cpp $@
+	touch $@
 # The sdist's tree lacks common/cmake/build-info-gen-cpp.cmake, the script that writes build-info.cpp
 # (CMake fails on it), and has no .git (git would report kiln's checkout): the build info is written
 # here from its template, naming the sdist, so that a binary's version says which ik_llama.cpp it is.
