@@ -234,8 +234,19 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
     prefetch_rows(kv, table, 1, h, row_bytes[1], lo, hi);
 }
 
+/* Item `item` of a token seeing first .. last: span sp of kv head g, and its visible positions
+ * lo .. hi (lo > hi: none). Span-major, so that consecutive items read one page's heads one after
+ * another, and each thread walks its own run of pages as two streams (K's, V's). */
+static void item_bounds(int item, int n_head_kv, int sp0, int first, int last, int *g, int *sp, int *lo, int *hi) {
+    *g = item % n_head_kv, *sp = item / n_head_kv;
+    const int s0 = (sp0 + *sp) * SPAN;
+    *lo = first > s0 ? first : s0, *hi = last < s0 + SPAN - 1 ? last : s0 + SPAN - 1;
+}
+
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
- * states in scratch; after a barrier each query head folds its spans in order. */
+ * states in scratch; after a barrier each query head folds its spans in order. A thread asks for
+ * its next item's rows before it scores this one's: requested just before their use, the rows of
+ * a deep history kept the scoring waiting on memory (the K and V loads took most of its time). */
 static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, int first, int last,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int n_head, int n_head_kv, int hd,
                          float scale, float softcap, const float *sinks, const float *slopes, int max_spans,
@@ -243,25 +254,34 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
     const int group = n_head / n_head_kv, sp0 = first / SPAN, n_spans = last / SPAN - sp0 + 1;
     const size_t part = (size_t)hd + KILN_ATTN_SPAN_STATE;
     const int32_t *table = kiln_kv_table(kv, seq);
-    for (int item = th->ith; item < n_head_kv * n_spans; item += th->nth) {
-        const int g = item / n_spans, sp = item % n_spans;
+    const int n_items = n_head_kv * n_spans;
+    int i0, i1, g, sp, a, b;
+    kiln_share(th, n_items, 1, &i0, &i1); /* a run of items a thread: see item_bounds */
+    if (i0 < i1) {
+        item_bounds(i0, n_head_kv, sp0, first, last, &g, &sp, &a, &b);
+        if (a <= b) prefetch_span(kv, table, g, row_bytes, a, b);
+    }
+    for (int item = i0; item < i1; item++) {
         const float *qs[ATTN_MAX_Q];
         attn_state st[ATTN_MAX_Q];
         int lo[ATTN_MAX_Q], hi[ATTN_MAX_Q], at[ATTN_MAX_Q];
         float sl[ATTN_MAX_Q];
+        item_bounds(item, n_head_kv, sp0, first, last, &g, &sp, &a, &b);
         for (int i = 0; i < group; i++) {
             float *slot = scratch + ((size_t)(g * group + i) * max_spans + sp) * part;
             st[i] = (attn_state){slot + KILN_ATTN_SPAN_STATE, slot, slot + 1};
             qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = last;
             at[i] = p, sl[i] = slopes ? slopes[g * group + i] : 0.0f;
         }
-        int a, b;
-        span_bounds(lo, hi, group, (sp0 + sp) * SPAN, &a, &b);
+        if (item + 1 < i1) {
+            int g1, sp1, a1, b1;
+            item_bounds(item + 1, n_head_kv, sp0, first, last, &g1, &sp1, &a1, &b1);
+            if (a1 <= b1) prefetch_span(kv, table, g1, row_bytes, a1, b1);
+        }
         if (a > b) {
             for (int i = 0; i < group; i++) clear(st[i], hd);
             continue;
         }
-        prefetch_span(kv, table, g, row_bytes, a, b); /* every line requested at once */
         const size_t nb = needs_rows_buffer(kv, hd) ? (size_t)SPAN * hd : 0;
         float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
         span_rows rows;
