@@ -128,6 +128,13 @@ void kiln_swiglu_ref(float *y, const float *gate, const float *up, int n) {
  * one by one: the same bits, so a value does not depend on where a thread's share begins) */
 void kiln_swiglu(float *y, const float *gate, const float *up, int n) {
     int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + i), e = kiln_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)),
+                                              _mm512_loadu_ps(up + i)));
+    }
+#endif
 #ifdef KILN_AVX2
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
