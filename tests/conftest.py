@@ -27,7 +27,7 @@ from synthetic import TinySpec, write_tiny_model  # noqa: E402
 FAST_MODULES = {"test_builders", "test_cli", "test_fuzz_gguf", "test_gguf_model", "test_golden", "test_kernels",
                 "test_model", "test_moe", "test_passes", "test_planner", "test_progress", "test_runtime_structs",
                 "test_templates", "test_threads", "test_tokenizer", "test_layout_html", "test_means", "test_quant_cli",
-                "test_docs", "test_bench_ik"}
+                "test_docs", "test_bench_ik", "test_speculative_policy"}
 NETWORK_MODULES = {"test_registry"}
 TIERS = {
     "slow": "compiles and runs the real models, builds several runtimes, or serves (not in make test-fast)",

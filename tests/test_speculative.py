@@ -2,7 +2,8 @@
 plain decoding's, bit for bit when greedy (both bundled models, every KV dtype, alone and in a
 batch, with stop strings, EOG and max_tokens where plain decoding puts them), and the target's
 distribution when sampling (a chi-square test at a fixed significance). That the verification
-rows' logits themselves are plain decoding's, bit for bit, is test_speculative_rows.py's.
+rows' logits themselves are plain decoding's, bit for bit, is test_speculative_rows.py's; the
+drafter's and the draft length's parts are test_speculative_policy.py's.
 
 No smaller real model shares a bundled model's vocabulary, so the draft-model tests pair SmolLM2
 (or a tiny synthetic target) with tiny synthetic drafts that carry SmolLM2's tokenizer: they test
@@ -21,7 +22,7 @@ import compiler
 from compiler.cli.main import main
 from compiler.core.errors import OptionError
 from compiler.runtime.sampling import Sampler, SamplingParams
-from compiler.runtime.speculation import DraftLength, PromptLookup, draft_room
+from compiler.runtime.speculation import DraftLength, draft_room
 
 KV_DTYPES = ["f32", "f16", "q8_0", "q4_0"]
 PASSAGE = ("The lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp, and wrote in his log "
@@ -74,9 +75,17 @@ def test_gemma3_greedy_ngram_is_plain_greedy(gemma3, kv_dtype, eager):
     _check_exact(m, n=32, speculative="ngram", max_draft=6)
 
 
-def test_adaptive_length_is_plain_greedy_too(smollm2):
+def test_adaptive_length_is_plain_greedy_too(smollm2, monkeypatch):
     m = compiler.load(smollm2, ctx=512, n_seq=4, prefill_chunk=64, threads=THREADS)
+    runs, choose = [], DraftLength.choose
+
+    def spy(self, decodes=1, rows=None, run=0):
+        runs.append(run)
+        return choose(self, decodes, rows, run)
+
+    monkeypatch.setattr(DraftLength, "choose", spy)
     _check_exact(m, n=64, speculative="ngram")
+    assert max(runs) >= 16  # on the copy prompt the cursor followed the copy, and k was chosen knowing it
 
 
 @pytest.fixture(scope="module")
@@ -295,37 +304,3 @@ def test_seeded_ngram_sampling_gives_plain_decodings_tokens(tiny_pair, eager):
         assert m.generate(prompt, max_tokens=24, seed=seed, speculative="ngram", max_draft=4, **SAMPLING) == plain
         m.reset()
     assert m.spec_stats.drafted > 0
-
-
-# -- the parts -------------------------------------------------------------------------------------
-def test_prompt_lookup_index_finds_the_longest_latest_match():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        history: list[int] = []
-        lookup = PromptLookup(history, n_max=4, n_min=1)
-        for _ in range(60):
-            history.append(int(rng.integers(0, 5)))
-            got = lookup.propose(3)
-            want = []
-            for n in range(min(4, len(history)), 0, -1):  # a rescan: the latest earlier occurrence
-                tail = history[-n:]
-                ends = [e for e in range(n, len(history)) if history[e - n:e] == tail]
-                if ends:
-                    start = ends[-1]
-                    want = [history[start + i % (len(history) - start)] for i in range(3)]
-                    break
-            assert got == want
-    loop: list[int] = [7, 1, 2, 3, 1, 2]
-    assert PromptLookup(loop).propose(5) == [3, 1, 2, 3, 1]  # around the loop it found
-
-
-def test_draft_length_drops_to_zero_when_drafts_fail_and_grows_when_they_hold():
-    length = DraftLength(max_draft=16)
-    for _ in range(30):
-        length.observe(0, 4)
-    assert length.choose() == 0
-    for _ in range(30):
-        length.observe(8, 8)
-    assert length.choose() >= 8
-    middling = DraftLength(max_draft=16, hits=7, misses=3)
-    assert 0 < middling.choose(decodes=8) < middling.choose()  # beside other sequences' rows, fewer pay

@@ -21,10 +21,15 @@ import numpy as np
 from .draft_model import DraftSequence, draft_together
 from .generation import Decoding, Sampled
 from .sampling import SamplingParams
-from .speculation import DraftLength, PromptLookup, Speculation, SpecStats, StepCost, draft_room, verify
+from .draft_length import DraftLength, StepCost
+from .prompt_lookup import LookupDrafts
+from .speculation import Speculation, SpecStats, draft_room, verify
 from .status import ModelError, PoolFullError
 
 PROBE_EVERY = 8  # a draft-model sequence that stopped drafting tries one token again after this many steps
+# The row counts a model's steps are timed at: every one a step of the default max_draft may take,
+# since the curve has steps of its own (StepCost); longer steps cost the mean row past the last.
+TIMED_ROWS = tuple(range(1, 18))
 _COSTS: "weakref.WeakKeyDictionary[object, StepCost]" = weakref.WeakKeyDictionary()
 
 
@@ -33,15 +38,14 @@ class Lane:
     """One sequence being decoded with speculation."""
     seq: object  # Sequence
     run: Decoding
-    length: DraftLength
-    lookup: PromptLookup | None = None
+    ngram: LookupDrafts | None = None  # prompt lookup, with its draft length
+    length: DraftLength | None = None  # a draft model's draft length
     drafter: DraftSequence | None = None
     pending: int | None = None  # the sampled token the next step feeds
     done: bool = False
     idle: int = 0  # steps since a draft-model lane last drafted
     drafts: list[int] = field(default_factory=list)
     probs: list[np.ndarray] | None = None
-    guess: int | None = None  # an n-gram guess not sent (k = 0), scored against the token sampled
     index: int = 0  # generate_batch's prompt index
     mark: object = None  # a hybrid's: the sequence before the last step, and the tokens it kept of it
     kept: list[int] = field(default_factory=list)
@@ -60,34 +64,39 @@ class Lane:
 
 def lane(spec: Speculation, seq, run: Decoding, params: SamplingParams, cost: StepCost) -> Lane:
     if spec.method == "ngram":
-        return Lane(seq, run, DraftLength(spec.max_draft, cost), lookup=PromptLookup(run.history))
-    return Lane(seq, run, DraftLength(spec.max_draft, cost), drafter=DraftSequence(spec.draft_model, params))
+        return Lane(seq, run, ngram=LookupDrafts(run.history, spec.max_draft, cost))
+    return Lane(seq, run, length=DraftLength(spec.max_draft, cost), drafter=DraftSequence(spec.draft_model, params))
 
 
 def step_cost(model, seq, token: int) -> StepCost:
-    """The model's step cost, timed once per model on `seq` (its extra rows rolled back): one
-    row against nine gives the fixed part in units of a row."""
+    """The model's step time by rows, timed once per model on `seq` (its extra rows rolled back)
+    with every row's logits as a verification has them (each row adds a pass over the output
+    matrix): the best of three runs of each row count, the counts interleaved so that a busy
+    moment spreads over all of them. Where fewer rows fit than TIMED_ROWS asks, what fits is
+    timed, not kept."""
     if model in _COSTS:
         return _COSTS[model]
-    n, rows = seq.n_past, 9
-    if min(draft_room(model, n, rewinds=True) + 1, model.options.batch_tokens) < rows:
+    n = seq.n_past
+    fits = min(draft_room(model, n, rewinds=True) + 1, model.options.batch_tokens)
+    counts = [r for r in TIMED_ROWS if r <= fits]
+    if len(counts) < 2:
         return StepCost()
-    times: dict[int, list[float]] = {1: [], rows: []}
+    times: dict[int, list[float]] = {r: [] for r in counts}
     mark = seq.mark()
     try:
         for _ in range(3):
-            for r in times:
+            for r in counts:
                 t0 = time.perf_counter()
-                model.step([(seq, [token] * r)])
+                model.step_rows([(seq, [token] * r)], [True])  # every row's logits, as a verification reads them
                 times[r].append(time.perf_counter() - t0)
                 seq.back_to(mark)
     except ModelError:  # the pool has no room for the rows: keep the default
         if seq.n_past > n:
             seq.back_to(mark)
         return StepCost()
-    one, many = min(times[1]), min(times[rows])
-    per_row = max((many - one) / (rows - 1), one / 64)
-    cost = _COSTS[model] = StepCost(fixed=min(max(one / per_row - 1, 1.0), 32.0))
+    cost = StepCost({r: min(t) for r, t in times.items()})
+    if len(counts) == len(TIMED_ROWS):
+        _COSTS[model] = cost
     return cost
 
 
@@ -107,19 +116,19 @@ def _plan(model, lanes: list[Lane]) -> None:
     spare = model.options.batch_tokens - base
     jobs = []
     for ln in lanes:
-        ln.drafts, ln.probs, ln.guess = [], None, None
-        k = min(ln.length.choose(base), draft_room(model, ln.seq.n_past, rewinds=True), spare)
-        if ln.lookup is not None:
-            proposal = ln.lookup.propose(max(k, 1))
-            ln.drafts = proposal[:k]
-            ln.guess = proposal[0] if proposal and not k else None
-        else:
-            if k == 0 and ln.idle >= PROBE_EVERY and spare > 0 and draft_room(model, ln.seq.n_past, rewinds=True) > 0:
-                k = 1
-            ln.idle = 0 if k else ln.idle + 1
-            if k:
-                jobs.append((ln, k))
-        spare -= len(ln.drafts) if ln.lookup is not None else k
+        ln.drafts, ln.probs = [], None
+        room = min(draft_room(model, ln.seq.n_past, rewinds=True), spare)
+        if ln.ngram is not None:
+            ln.drafts = ln.ngram.draft(room, base)
+            spare -= len(ln.drafts)
+            continue
+        k = min(ln.length.choose(base), room)
+        if k == 0 and ln.idle >= PROBE_EVERY and room > 0:
+            k = 1
+        ln.idle = 0 if k else ln.idle + 1
+        if k:
+            jobs.append((ln, k))
+        spare -= k
     if jobs:
         made = draft_together([(ln.drafter, ln.seq.tokens + [ln.pending], ln.run.history, k) for ln, k in jobs])
         for (ln, _), (drafts, probs) in zip(jobs, made):
@@ -147,7 +156,9 @@ def rounds(model, lanes: list[Lane], stats: SpecStats, sinks: int | None) -> Ite
             if not any(ln.drafts for ln in active):
                 raise
             for ln in active:
-                ln.drafts, ln.probs, ln.guess = [], None, None
+                ln.drafts, ln.probs = [], None
+                if ln.ngram is not None:
+                    ln.ngram.drop()
             rows = model.step_rows([(ln.seq, [ln.pending]) for ln in active], [True] * len(active))
         for ln, n_before, mark, logits in zip(active, before, marks, rows):
             got, accepted = verify(ln.run, ln.drafts, logits, n_before, ln.probs)
@@ -158,10 +169,10 @@ def rounds(model, lanes: list[Lane], stats: SpecStats, sinks: int | None) -> Ite
                 else:
                     ln.seq.rollback(n_before + len(got))
             stats.add(len(ln.drafts), accepted, len(got))
-            if ln.drafts:
+            if ln.ngram is not None:
+                ln.ngram.observe(accepted, got[0].token)
+            elif ln.drafts:
                 ln.length.observe(accepted, len(ln.drafts))
-            elif ln.guess is not None:
-                ln.length.observe(int(got[0].token == ln.guess), 1)
             for i, g in enumerate(got):
                 yield ln, g, n_before + i + 1
             if got[-1].finish_reason:

@@ -7,9 +7,10 @@ invariance), so every emitted token is sampled from exactly the logits plain dec
 sample it from; the draft only decides how many of them one step yields.
 
 Two drafters:
-- PromptLookup (n-gram, llama.cpp's `lookup`, vLLM's `ngram`): the longest recent n-gram
-  ending the history (prompt and output) that occurred before proposes what followed it.
-  An index per sequence, updated per token, answers without a rescan.
+- PromptLookup (n-gram, llama.cpp's `lookup`, vLLM's `ngram`; prompt_lookup.py): a cursor into
+  the history (prompt and output) at the place the output is copying from, found by the longest
+  recent n-gram that occurred before and moved on with each token it guessed. An index per
+  sequence, updated per token, answers without a rescan.
 - a draft model (draft_model.py): a smaller kiln model with the same token list.
 
 Acceptance (`verify`): with a deterministic draft (n-gram, or any greedy draft), the target
@@ -22,19 +23,21 @@ sampled draft (a draft model at temperature > 0) the standard rule applies: acce
 probability min(1, p(d)/q(d)), else draw from norm(max(0, p - q)); a full acceptance adds a
 token drawn from the last row. Either way the output follows the target's distribution.
 
-DraftLength picks k per sequence and per step from the sequence's recent acceptance rate and
-what extra rows cost against the step's fixed cost (StepCost), down to zero when drafts keep
-failing; an n-gram drafter keeps scoring the guesses it did not send, so it starts again once
-they would pay.
+DraftLength (draft_length.py) picks k per sequence and per step from the sequence's recent
+acceptance rates, by how long an agreement backs the guess, and from what a step of so many rows
+costs (StepCost, timed on the model), down to zero when drafts keep failing; an n-gram drafter
+keeps scoring the guesses it did not send, so it starts again once they would pay.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.errors import OptionError
+from .draft_length import DraftLength, StepCost  # noqa: F401  the drafters' parts, from where they were
 from .generation import Decoding, Sampled
+from .prompt_lookup import LookupDrafts, PromptLookup  # noqa: F401
 
 METHODS = ("ngram", "draft")
 MAX_DRAFT_LIMIT = 64  # drafts one step may verify for one sequence (and never more than batch_tokens - 1)
@@ -99,87 +102,6 @@ def check_draft_model(target, draft) -> None:
             why = f"token {i} is {theirs[i]!r} in the draft, {mine[i]!r} in the target"
         raise OptionError(f"draft_model {draft.path.name} does not share the token list of {target.path.name}: "
                           f"{why}; a draft model must use the target's tokenizer")
-
-
-# -- the n-gram drafter ---------------------------------------------------------------------------
-class PromptLookup:
-    """Prompt lookup over one sequence's history (a list the caller appends to: prompt and
-    output). For each n in [n_min, n_max] an index maps every n-gram whose next token is known
-    to where its latest occurrence ended; `propose` matches the history's own last n-gram,
-    longest first, and reads on from there. Past the history's end it keeps going around the
-    loop it found (the text repeating with that period), so a repetition yields whole drafts.
-    Matches of one token (a comma, "the") guess too poorly to pay for their rows, so n starts
-    at 2; past 6 a longer match hardly guesses better (kiln bench --spec's workloads)."""
-
-    def __init__(self, history: list[int], n_max: int = 6, n_min: int = 2):
-        self.history, self.n_max, self.n_min = history, n_max, n_min
-        self.index: dict[tuple[int, ...], int] = {}  # one dict: keys of different lengths never collide
-        self.indexed = 0  # history[:indexed] is in the index
-
-    def catch_up(self) -> None:
-        """Index the tokens appended since the last call: each n-gram just before a new token
-        now has a known follower (cost O(n_max) per token)."""
-        h, index = self.history, self.index
-        for end in range(max(self.indexed, 1), len(h)):  # the n-grams ending at `end`, followed by h[end]
-            for n in range(self.n_min, min(self.n_max, end) + 1):
-                index[tuple(h[end - n:end])] = end
-        self.indexed = len(h)
-
-    def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest recent match of the history's tail; [] when
-        no n-gram of it occurred before."""
-        self.catch_up()
-        h, size = self.history, len(self.history)
-        for n in range(min(self.n_max, size), self.n_min - 1, -1):
-            start = self.index.get(tuple(h[size - n:]))
-            if start is not None:
-                period = size - start
-                return [h[start + i % period] for i in range(k)]
-        return []
-
-
-# -- how many drafts ------------------------------------------------------------------------------
-@dataclass
-class StepCost:
-    """A step of r rows costs about fixed + r (in units of one row's own cost): `fixed` is the
-    weights' read, paid once a step; each row adds its compute (the LM head above all)."""
-    fixed: float = 4.0
-
-
-@dataclass
-class DraftLength:
-    """Per sequence: the recent per-token acceptance rate (exponentially weighted counts from a
-    prior of one hit and one miss) and the k it makes worth drafting."""
-    max_draft: int
-    cost: StepCost = field(default_factory=StepCost)
-    decay: float = 0.95
-    hits: float = 1.0
-    misses: float = 1.0
-
-    @property
-    def rate(self) -> float:
-        return self.hits / (self.hits + self.misses)
-
-    def observe(self, accepted: int, drafted: int) -> None:
-        """A verification: `accepted` of the first tokens matched, then (if fewer than `drafted`)
-        one miss; tokens after a miss tell nothing."""
-        for hit in [True] * accepted + [False] * (accepted < drafted):
-            self.hits, self.misses = self.decay * self.hits + hit, self.decay * self.misses + (not hit)
-
-    def choose(self, decodes: int = 1, rows: int | None = None) -> int:
-        """The k that maximizes tokens per unit of step time, for a step that already yields
-        `decodes` tokens (one per decoding sequence) from `rows` rows (default: decodes; a server's
-        step may hold prompt chunks too): k drafts at acceptance a yield (1 - a^(k+1)) / (1 - a)
-        tokens for k more rows."""
-        a, c = min(self.rate, 0.999), self.cost.fixed + (decodes if rows is None else rows)
-        best, best_k, yield_k, power = decodes / c, 0, 1.0, 1.0
-        for k in range(1, self.max_draft + 1):
-            power *= a
-            yield_k += power
-            value = (decodes - 1 + yield_k) / (c + k)
-            if value > best * 1.0001:  # ties go to fewer rows
-                best, best_k = value, k
-        return best_k
 
 
 @dataclass

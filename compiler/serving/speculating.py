@@ -19,7 +19,7 @@ import numpy as np
 
 from ..runtime import PoolFullError
 from ..runtime.spec_decode import calibrate
-from ..runtime.speculation import DraftLength, PromptLookup, Speculation, draft_room, verify
+from ..runtime.speculation import LookupDrafts, Speculation, draft_room, verify
 from .types import Request
 
 log = logging.getLogger("kiln.serve")
@@ -27,11 +27,8 @@ log = logging.getLogger("kiln.serve")
 
 @dataclass(eq=False)
 class Drafting:
-    """A request's speculation: its n-gram index, its draft length, and this step's drafts."""
-    lookup: PromptLookup
-    length: DraftLength
-    drafts: list[int] = field(default_factory=list)
-    guess: int | None = None  # the first token a k = 0 step would have drafted, scored when sampled
+    """A request's speculation: its prompt lookup and draft length with this step's drafts."""
+    ngram: LookupDrafts
     verifying: bool = False  # this step's rows are to be verified
     mark: object = None  # a hybrid's sequence before a step with drafts (Sequence.mark), to rewind to
     fed: list[int] = field(default_factory=list)  # the rows that step fed: its current token and drafts
@@ -60,16 +57,14 @@ class Speculating:
                 continue
             d = r.spec
             if d is None:
-                d = r.spec = Drafting(PromptLookup(r.decoding.history),
-                                      DraftLength(self.speculation.max_draft, self.spec_cost))
-            k = min(d.length.choose(decodes, rows), draft_room(self.model, r.seq.n_past, rewinds=True), budget)
-            proposal = d.lookup.propose(max(k, 1))
-            d.drafts, d.guess, d.verifying = proposal[:k], proposal[0] if proposal and not k else None, True
+                d = r.spec = Drafting(LookupDrafts(r.decoding.history, self.speculation.max_draft, self.spec_cost))
+            drafts = d.ngram.draft(min(draft_room(self.model, r.seq.n_past, rewinds=True), budget), decodes, rows)
+            d.verifying = True
             # a hybrid's state cannot be rolled back past a failed draft: it is saved, to rewind to
-            d.mark = r.seq.mark() if self.model.recurrent and d.drafts else None
-            d.fed = chunk + d.drafts
-            budget -= len(d.drafts)
-            out.append((r, chunk + d.drafts))
+            d.mark = r.seq.mark() if self.model.recurrent and drafts else None
+            d.fed = chunk + drafts
+            budget -= len(drafts)
+            out.append((r, chunk + drafts))
         return out
 
     def _step_speculating(self, items: list[tuple[Request, list[int]]]) -> list[np.ndarray]:
@@ -83,13 +78,14 @@ class Speculating:
         try:
             return run()
         except PoolFullError:
-            drafted = [(r, chunk) for r, chunk in items if r.spec is not None and r.spec.drafts]
+            drafted = [(r, chunk) for r, chunk in items if r.spec is not None and r.spec.ngram.drafts]
             if not drafted:
                 raise
             for i, (r, chunk) in enumerate(items):
-                if r.spec is not None and r.spec.drafts:
-                    items[i] = (r, chunk[:len(chunk) - len(r.spec.drafts)])
-                    r.spec.drafts, r.spec.guess, r.spec.mark = [], None, None
+                if r.spec is not None and r.spec.ngram.drafts:
+                    items[i] = (r, chunk[:len(chunk) - len(r.spec.ngram.drafts)])
+                    r.spec.ngram.drop()
+                    r.spec.mark = None
             return run()
 
     def _verifies(self, r: Request) -> bool:
@@ -104,7 +100,7 @@ class Speculating:
         rows = logits.reshape(-1, logits.shape[-1])
         n_before = r.seq.n_past - len(rows)
         try:
-            got, accepted = verify(r.decoding, d.drafts, rows, n_before)
+            got, accepted = verify(r.decoding, d.ngram.drafts, rows, n_before)
         except Exception as e:
             log.exception("a request failed while verifying its drafts")
             self._finish(r, error=f"the request failed: {e}")
@@ -115,11 +111,8 @@ class Speculating:
             else:
                 r.seq.rollback(n_before + len(got))
         d.mark = None
-        if d.drafts:
-            d.length.observe(accepted, len(d.drafts))
-        elif d.guess is not None:
-            d.length.observe(int(got[0].token == d.guess), 1)
-        self.metrics.speculated(len(d.drafts), accepted, len(got))
+        d.ngram.observe(accepted, got[0].token)
+        self.metrics.speculated(len(d.ngram.drafts), accepted, len(got))
         for token, row in zip(got, rows):
             if r.done:
                 return

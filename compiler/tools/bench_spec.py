@@ -8,10 +8,14 @@ The workloads are chat requests (the model's own template), greedy, up to n_gen 
 - story: a free-form story, where the output seldom repeats its input; greedy, and sampled at
   temperature 0.8 (seed 0), where a small model's greedy loops do not happen and guesses rarely
   hold: what speculation costs when it does not pay.
+Two more sets (--spec-workloads): "tuning", the passages prompt lookup's drafter and draft length
+were tuned on, and "held-out", texts written for the purpose that no choice of theirs saw
+(data/spec_heldout), to tell what it gains on text it was not tuned on.
 
 Speed is decode tokens per second from the first token to the last (the prefill is not timed),
 the best of `reps` runs after one warm-up (on a shared machine the best run is the one least
-disturbed; every run is in the JSON), engines alternating so that a noisy neighbour hits both. llama.cpp runs through llama-cpp-python's Llama, plain and with its prompt-lookup draft
+disturbed; every run is in the JSON), engines alternating so that a noisy neighbour hits both.
+llama.cpp runs through llama-cpp-python's Llama, plain and with its prompt-lookup draft
 (LlamaPromptLookupDecoding, its defaults: n-grams up to 2, 10 tokens drafted), the only
 speculative decoding of llama.cpp's reachable from Python here (llama-lookup and llama-server's
 draft options need llama.cpp's binaries).
@@ -40,17 +44,45 @@ def total_covered(intervals):
 '''
 
 
+DATA = Path(__file__).parent / "data"
+HELD_OUT_DIR = DATA / "spec_heldout"
+# Texts no choice in the drafter or its policy was tuned on (spec_heldout/README.md): file, request.
+HELD_OUT = {"bees copy": ("waggle_dance.txt", "Copy the passage above word for word."),
+            "reservoir repeat": ("harwick_reservoir.txt", "Repeat the report above exactly as it is written."),
+            "ferry summary": ("night_ferry.txt", "Summarize the passage above, using its own words where you can.")}
+# The tuning set's requests, in turn: quoting, copying, rewording and summarizing.
+REQUESTS = ["Quote the paragraph above in full.", "Repeat the paragraph above exactly.",
+            "Copy the text above word for word.", "Rewrite the passage above, keeping its wording.",
+            "Summarize the passage above in its own words."]
+WORKLOAD_SETS = ("default", "tuning", "held-out")
+
+
+def _paragraphs(name: str) -> list[str]:
+    text = (DATA / name).read_text(encoding="utf-8")
+    return [" ".join(p.split()) if name.startswith("scandal") else p for p in text.split("\n\n")]
+
+
 def _passage() -> str:
-    text = (Path(__file__).parent / "data" / "long_text.txt").read_text(encoding="utf-8")
-    return text.split("\n\n")[1]  # one paragraph, about 190 tokens
+    return _paragraphs("long_text.txt")[1]  # one paragraph, about 190 tokens
 
 
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 SAMPLED = 0.8  # the sampled story's temperature (seed 0, llama.cpp's other defaults)
 
 
-def workloads() -> dict[str, tuple[str, float]]:
-    """name -> (the user's message, temperature)"""
+def workloads(which: str = "default") -> dict[str, tuple[str, float]]:
+    """name -> (the user's message, temperature). "default": the four of the docs' table; "tuning":
+    the passages prompt lookup's drafter was tuned on (every paragraph of long_text.txt and the
+    first ten of 60 words or more of the Holmes story, each with a request in turn), greedy;
+    "held-out": the texts it never saw (HELD_OUT), greedy."""
+    if which == "held-out":
+        return {name: (f"{(HELD_OUT_DIR / file).read_text(encoding='utf-8').strip()}\n\n{request}", 0.0)
+                for name, (file, request) in HELD_OUT.items()}
+    if which == "tuning":
+        long_text = _paragraphs("long_text.txt")
+        holmes = [p for p in _paragraphs("scandal_in_bohemia.txt") if len(p.split()) >= 60][:10]
+        return {**{f"long_text {i}": (f"{p}\n\n{REQUESTS[i % 5]}", 0.0) for i, p in enumerate(long_text)},
+                **{f"holmes {i}": (f"{p}\n\n{REQUESTS[(i + 2) % 5]}", 0.0) for i, p in enumerate(holmes)}}
     return {"grounded": (f"{_passage()}\n\nQuote the paragraph above in full.", 0.0),
             "code": (f"Here is some Python code:\n\n{_CODE}\nRewrite this code, adding a docstring to each "
                      "function.", 0.0),
@@ -116,12 +148,12 @@ def _llamacpp(path, ctx: int, threads: int, draft: bool):
 
 
 def run_spec_bench(model, threads: int, n_gen: int = 256, reps: int = 3, max_draft: int | None = None,
-                   llamacpp: bool = True, log=lambda s: None) -> list[SpecRow]:
+                   llamacpp: bool = True, log=lambda s: None, which: str = "default") -> list[SpecRow]:
     from ..runtime import load
 
     m = load(model, ctx=2048, threads=threads)
     prompts = {name: (m.tokenize(render_chat(m.spec, [{"role": "user", "content": text}])), temperature)
-               for name, (text, temperature) in workloads().items()}
+               for name, (text, temperature) in workloads(which).items()}
     engines = {"llama.cpp": _llamacpp(m.spec.path, 2048, threads, False),
                "llama.cpp lookup": _llamacpp(m.spec.path, 2048, threads, True)} if llamacpp else {}
     spec = {"speculative": "ngram", "max_draft": max_draft}
@@ -147,16 +179,17 @@ def run_spec_bench(model, threads: int, n_gen: int = 256, reps: int = 3, max_dra
 
 
 def render(rows: list[SpecRow], model: str, threads: int, n_gen: int) -> str:
+    w = max([12] + [len(r.workload) for r in rows])
     out = [f"kiln bench --spec: {model}, {threads} thread(s), one stream, up to {n_gen} tokens; decode tok/s "
            "(best of the runs), speculative = prompt lookup",
-           f"{'workload':<12} {'tokens':>6} {'kiln':>8} {'kiln spec':>10} {'speedup':>8} {'accepted':>9} "
+           f"{'workload':<{w}} {'tokens':>6} {'kiln':>8} {'kiln spec':>10} {'speedup':>8} {'accepted':>9} "
            f"{'tok/step':>9} {'llama.cpp':>10} {'llama.cpp lookup':>17} {'speedup':>8}"]
     for r in rows:
         lc = f"{'-':>10} {'-':>17} {'-':>8}"
         if r.llamacpp_tok_s:
             lc = (f"{r.llamacpp_tok_s:>10.1f} {r.llamacpp_spec_tok_s:>17.1f} "
                   f"{r.llamacpp_spec_tok_s / r.llamacpp_tok_s:>7.2f}x")
-        out.append(f"{r.workload:<12} {r.kiln_tokens:>6} {r.kiln_tok_s:>8.1f} {r.kiln_spec_tok_s:>10.1f} "
+        out.append(f"{r.workload:<{w}} {r.kiln_tokens:>6} {r.kiln_tok_s:>8.1f} {r.kiln_spec_tok_s:>10.1f} "
                    f"{r.speedup:>7.2f}x {100 * r.acceptance:>8.0f}% {r.tokens_per_step:>9.2f} {lc}")
     if not all(r.same_output for r in rows):
         out.append("WARNING: speculative output differed from plain decoding's (a bug: report it)")
