@@ -106,7 +106,7 @@ def run_spec_bench(a: argparse.Namespace, threads: int) -> None:
         raise KilnError(f"--tg must be at least 2 with --spec, got {a.tg}")
     if a.spec_max_draft is not None and not 1 <= a.spec_max_draft <= 64:
         raise KilnError(f"--spec-max-draft must be between 1 and 64, got {a.spec_max_draft}")
-    rows = bench_spec.run_spec_bench(a.model, threads, a.tg, a.reps, a.spec_max_draft, log=log)
+    rows = bench_spec.run_spec_bench(a.model, threads, a.tg, a.reps, a.spec_max_draft, log=log, which=a.spec_workloads)
     sys.stdout.write(bench_spec.render(rows, str(a.model), threads, a.tg))
     if a.json:
         from ..tools.bench import write_json
@@ -212,6 +212,9 @@ def register(sub) -> None:
                    help="instead, one stream's decode with and without speculative decoding (prompt lookup) on "
                         "three workloads (grounded, code, story; --tg tokens), beside llama.cpp's prompt lookup")
     p.add_argument("--spec-max-draft", type=int, default=None, metavar="K", help="with --spec: drafts a step at most")
+    p.add_argument("--spec-workloads", default="default", choices=["default", "tuning", "held-out"],
+                   help="with --spec: the docs' four workloads, the passages prompt lookup was tuned on, or the "
+                        "texts held out from that tuning (compiler/tools/data/spec_heldout)")
     p.add_argument("--ik", default=None, metavar="PATH|none",
                    help="ik_llama.cpp, the third engine: its bin directory (or one of its tools there), or 'none' "
                         "(default: $KILN_IK_LLAMA, then `make ik-llama`'s build/ik-llama/bin, bin-avx2 with "
