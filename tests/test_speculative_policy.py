@@ -8,7 +8,9 @@ guess, a step cost linear in its rows): the same assertion fails with the featur
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,3 +216,31 @@ def test_a_model_is_timed_at_every_row_count_that_fits(tiny):
     assert cost.rows == [1, 2, 3, 4] and small not in spec_decode._COSTS  # a partial curve is not kept
     full = compiler.load(path, ctx=64, batch_tokens=32, threads=1)
     assert spec_decode.calibrate(full).rows == list(spec_decode.TIMED_ROWS) and full in spec_decode._COSTS
+
+
+def test_a_timed_curve_is_kept_for_the_next_process_while_a_one_row_step_agrees(tiny, monkeypatch):
+    import compiler
+    from compiler.runtime import spec_decode
+
+    path = tiny("llama", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128)
+    timed, machine = [], {"speed": 1.0}
+
+    def fake(model, seq, token, counts, runs):  # a step of r rows takes 1 + r/8, times the machine's speed
+        timed.append(list(counts))
+        return {r: (1 + r / 8) * machine["speed"] for r in counts}
+
+    monkeypatch.setattr(spec_decode, "_timed", fake)
+    every = list(spec_decode.TIMED_ROWS)
+    m = compiler.load(path, ctx=64, batch_tokens=32, threads=1)  # a fresh model: as in a new process
+    kept = Path(m.compiled.module.__file__).with_name("step_cost.1threads.json")
+    kept.unlink(missing_ok=True)
+    assert spec_decode.calibrate(m).time(9) == pytest.approx(1 + 9 / 8) and timed == [every] and kept.is_file()
+    timed.clear()
+    machine["speed"] = 1.1  # within a quarter: the kept curve, after one row count's timing
+    m = compiler.load(path, ctx=64, batch_tokens=32, threads=1)
+    assert spec_decode.calibrate(m).time(9) == pytest.approx(1 + 9 / 8) and timed == [[1]]
+    timed.clear()
+    machine["speed"] = 2.0  # the machine is not what it was: timed again, and kept so
+    m = compiler.load(path, ctx=64, batch_tokens=32, threads=1)
+    assert spec_decode.calibrate(m).time(9) == pytest.approx(2 * (1 + 9 / 8)) and timed == [[1], every]
+    assert json.loads(kept.read_text())["9"] == pytest.approx(2 * (1 + 9 / 8))

@@ -11,17 +11,20 @@ module) for prompts and decoding states through the sequence: nothing here impor
 """
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from ..core.files import write_atomically
+from .draft_length import DraftLength, StepCost
 from .draft_model import DraftSequence, draft_together
 from .generation import Decoding, Sampled
 from .sampling import SamplingParams
-from .draft_length import DraftLength, StepCost
 from .prompt_lookup import LookupDrafts
 from .speculation import Speculation, SpecStats, draft_room, verify
 from .status import ModelError, PoolFullError
@@ -69,35 +72,60 @@ def lane(spec: Speculation, seq, run: Decoding, params: SamplingParams, cost: St
 
 
 def step_cost(model, seq, token: int) -> StepCost:
-    """The model's step time by rows, timed once per model on `seq` (its extra rows rolled back)
-    with every row's logits as a verification has them (each row adds a pass over the output
-    matrix): the best of three runs of each row count, the counts interleaved so that a busy
-    moment spreads over all of them. Where fewer rows fit than TIMED_ROWS asks, what fits is
-    timed, not kept."""
+    """The model's step time by rows (StepCost), timed on `seq` (its extra rows rolled back) with
+    every row's logits, as a verification has them (each row adds a pass over the output matrix).
+    Timed once per model and kept beside its build for the next process at as many threads, which
+    times a one-row step to check it and times all again if that differs by a quarter or more.
+    Where fewer rows fit than TIMED_ROWS asks, what fits is timed, and not kept."""
     if model in _COSTS:
         return _COSTS[model]
-    n = seq.n_past
-    fits = min(draft_room(model, n, rewinds=True) + 1, model.options.batch_tokens)
+    fits = min(draft_room(model, seq.n_past, rewinds=True) + 1, model.options.batch_tokens)
     counts = [r for r in TIMED_ROWS if r <= fits]
     if len(counts) < 2:
         return StepCost()
+    module = getattr(model.compiled, "module", None)
+    kept = (Path(module.__file__).with_name(f"step_cost.{model.instance.n_threads}threads.json")
+            if module is not None and len(counts) == len(TIMED_ROWS) else None)
+    if kept is not None and kept.is_file():
+        try:
+            saved = StepCost({int(r): float(t) for r, t in json.loads(kept.read_text()).items()})
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        one = _timed(model, seq, token, [1], 3)
+        if saved is not None and one is not None and abs(one[1] / saved.time(1) - 1) < 0.25:
+            _COSTS[model] = saved
+            return saved
+    points = _timed(model, seq, token, counts, 2)
+    if points is None:
+        return StepCost()
+    cost = StepCost(points)
+    if kept is not None:
+        _COSTS[model] = cost
+        try:
+            write_atomically(kept, json.dumps(points).encode())
+        except OSError:  # a cache it cannot write: timed again next time
+            pass
+    return cost
+
+
+def _timed(model, seq, token: int, counts: list[int], runs: int) -> dict[int, float] | None:
+    """The best of `runs` timings of a step of each row count, the counts interleaved so that a busy
+    moment spreads over all of them, and up to four where the two best differ by a tenth (a reading
+    is high by noise, never low); None where the pool has no room for the rows."""
+    n, mark = seq.n_past, seq.mark()
     times: dict[int, list[float]] = {r: [] for r in counts}
-    mark = seq.mark()
     try:
-        for _ in range(3):
-            for r in counts:
+        for i in range(4):
+            for r in [r for r, t in times.items() if i < runs or sorted(t)[1] > 1.1 * min(t)]:
                 t0 = time.perf_counter()
-                model.step_rows([(seq, [token] * r)], [True])  # every row's logits, as a verification reads them
+                model.step_rows([(seq, [token] * r)], [True])
                 times[r].append(time.perf_counter() - t0)
                 seq.back_to(mark)
-    except ModelError:  # the pool has no room for the rows: keep the default
+    except ModelError:
         if seq.n_past > n:
             seq.back_to(mark)
-        return StepCost()
-    cost = StepCost({r: min(t) for r, t in times.items()})
-    if len(counts) == len(TIMED_ROWS):
-        _COSTS[model] = cost
-    return cost
+        return None
+    return {r: min(t) for r, t in times.items()}
 
 
 def calibrate(model) -> StepCost:
