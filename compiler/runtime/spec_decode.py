@@ -83,7 +83,7 @@ def step_cost(model, seq, token: int) -> StepCost:
     counts = [r for r in TIMED_ROWS if r <= fits]
     if len(counts) < 2:
         return StepCost()
-    module = getattr(model.compiled, "module", None)
+    module = getattr(getattr(model, "compiled", None), "module", None)
     kept = (Path(module.__file__).with_name(f"step_cost.{model.instance.n_threads}threads.json")
             if module is not None and len(counts) == len(TIMED_ROWS) else None)
     if kept is not None and kept.is_file():
