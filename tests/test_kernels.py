@@ -558,6 +558,25 @@ def test_simd_activation_quantizer_is_bit_exact(t):
         assert np.array_equal(fast, ref), f"row {r}"
 
 
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_in", [7, 8, 24, 29, 48, 61, 384])
+def test_float_matmul_tiles_match_reference_dots_at_every_length(t, n_in):
+    """The float types' tiles (4 weight rows x 4 activation rows with AVX-512, then pairs and
+    single rows) against the reference dot at lengths that leave each tail of its order: 16-lane
+    steps, an 8-lane step, single products."""
+    rng = np.random.default_rng(500 + int(t) + n_in)
+    n_out, rows = 15, 11  # 4 + 4 + 4 + 2 + 1 weight rows; 4 + 4 + 3 activation rows
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    w = np.ascontiguousarray(w if t is Q.F32 else quants.quantize(w, t)).view(np.uint8).reshape(n_out, -1)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    y = np.zeros((rows, n_out), np.float32)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(x[r])) for o in range(n_out)]
+                     for r in range(rows)], np.float32)
+    np.testing.assert_array_equal(y, want)
+
+
 def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
     """The activation rows a matmul on type t dots against, quantized one by one."""
     act = np.zeros((len(x), lib.kiln_act_row_bytes(int(t), x.shape[1])), np.uint8)
