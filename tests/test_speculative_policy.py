@@ -203,17 +203,22 @@ def test_the_held_out_texts_exist_and_are_not_in_the_tuning_set():
     assert len({file for file, _ in bench_spec.HELD_OUT.values()}) == len(bench_spec.HELD_OUT)
 
 
-def test_a_model_is_timed_at_every_row_count_that_fits(tiny):
+def test_a_model_is_timed_at_every_row_count_that_fits(tiny, monkeypatch):
     import compiler
     from compiler.runtime import spec_decode
 
     path = tiny("llama", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128)
     small = compiler.load(path, ctx=64, batch_tokens=4, threads=1)
+    kept = Path(small.compiled.module.__file__).with_name("step_cost.1threads.json")
+    kept.unlink(missing_ok=True)
     with small.sequence() as seq:
         seq.prefill([1, 2, 3])
         cost = spec_decode.step_cost(small, seq, 1)
         assert seq.n_past == 3  # the timed rows are rolled back
-    assert cost.rows == [1, 2, 3, 4] and small not in spec_decode._COSTS  # a partial curve is not kept
+        assert cost.rows == [1, 2, 3, 4] and not kept.exists()  # a partial curve is not written...
+        monkeypatch.setattr(spec_decode, "_timed", lambda *a: pytest.fail("timed again"))
+        assert spec_decode.step_cost(small, seq, 1) is cost  # ...but serves the process's next call
+    monkeypatch.undo()
     full = compiler.load(path, ctx=64, batch_tokens=32, threads=1)
     assert spec_decode.calibrate(full).rows == list(spec_decode.TIMED_ROWS) and full in spec_decode._COSTS
 

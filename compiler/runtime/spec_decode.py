@@ -33,7 +33,8 @@ PROBE_EVERY = 8  # a draft-model sequence that stopped drafting tries one token 
 # The row counts a model's steps are timed at: every one a step of the default max_draft may take,
 # since the curve has steps of its own (StepCost); longer steps cost the mean row past the last.
 TIMED_ROWS = tuple(range(1, 18))
-_COSTS: "weakref.WeakKeyDictionary[object, StepCost]" = weakref.WeakKeyDictionary()
+# a model's step cost and the most rows it was timed at, timed once per model and process
+_COSTS: "weakref.WeakKeyDictionary[object, tuple[int, StepCost]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -76,13 +77,15 @@ def step_cost(model, seq, token: int) -> StepCost:
     every row's logits, as a verification has them (each row adds a pass over the output matrix).
     Timed once per model and kept beside its build for the next process at as many threads, which
     times a one-row step to check it and times all again if that differs by a quarter or more.
-    Where fewer rows fit than TIMED_ROWS asks, what fits is timed, and not kept."""
-    if model in _COSTS:
-        return _COSTS[model]
+    Where fewer rows fit than TIMED_ROWS asks, what fits is timed, kept for this process (a later
+    call that fits no more rows reuses it) and not written."""
     fits = min(draft_room(model, seq.n_past, rewinds=True) + 1, model.options.batch_tokens)
     counts = [r for r in TIMED_ROWS if r <= fits]
     if len(counts) < 2:
         return StepCost()
+    timed_to, cost = _COSTS.get(model, (0, None))
+    if cost is not None and timed_to >= counts[-1]:
+        return cost
     module = getattr(getattr(model, "compiled", None), "module", None)
     kept = (Path(module.__file__).with_name(f"step_cost.{model.instance.n_threads}threads.json")
             if module is not None and len(counts) == len(TIMED_ROWS) else None)
@@ -93,14 +96,14 @@ def step_cost(model, seq, token: int) -> StepCost:
             saved = None
         one = _timed(model, seq, token, [1], 3)
         if saved is not None and one is not None and abs(one[1] / saved.time(1) - 1) < 0.25:
-            _COSTS[model] = saved
+            _COSTS[model] = (counts[-1], saved)
             return saved
     points = _timed(model, seq, token, counts, 2)
     if points is None:
         return StepCost()
     cost = StepCost(points)
+    _COSTS[model] = (counts[-1], cost)
     if kept is not None:
-        _COSTS[model] = cost
         try:
             write_atomically(kept, json.dumps(points).encode())
         except OSError:  # a cache it cannot write: timed again next time
