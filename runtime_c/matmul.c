@@ -28,9 +28,11 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
 }
 
 /* x's rows in the type's activation format: quantized now, or (quantized) as the matmul before
- * left them in scratch */
+ * left them in scratch; the float types' f32 rows are x's own, read where they are (every op ends
+ * with a barrier, and a run of matmuls without one between them reads one x) */
 static const uint8_t *act_rows(const kiln_thread *t, int type, const float *x, int n_rows, int n_in, void *scratch,
                                uint8_t local[KILN_LOCAL_ACT_BYTES], int quantized) {
+    if (kiln_act_type(type) == KILN_F32) return (const uint8_t *)x;
     if (quantized && !act_on_stack(type, n_rows, n_in)) return scratch;
     return kiln_quantize_rows_mt(t, type, x, n_rows, n_in, scratch, local);
 }
