@@ -51,18 +51,27 @@ static int chunk_of(const kiln_thread *t, int units, int n_out, int n_in, int n_
     return (units + chunks - 1) / chunks;
 }
 
+/* activation rows a chunk takes at a time where it adds a bias: that pass then finds its outputs
+ * in cache (a prefill's whole column of them, 2048 rows of a chunk's 128 outputs, is 1 MB) */
+#define BIAS_ROWS 64
+
 /* the GGUF rows: tiles of 8 rows, claimed in chunks by the threads */
 static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const float *bias, int n_out, int n_in,
                            const float *x, int n_rows, float *y, void *scratch, int quantized) {
     const size_t w_row = kiln_row_bytes(type, n_in), a_row = kiln_act_row_bytes(type, n_in);
     _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
     const uint8_t *act = act_rows(t, type, x, n_rows, n_in, scratch, local, quantized);
+    const int step = bias ? BIAS_ROWS : n_rows;
     kiln_claims c = kiln_claims_begin(t, (n_out + 7) / 8, chunk_of(t, (n_out + 7) / 8, n_out, n_in, n_rows));
     for (int c0, c1; kiln_claim(&c, &c0, &c1);) {
         const int o0 = 8 * c0, o1 = 8 * c1 < n_out ? 8 * c1 : n_out;
-        kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act, a_row, n_rows, y + o0,
-                  (size_t)n_out);
-        kiln_add_bias(y, bias, n_rows, n_out, o0, o1);
+        for (int r0 = 0; r0 < n_rows; r0 += step) {
+            const int rows = n_rows - r0 < step ? n_rows - r0 : step;
+            float *yr = y + (size_t)r0 * n_out;
+            kiln_rows(type, n_in, (const uint8_t *)w + (size_t)o0 * w_row, w_row, o1 - o0, act + r0 * a_row, a_row,
+                      rows, yr + o0, (size_t)n_out);
+            kiln_add_bias(yr, bias, rows, n_out, o0, o1);
+        }
     }
 }
 

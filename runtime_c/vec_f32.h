@@ -372,13 +372,13 @@ static inline __attribute__((always_inline)) __m512 kiln_load16_bf16(const uint1
    each shuffle and add. Lane 4 m + n of the result holds s[4 n + m]'s sum. */
 static inline __attribute__((always_inline)) __m512 kiln_hsum16x16(const __m512 s[16]) {
     __m512 u[8], v[4], w[2];
-    for (int q = 0; q < 8; q++)
+    _Pragma("GCC unroll 8") for (int q = 0; q < 8; q++)
         u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], 0x44),
                              _mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], 0xEE));
-    for (int q = 0; q < 4; q++)
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)
         v[q] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * q], u[2 * q + 1], 0x88),
                              _mm512_shuffle_f32x4(u[2 * q], u[2 * q + 1], 0xDD));
-    for (int q = 0; q < 2; q++)
+    _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++)
         w[q] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * q], v[2 * q + 1], 0x44), _mm512_shuffle_ps(v[2 * q], v[2 * q + 1], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
 }
@@ -386,26 +386,28 @@ static inline __attribute__((always_inline)) __m512 kiln_hsum16x16(const __m512 
 /* Four weight rows (a0 + j * a_row) against four activation rows: out[k][j], each KILN_VDOT16's
    sum bit for bit. Eight loads feed sixteen multiply-adds, where kiln_vdot*_2x4's six feed eight,
    and the sixteen sums share one transposing reduction. */
+/* (each loop unrolled: gcc otherwise keeps the sixteen sums in memory, zeroed by a call to memset) */
 #define KILN_VDOT16_4X4(name, T, load8, load16, load1)                                              \
     static inline void name(const T *a0, size_t a_row, const float *b0, size_t b_row, int n, float out[4][4]) { \
         __m512 s[16]; /* s[4 j + k]: weight row j, activation row k */                              \
-        for (int q = 0; q < 16; q++) s[q] = _mm512_setzero_ps();                                    \
+        _Pragma("GCC unroll 16") for (int q = 0; q < 16; q++) s[q] = _mm512_setzero_ps();           \
         int i = 0;                                                                                  \
         for (; i + 16 <= n; i += 16) {                                                              \
             __m512 w[4];                                                                            \
-            for (int j = 0; j < 4; j++) w[j] = load16(a0 + j * a_row + i);                          \
-            for (int k = 0; k < 4; k++) {                                                           \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) w[j] = load16(a0 + j * a_row + i);  \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                   \
                 __m512 b = _mm512_loadu_ps(b0 + k * b_row + i);                                     \
                 __asm__("" : "+v"(b)); /* one load for four multiply-adds: gcc would fold it into each */ \
-                for (int j = 0; j < 4; j++) s[4 * j + k] = _mm512_fmadd_ps(w[j], b, s[4 * j + k]);  \
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                 \
+                    s[4 * j + k] = _mm512_fmadd_ps(w[j], b, s[4 * j + k]);                          \
             }                                                                                       \
         }                                                                                           \
         if (i + 8 <= n) { /* the low eight lanes take the next eight products, as KILN_VDOT16's s0 */ \
-            for (int j = 0; j < 4; j++) {                                                           \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                   \
                 const __m512 w = _mm512_castps256_ps512(load8(a0 + j * a_row + i));                 \
-                for (int k = 0; k < 4; k++)                                                         \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                                 \
                     s[4 * j + k] = _mm512_mask3_fmadd_ps(w, _mm512_castps256_ps512(_mm256_loadu_ps(b0 + k * b_row + i)), \
-                                                         s[4 * j + k], 0x00FF);                      \
+                                                         s[4 * j + k], 0x00FF);                     \
             }                                                                                       \
             i += 8;                                                                                 \
         }                                                                                           \

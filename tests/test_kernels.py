@@ -577,6 +577,25 @@ def test_float_matmul_tiles_match_reference_dots_at_every_length(t, n_in):
     np.testing.assert_array_equal(y, want)
 
 
+@pytest.mark.parametrize("t", [Q.F16, Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
+def test_a_bias_is_added_to_every_row_once(t):
+    """A matmul with a bias takes its activation rows in blocks (matmul.c, BIAS_ROWS): each output
+    is its reference dot plus the bias, one rounding, on rows past the first blocks too."""
+    rng = np.random.default_rng(600 + int(t))
+    n_in, n_out, rows = 256, 24, 150
+    _, w = quantized(rng, n_out, n_in, t)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    y = np.zeros((rows, n_out), np.float32)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    lib.kiln_matmul(int(t), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"),
+                    ptr(scratch))
+    act = quantized_rows(t, x)
+    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
+                     for r in range(rows)], np.float32) + bias
+    np.testing.assert_array_equal(y, want)
+
+
 def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
     """The activation rows a matmul on type t dots against, quantized one by one."""
     act = np.zeros((len(x), lib.kiln_act_row_bytes(int(t), x.shape[1])), np.uint8)
