@@ -156,11 +156,16 @@ def test_bench_wtype_takes_every_weight_type(capsys):
     with pytest.raises(KilnError, match=r"--wtype: 'NVFP4' is not a weight type kiln reads; choose one of .*MXFP4"):
         synthetic_spec("llama-1b", "NVFP4")
     assert synthetic_spec("qwen3moe-small", "MXFP4").wtype is Q.MXFP4
-    for shape in SHAPES:  # every shape's matrices are rows of whole blocks of every type
-        spec = synthetic_spec(shape, "IQ1_S")
-        for name, dims in tensor_shapes(spec, 49152).items():
-            if tensor_qtype(spec, name, dims) is spec.wtype:  # the writer's rule: not the router, not a conv
-                assert all(dims[-1] % GGML_QUANT_SIZES[q][0] == 0 for q in WTYPES.values()), (shape, name, dims)
+    for shape in SHAPES:  # every shape's matrices are rows of whole blocks of every type, or of its fallback's
+        for wtype in WTYPES:
+            spec = synthetic_spec(shape, wtype)
+            for name, dims in tensor_shapes(spec, 49152).items():
+                assert dims[-1] % GGML_QUANT_SIZES[tensor_qtype(spec, name, dims)][0] == 0, (shape, wtype, name, dims)
+    # EmbeddingGemma's FFN of 1152 is no whole number of super-blocks: llama-quantize's fallbacks
+    gemma = {w: synthetic_spec("embeddinggemma", w) for w in ("Q4_K", "Q6_K", "IQ2_XXS", "Q3_K", "Q8_0")}
+    assert {w: tensor_qtype(s, "blk.0.ffn_down.weight", (768, 1152)) for w, s in gemma.items()} == {
+        "Q4_K": Q.Q5_0, "Q6_K": Q.Q8_0, "IQ2_XXS": Q.IQ4_NL, "Q3_K": Q.Q4_0, "Q8_0": Q.Q8_0}
+    assert tensor_qtype(gemma["Q4_K"], "blk.0.ffn_up.weight", (1152, 768)) is Q.Q4_K
 
 
 @pytest.mark.parametrize("qtype", [Q.NVFP4, Q.Q1_0], ids=lambda q: q.name)

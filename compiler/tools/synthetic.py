@@ -156,7 +156,16 @@ def tensor_qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
     if s.arch == "gemma4":
         return gemma4_qtype(s, name, shape)
     matrix = len(shape) >= 2 and name.endswith(".weight") and "gate_inp" not in name and "ssm_conv1d" not in name
-    return s.types.get(name, s.wtype if matrix else Q.F32)
+    qtype = s.types.get(name, s.wtype if matrix else Q.F32)
+    if len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:  # rows of a part block: llama.cpp's fallback
+        return FALLBACK.get(qtype, Q.Q8_0)
+    return qtype
+
+
+# the type llama-quantize writes where a matrix's rows are not whole super-blocks (EmbeddingGemma's FFN of
+# 1152): llama-quant.cpp's tensor_type_fallback
+FALLBACK = {**{q: Q.IQ4_NL for q in (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_XS)},
+            **{q: Q.Q4_0 for q in (Q.Q2_K, Q.Q3_K, Q.TQ1_0, Q.TQ2_0)}, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 
 
 def _quantized(data: np.ndarray, qtype: Q) -> np.ndarray:

