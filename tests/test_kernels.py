@@ -199,10 +199,7 @@ def test_matmul_with_bias(t):
     wf = quants.dequantize(w, t).reshape(n_out, n_in)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
-    y = np.zeros((rows, n_out), np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-    lib.kiln_matmul(int(t), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"),
-                    ptr(scratch))
+    y = matmul(t, w, x, bias)
     want = x.astype(np.float64) @ wf.T.astype(np.float64) + bias
     # 8-bit activations: error ~ |w|.|x| / 127 per output
     np.testing.assert_allclose(y, want, atol=0.03 * np.abs(wf).sum(axis=1).max() * np.abs(x).max() / 127 * 4)
@@ -558,6 +555,29 @@ def test_simd_activation_quantizer_is_bit_exact(t):
         assert np.array_equal(fast, ref), f"row {r}"
 
 
+def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
+    """The activation rows a matmul on type t dots against, quantized one by one."""
+    act = np.zeros((len(x), lib.kiln_act_row_bytes(int(t), x.shape[1])), np.uint8)
+    for r in range(len(x)):
+        lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), x.shape[1])
+    return act
+
+
+def matmul(t: Q, w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """kiln_matmul (one thread, the GGUF rows) of x's rows against w's rows, plus bias."""
+    (rows, n_in), n_out = x.shape, len(w)
+    y = np.zeros((rows, n_out), np.float32)
+    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    lib.kiln_matmul(int(t), ptr(w), ffi.NULL if bias is None else ptr(bias, "float *"), n_out, n_in,
+                    ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
+    return y
+
+
+def reference_dots(t: Q, w: np.ndarray, act: np.ndarray, n_in: int) -> np.ndarray:
+    """The scalar reference dot of every (activation row, weight row) pair."""
+    return np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(wo), ptr(a)) for wo in w] for a in act], np.float32)
+
+
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_in", [7, 8, 24, 29, 48, 61, 384])
 def test_float_matmul_tiles_match_reference_dots_at_every_length(t, n_in):
@@ -569,12 +589,7 @@ def test_float_matmul_tiles_match_reference_dots_at_every_length(t, n_in):
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     w = np.ascontiguousarray(w if t is Q.F32 else quants.quantize(w, t)).view(np.uint8).reshape(n_out, -1)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    y = np.zeros((rows, n_out), np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-    lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
-    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(x[r])) for o in range(n_out)]
-                     for r in range(rows)], np.float32)
-    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(matmul(t, w, x), reference_dots(t, w, x, n_in))
 
 
 @pytest.mark.parametrize("t", [Q.F16, Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
@@ -586,22 +601,8 @@ def test_a_bias_is_added_to_every_row_once(t):
     _, w = quantized(rng, n_out, n_in, t)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     bias = rng.standard_normal(n_out).astype(np.float32)
-    y = np.zeros((rows, n_out), np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
-    lib.kiln_matmul(int(t), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"),
-                    ptr(scratch))
-    act = quantized_rows(t, x)
-    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
-                     for r in range(rows)], np.float32) + bias
-    np.testing.assert_array_equal(y, want)
-
-
-def quantized_rows(t: Q, x: np.ndarray) -> np.ndarray:
-    """The activation rows a matmul on type t dots against, quantized one by one."""
-    act = np.zeros((len(x), lib.kiln_act_row_bytes(int(t), x.shape[1])), np.uint8)
-    for r in range(len(x)):
-        lib.kiln_quantize_act(int(t), ptr(x[r]), ptr(act[r]), x.shape[1])
-    return act
+    y = matmul(t, w, x, bias)
+    np.testing.assert_array_equal(y, reference_dots(t, w, quantized_rows(t, x), n_in) + bias)
 
 
 @pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
@@ -616,14 +617,7 @@ def test_matmul_tiles_match_reference_dots(t, n_out, rows):
     n_in = 512
     _, w = quantized(rng, n_out, n_in, t)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    y = np.zeros((rows, n_out), np.float32)
-    a_row = lib.kiln_act_row_bytes(int(t), n_in)
-    scratch = np.zeros(rows * a_row, np.uint8)
-    lib.kiln_matmul(int(t), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
-    act = quantized_rows(t, x)
-    want = np.array([[lib.kiln_vec_dot_ref(int(t), n_in, ptr(w[o]), ptr(act[r])) for o in range(n_out)]
-                     for r in range(rows)], np.float32)
-    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(matmul(t, w, x), reference_dots(t, w, quantized_rows(t, x), n_in))
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, (Q.F16, Q.Q4_0)],
