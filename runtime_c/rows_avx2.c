@@ -251,32 +251,25 @@ ROWS_FOR(mxfp4, KILN_MXFP4)
 
 /* f32, f16 and bf16 rows: KILN_DOT16_REF's order (kiln_vdot*), four activation rows at a time
    sharing each weight row's loads (kiln_vdot*_x4: the same sums, bit for bit), and with AVX-512
-   four weight rows at a time too (kiln_vdot*_4x4; a leftover pair, kiln_vdot*_2x4) */
+   four weight rows at a time too (kiln_vdot*_4x4; rows past the last four, one at a time) */
 #if defined(__AVX512F__)
-#define ROWS_PAIRS(T, dot24, dot44)                                                                 \
+#define ROWS_QUADS(T, dot44)                                                                        \
         for (; r + 4 <= n_w; r += 4) {                                                              \
             float out[4][4];                                                                        \
             dot44((const T *)((const uint8_t *)w + r * w_row), w_row / sizeof(T),                   \
                   (const float *)((const uint8_t *)act + c * a_row), a_row / sizeof(float), n, out); \
             for (int k = 0; k < 4; k++) memcpy(y + (c + k) * y_row + r, out[k], sizeof out[k]);    \
-        }                                                                                           \
-        for (; r + 2 <= n_w; r += 2) {                                                              \
-            float out[2][4];                                                                        \
-            dot24((const T *)((const uint8_t *)w + r * w_row), w_row / sizeof(T),                   \
-                  (const float *)((const uint8_t *)act + c * a_row), a_row / sizeof(float), n, out); \
-            for (int j = 0; j < 2; j++)                                                             \
-                for (int k = 0; k < 4; k++) y[(c + k) * y_row + r + j] = out[j][k];                 \
         }
 #else
-#define ROWS_PAIRS(T, dot24, dot44)
+#define ROWS_QUADS(T, dot44)
 #endif
-#define ROWS_WIDE(suffix, T, dot, dot4, dot24, dot44)                                              \
+#define ROWS_WIDE(suffix, T, dot, dot4, dot44)                                                     \
     void kiln_rows_##suffix##_avx2(int n, const void *w, size_t w_row, int n_w, const void *act, size_t a_row, \
                                    int n_a, float *y, size_t y_row) {                               \
         int c = 0;                                                                                  \
         for (; c + 4 <= n_a; c += 4) {                                                              \
             int r = 0;                                                                              \
-            ROWS_PAIRS(T, dot24, dot44)                                                             \
+            ROWS_QUADS(T, dot44)                                                                    \
             for (; r < n_w; r++) {                                                                  \
                 float out[4];                                                                       \
                 dot4((const T *)((const uint8_t *)w + r * w_row), (const float *)((const uint8_t *)act + c * a_row), \
@@ -289,7 +282,7 @@ ROWS_FOR(mxfp4, KILN_MXFP4)
                 y[c * y_row + r] = dot((const T *)((const uint8_t *)w + r * w_row),                 \
                                        (const float *)((const uint8_t *)act + c * a_row), n);        \
     }
-ROWS_WIDE(f32, float, kiln_vdot, kiln_vdot_x4, kiln_vdot_2x4, kiln_vdot_4x4)
-ROWS_WIDE(f16, uint16_t, kiln_vdot_f16, kiln_vdot_f16_x4, kiln_vdot_f16_2x4, kiln_vdot_f16_4x4)
-ROWS_WIDE(bf16, uint16_t, kiln_vdot_bf16, kiln_vdot_bf16_x4, kiln_vdot_bf16_2x4, kiln_vdot_bf16_4x4)
+ROWS_WIDE(f32, float, kiln_vdot, kiln_vdot_x4, kiln_vdot_4x4)
+ROWS_WIDE(f16, uint16_t, kiln_vdot_f16, kiln_vdot_f16_x4, kiln_vdot_f16_4x4)
+ROWS_WIDE(bf16, uint16_t, kiln_vdot_bf16, kiln_vdot_bf16_x4, kiln_vdot_bf16_4x4)
 #endif

@@ -336,37 +336,6 @@ static inline __attribute__((always_inline)) __m512 kiln_load16_bf16(const uint1
         }                                                                                           \
     }
 #if defined(__AVX512F__)
-/* Two weight rows (a, a + a_row) against four activation rows: out[j][k], each KILN_VDOT16's sum
-   bit for bit, as kiln_vdot*_x4's; six loads feed eight multiply-adds. */
-#define KILN_VDOT16_2X4(name, T, load8, load16, load1)                                              \
-    static inline void name(const T *a0, size_t a_row, const float *b0, size_t b_row, int n, float out[2][4]) { \
-        __m512 s[2][4];                                                                             \
-        for (int j = 0; j < 2; j++)                                                                 \
-            for (int k = 0; k < 4; k++) s[j][k] = _mm512_setzero_ps();                              \
-        const T *a1 = a0 + a_row;                                                                   \
-        int i = 0;                                                                                  \
-        for (; i + 16 <= n; i += 16) {                                                              \
-            const __m512 w0 = load16(a0 + i), w1 = load16(a1 + i);                                  \
-            for (int k = 0; k < 4; k++) {                                                           \
-                const __m512 b = _mm512_loadu_ps(b0 + k * b_row + i);                               \
-                s[0][k] = _mm512_fmadd_ps(w0, b, s[0][k]);                                          \
-                s[1][k] = _mm512_fmadd_ps(w1, b, s[1][k]);                                          \
-            }                                                                                       \
-        }                                                                                           \
-        const int tail = i;                                                                         \
-        for (int j = 0; j < 2; j++)                                                                 \
-            for (int k = 0; k < 4; k++) {                                                           \
-                const T *a = j ? a1 : a0;                                                           \
-                const float *b = b0 + k * b_row;                                                    \
-                __m256 lo = _mm512_castps512_ps256(s[j][k]);                                        \
-                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s[j][k]), 1)); \
-                i = tail;                                                                           \
-                if (i + 8 <= n) lo = _mm256_fmadd_ps(load8(a + i), _mm256_loadu_ps(b + i), lo), i += 8; \
-                float sum = kiln_hsum8(_mm256_add_ps(lo, hi));                                      \
-                for (; i < n; i++) sum = fmaf(load1(a[i]), b[i], sum);                              \
-                out[j][k] = sum;                                                                    \
-            }                                                                                       \
-    }
 /* The sums of sixteen 16-lane accumulators at once, each in KILN_DOT16_REF's order: lanes k and
    k + 8 first, then ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), the pairs of accumulators sharing
    each shuffle and add. Lane 4 m + n of the result holds s[4 n + m]'s sum. */
@@ -384,9 +353,9 @@ static inline __attribute__((always_inline)) __m512 kiln_hsum16x16(const __m512 
 }
 
 /* Four weight rows (a0 + j * a_row) against four activation rows: out[k][j], each KILN_VDOT16's
-   sum bit for bit. Eight loads feed sixteen multiply-adds, where kiln_vdot*_2x4's six feed eight,
-   and the sixteen sums share one transposing reduction. */
-/* (each loop unrolled: gcc otherwise keeps the sixteen sums in memory, zeroed by a call to memset) */
+   sum bit for bit. Eight loads feed sixteen multiply-adds, and the sixteen sums share one
+   transposing reduction. Each loop is unrolled: gcc otherwise keeps the sums in memory, zeroed by
+   a call to memset every tile. */
 #define KILN_VDOT16_4X4(name, T, load8, load16, load1)                                              \
     static inline void name(const T *a0, size_t a_row, const float *b0, size_t b_row, int n, float out[4][4]) { \
         __m512 s[16]; /* s[4 j + k]: weight row j, activation row k */                              \
@@ -421,9 +390,6 @@ static inline __attribute__((always_inline)) __m512 kiln_hsum16x16(const __m512 
 KILN_VDOT16_4X4(kiln_vdot_4x4, float, _mm256_loadu_ps, kiln_load16_f32, kiln_f32_value)
 KILN_VDOT16_4X4(kiln_vdot_f16_4x4, uint16_t, kiln_load8_f16, kiln_load16_f16, kiln_fp16_to_fp32)
 KILN_VDOT16_4X4(kiln_vdot_bf16_4x4, uint16_t, kiln_load8_bf16, kiln_load16_bf16, kiln_bf16_to_fp32)
-KILN_VDOT16_2X4(kiln_vdot_2x4, float, _mm256_loadu_ps, kiln_load16_f32, kiln_f32_value)
-KILN_VDOT16_2X4(kiln_vdot_f16_2x4, uint16_t, kiln_load8_f16, kiln_load16_f16, kiln_fp16_to_fp32)
-KILN_VDOT16_2X4(kiln_vdot_bf16_2x4, uint16_t, kiln_load8_bf16, kiln_load16_bf16, kiln_bf16_to_fp32)
 #endif
 KILN_VDOT16_X4(kiln_vdot_x4, float, _mm256_loadu_ps, kiln_load16_f32, kiln_f32_value)
 KILN_VDOT16_X4(kiln_vdot_f16_x4, uint16_t, kiln_load8_f16, kiln_load16_f16, kiln_fp16_to_fp32)

@@ -581,11 +581,11 @@ def reference_dots(t: Q, w: np.ndarray, act: np.ndarray, n_in: int) -> np.ndarra
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_in", [7, 8, 24, 29, 48, 61, 384])
 def test_float_matmul_tiles_match_reference_dots_at_every_length(t, n_in):
-    """The float types' tiles (4 weight rows x 4 activation rows with AVX-512, then pairs and
-    single rows) against the reference dot at lengths that leave each tail of its order: 16-lane
+    """The float types' tiles (4 weight rows x 4 activation rows with AVX-512, then single weight
+    rows) against the reference dot at lengths that leave each tail of its order: 16-lane
     steps, an 8-lane step, single products."""
     rng = np.random.default_rng(500 + int(t) + n_in)
-    n_out, rows = 15, 11  # 4 + 4 + 4 + 2 + 1 weight rows; 4 + 4 + 3 activation rows
+    n_out, rows = 15, 11  # 4 + 4 + 4 + 3 weight rows; 4 + 4 + 3 activation rows
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     w = np.ascontiguousarray(w if t is Q.F32 else quants.quantize(w, t)).view(np.uint8).reshape(n_out, -1)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)

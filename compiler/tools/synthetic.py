@@ -157,8 +157,9 @@ def tensor_qtype(s: TinySpec, name: str, shape: tuple[int, ...]) -> Q:
         return gemma4_qtype(s, name, shape)
     matrix = len(shape) >= 2 and name.endswith(".weight") and "gate_inp" not in name and "ssm_conv1d" not in name
     qtype = s.types.get(name, s.wtype if matrix else Q.F32)
-    if len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:  # rows of a part block: llama.cpp's fallback
-        return FALLBACK.get(qtype, Q.Q8_0)
+    if len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:  # rows of a part block: llama.cpp's fallback,
+        qtype = FALLBACK.get(qtype, Q.F16)                                    # and F16 where that does not fit either
+        return qtype if shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else Q.F16
     return qtype
 
 
