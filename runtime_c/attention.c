@@ -180,10 +180,15 @@ static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_vi
 /* Queries q[i] (i < nq, one sequence, one kv head), query i seeing positions first[i] .. last[i]:
  * each query's state for the staged span alone, from empty. Every query's scores, then its
  * weighted V rows, the queries sharing each row load; each score and each column is summed
- * in one order whoever shares it (attn_span.h). */
+ * in one order whoever shares it (attn_span.h).
+ *
+ * The live queries are taken KILN_SPAN_MAX_Q at a time, and a tile stops at the last group of
+ * rows any of its queries sees, as decode's span stops at its token's group: the rows past it
+ * would only score -inf, add exp 0 to the denominator's lanes and weigh 0, so leaving them out
+ * changes no bit, and on the diagonal of a prefill it saves most of the span. */
 static void score_span(const attn_state st[], const float *const q[], const int first[], const int last[], int nq,
                        const span_rows *sp, int hd, float scale, float softcap, const float *slope, const int *at) {
-    float s[ATTN_MAX_Q][SPAN];
+    float s[ATTN_MAX_Q][SPAN]; /* scores, then weights, of the live queries in order */
     const int j0 = sp->j0, n = sp->n;
     int order[ATTN_MAX_Q], n_live = 0;
     for (int i = 0; i < nq; i++) {
@@ -192,29 +197,30 @@ static void score_span(const attn_state st[], const float *const q[], const int 
     }
     for (int o = 0; o < n_live; o += KILN_SPAN_MAX_Q) {
         const int m = n_live - o < KILN_SPAN_MAX_Q ? n_live - o : KILN_SPAN_MAX_Q;
+        int seen = 0; /* rows of the span the tile's queries see: up to the last of them */
+        for (int k = 0; k < m; k++) seen = last[order[o + k]] - j0 + 1 > seen ? last[order[o + k]] - j0 + 1 : seen;
+        seen = seen < n ? seen : n;
+        const int nt = ((seen - 1) | (GROUP - 1)) + 1; /* whole groups of rows, as staged */
         float *so[KILN_SPAN_MAX_Q];
         const float *qo[KILN_SPAN_MAX_Q];
-        for (int k = 0; k < m; k++) so[k] = s[order[o + k]], qo[k] = q[order[o + k]];
-        kiln_span_scores(so, qo, m, sp->kt, sp->ld, sp->k_half, n, hd, scale);
-    }
-    for (int o = 0; o < n_live; o++) {
-        const int i = order[o];
-        if (slope) /* ALiBi: each score less the head's slope times its distance (llama.cpp's mask of -|i - j|) */
-            for (int j = 0; j < n; j++) s[i][j] += slope[i] * (float)-abs(at[i] - (j0 + j));
-        if (softcap != 0.0f) kiln_vsoftcap(s[i], n, softcap); /* each score on its own: lanes do not matter */
-        if (j0 < first[i] || j0 + n - 1 > last[i]) /* the span's edge: rows this query cannot see */
-            for (int j = 0; j < n; j++)
-                if (j0 + j < first[i] || j0 + j > last[i]) s[i][j] = -INFINITY;
-        *st[i].max = kiln_vmax(s[i], n);
-        *st[i].denom = kiln_vexp_sum(s[i], *st[i].max, n); /* exp(-inf) = 0 for the rows it cannot see */
-    }
-    for (int o = 0; o < n_live; o += KILN_SPAN_MAX_Q) {
-        const int m = n_live - o < KILN_SPAN_MAX_Q ? n_live - o : KILN_SPAN_MAX_Q;
+        for (int k = 0; k < m; k++) so[k] = s[o + k], qo[k] = q[order[o + k]];
+        kiln_span_scores(so, qo, m, sp->kt, sp->ld, sp->k_half, nt, hd, scale);
+        for (int k = 0; k < m; k++) {
+            const int i = order[o + k];
+            float *si = s[o + k];
+            if (slope) /* ALiBi: each score less the head's slope times its distance (llama.cpp's mask of -|i - j|) */
+                for (int j = 0; j < nt; j++) si[j] += slope[i] * (float)-abs(at[i] - (j0 + j));
+            if (softcap != 0.0f) kiln_vsoftcap(si, nt, softcap); /* each score on its own: lanes do not matter */
+            if (j0 < first[i] || j0 + nt - 1 > last[i]) /* the span's edge: rows this query cannot see */
+                for (int j = 0; j < nt; j++)
+                    if (j0 + j < first[i] || j0 + j > last[i]) si[j] = -INFINITY;
+            *st[i].max = kiln_vmax(si, nt);
+            *st[i].denom = kiln_vexp_sum(si, *st[i].max, nt); /* exp(-inf) = 0 for the rows it cannot see */
+        }
         float *acc[KILN_SPAN_MAX_Q];
-        const float *w[KILN_SPAN_MAX_Q];
-        for (int k = 0; k < m; k++) acc[k] = st[order[o + k]].acc, w[k] = s[order[o + k]];
-        if (sp->v_half) kiln_span_values(acc, w, m, sp->v, n, hd, 1);
-        else kiln_span_values(acc, w, m, sp->v, n, hd, 0);
+        for (int k = 0; k < m; k++) acc[k] = st[order[o + k]].acc;
+        if (sp->v_half) kiln_span_values(acc, s[o], SPAN, m, sp->v, seen, hd, 1);
+        else kiln_span_values(acc, s[o], SPAN, m, sp->v, seen, hd, 0);
     }
 }
 

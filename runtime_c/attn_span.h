@@ -122,9 +122,11 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 }
 #undef KILN_SCORES_CASE
 
-/* acc[i][d] += w[i][j] * rows[j][d] for i < nq, rows in order: 64 columns (16 a register) at a
- * time for every query, so each row load serves all of them. hd is a multiple of 16. */
-KILN_INLINE void kiln_span_values_n(float *const acc[], const float *const w[], const int nq,
+/* acc[i][d] += w[i * ldw + j] * rows[j][d] for i < nq, rows in order: 64 columns (16 a register) at a
+ * time for every query, so each row load serves all of them. hd is a multiple of 16. The weights
+ * are one array with a stride, not a pointer each: one register addresses them all, where the
+ * pointers had spilled and were reloaded before every broadcast. */
+KILN_INLINE void kiln_span_values_n(float *const acc[], const float *w, int ldw, const int nq,
                                     const void *const rows[], int n, int hd, int half) {
     const int es = half ? 2 : 4;
     int d = 0;
@@ -137,7 +139,7 @@ KILN_INLINE void kiln_span_values_n(float *const acc[], const float *const w[], 
             const __m512 r0 = kiln_load16(row, half), r1 = kiln_load16(row + 16 * es, half),
                          r2 = kiln_load16(row + 32 * es, half), r3 = kiln_load16(row + 48 * es, half);
             for (int i = 0; i < nq; i++) {
-                const __m512 wi = _mm512_set1_ps(w[i][j]);
+                const __m512 wi = _mm512_set1_ps(w[(size_t)i * ldw + j]);
                 a[i][0] = _mm512_fmadd_ps(wi, r0, a[i][0]), a[i][1] = _mm512_fmadd_ps(wi, r1, a[i][1]);
                 a[i][2] = _mm512_fmadd_ps(wi, r2, a[i][2]), a[i][3] = _mm512_fmadd_ps(wi, r3, a[i][3]);
             }
@@ -150,28 +152,28 @@ KILN_INLINE void kiln_span_values_n(float *const acc[], const float *const w[], 
         for (int i = 0; i < nq; i++) a[i] = _mm512_loadu_ps(acc[i] + d);
         for (int j = 0; j < n; j++) {
             const __m512 r = kiln_load16((const char *)rows[j] + d * es, half);
-            for (int i = 0; i < nq; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i][j]), r, a[i]);
+            for (int i = 0; i < nq; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)i * ldw + j]), r, a[i]);
         }
         for (int i = 0; i < nq; i++) _mm512_storeu_ps(acc[i] + d, a[i]);
     }
 }
 
-static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
+static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
                                     int n, int hd, int half) {
     if (hd % 16) { /* the scalar order, column by column */
         for (int i = 0; i < nq; i++)
             for (int j = 0; j < n; j++) {
                 const float *r32 = rows[j];
                 const uint16_t *r16 = rows[j];
-                for (int d = 0; d < hd; d++) acc[i][d] = fmaf(w[i][j], half ? _cvtsh_ss(r16[d]) : r32[d], acc[i][d]);
+                for (int d = 0; d < hd; d++) acc[i][d] = fmaf(w[(size_t)i * ldw + j], half ? _cvtsh_ss(r16[d]) : r32[d], acc[i][d]);
             }
         return;
     }
     switch (nq) { /* each count its own unrolled body */
-    case 1: kiln_span_values_n(acc, w, 1, rows, n, hd, half); break;
-    case 2: kiln_span_values_n(acc, w, 2, rows, n, hd, half); break;
-    case 3: kiln_span_values_n(acc, w, 3, rows, n, hd, half); break;
-    default: kiln_span_values_n(acc, w, 4, rows, n, hd, half); break;
+    case 1: kiln_span_values_n(acc, w, ldw, 1, rows, n, hd, half); break;
+    case 2: kiln_span_values_n(acc, w, ldw, 2, rows, n, hd, half); break;
+    case 3: kiln_span_values_n(acc, w, ldw, 3, rows, n, hd, half); break;
+    default: kiln_span_values_n(acc, w, ldw, 4, rows, n, hd, half); break;
     }
 }
 
@@ -205,17 +207,18 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 #undef KILN_SCORES_CASE
 
 /* one query's weighted rows: 64 columns in registers across the rows, then 8 at a time, then one */
-static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
+static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
                                     int n, int hd, int half) {
     const int es = half ? 2 : 4;
     for (int i = 0; i < nq; i++) {
         float *o = acc[i];
+        const float *wi = w + (size_t)i * ldw;
         int d = 0;
         for (; d + 64 <= hd; d += 64) {
             __m256 a[8];
             for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(o + d + 8 * k);
             for (int j = 0; j < n; j++) {
-                const __m256 wj = _mm256_set1_ps(w[i][j]);
+                const __m256 wj = _mm256_set1_ps(wi[j]);
                 for (int k = 0; k < 8; k++)
                     a[k] = _mm256_fmadd_ps(wj, kiln_load8((const char *)rows[j] + (d + 8 * k) * es, half), a[k]);
             }
@@ -224,12 +227,12 @@ static inline void kiln_span_values(float *const acc[], const float *const w[], 
         for (; d + 8 <= hd; d += 8) {
             __m256 a = _mm256_loadu_ps(o + d);
             for (int j = 0; j < n; j++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(w[i][j]), kiln_load8((const char *)rows[j] + d * es, half), a);
+                a = _mm256_fmadd_ps(_mm256_set1_ps(wi[j]), kiln_load8((const char *)rows[j] + d * es, half), a);
             _mm256_storeu_ps(o + d, a);
         }
         for (; d < hd; d++)
             for (int j = 0; j < n; j++)
-                o[d] = fmaf(w[i][j], half ? _cvtsh_ss(((const uint16_t *)rows[j])[d]) : ((const float *)rows[j])[d], o[d]);
+                o[d] = fmaf(wi[j], half ? _cvtsh_ss(((const uint16_t *)rows[j])[d]) : ((const float *)rows[j])[d], o[d]);
     }
 }
 
@@ -296,17 +299,18 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 #undef KILN_SCORES_CASE
 
 /* one query's weighted rows: 64 columns in registers across the rows, then 4 at a time, then one */
-static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
+static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
                                     int n, int hd, int half) {
     const int es = half ? 2 : 4;
     for (int i = 0; i < nq; i++) {
         float *o = acc[i];
+        const float *wi = w + (size_t)i * ldw;
         int d = 0;
         for (; d + 64 <= hd; d += 64) {
             float32x4_t a[16];
             for (int k = 0; k < 16; k++) a[k] = vld1q_f32(o + d + 4 * k);
             for (int j = 0; j < n; j++) {
-                const float32x4_t wj = vdupq_n_f32(w[i][j]);
+                const float32x4_t wj = vdupq_n_f32(wi[j]);
                 for (int k = 0; k < 16; k++)
                     a[k] = vfmaq_f32(a[k], wj, kiln_load4((const char *)rows[j] + (d + 4 * k) * es, half));
             }
@@ -315,11 +319,11 @@ static inline void kiln_span_values(float *const acc[], const float *const w[], 
         for (; d + 4 <= hd; d += 4) {
             float32x4_t a = vld1q_f32(o + d);
             for (int j = 0; j < n; j++)
-                a = vfmaq_f32(a, vdupq_n_f32(w[i][j]), kiln_load4((const char *)rows[j] + d * es, half));
+                a = vfmaq_f32(a, vdupq_n_f32(wi[j]), kiln_load4((const char *)rows[j] + d * es, half));
             vst1q_f32(o + d, a);
         }
         for (; d < hd; d++)
-            for (int j = 0; j < n; j++) o[d] = fmaf(w[i][j], kiln_row_value(rows[j], d, half), o[d]);
+            for (int j = 0; j < n; j++) o[d] = fmaf(wi[j], kiln_row_value(rows[j], d, half), o[d]);
     }
 }
 
@@ -345,11 +349,11 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 }
 
 /* V rows are f32 here: the attention dequantizes f16 ones first */
-static inline void kiln_span_values(float *const acc[], const float *const w[], int nq, const void *const rows[],
+static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
                                     int n, int hd, int half) {
     (void)half;
     for (int i = 0; i < nq; i++)
-        for (int j = 0; j < n; j++) kiln_vaxpy(acc[i], w[i][j], rows[j], hd);
+        for (int j = 0; j < n; j++) kiln_vaxpy(acc[i], w[(size_t)i * ldw + j], rows[j], hd);
 }
 #endif
 
