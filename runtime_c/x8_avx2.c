@@ -20,8 +20,13 @@
 #if defined(KILN_HAVE_X8) && defined(KILN_HAVE_AVX2)
 #include <immintrin.h>
 
-#define X8_ROWS 4 /* activation rows that share each unpacked weight block */
+#define X8_ROWS 6 /* activation rows that share each unpacked weight block (32-weight types) */
+#define KX8_ROWS 4 /* the same for the K-quants, whose integer sums stay in registers */
 #define X8_AHEAD 4096 /* bytes: a memory latency at a thread's share of the bandwidth, and some */
+/* Blocks whose integer sums are taken before their float steps: apart, the unpacked weights keep
+ * their registers, where the float sums had been spilled and carried from block to block through
+ * memory (sixteen ymm registers hold 8 weight vectors, X8_ROWS sums and the temporaries only so). */
+#define X8_RUN 16
 
 INLINE __m256i bcast4(const uint8_t *y) { /* 4 activation bytes in every lane */
     int32_t v;
@@ -118,19 +123,28 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
         const uint8_t *blk = w + (size_t)g * nb * x8_bytes;
         __m256 acc[X8_ROWS], mins[X8_ROWS];
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++, blk += x8_bytes) {
-            const uint8_t *p = blk + kiln_x8_scale_bytes(&f);
-            for (size_t at = 0; at < x8_bytes; at += 64) __builtin_prefetch(blk + X8_AHEAD + at);
-            __m256i u[8];
-            unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? (const uint32_t *)p : NULL, u);
-            if (f.lut) /* the nibbles index the table: value + 128 for vpdpbusd, else the signed value */
-                for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(lut, u[k]);
-            const __m256 d = x8_scales(&f, blk);
-            for (int c = 0; c < C; c++) {
-                const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
-                __m256i sum = is_signed ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
-                if (f.offset && !is_signed) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[b][c]));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(yd[b][c])), acc[c]);
+        const int span = C > 1 ? X8_RUN : 1; /* one row (decode) keeps its sums in registers as they are */
+        for (int b0 = 0; b0 < nb; b0 += span) {
+            const int b1 = nb - b0 < span ? nb : b0 + span;
+            __m256i isum[X8_RUN][X8_ROWS];
+            for (int b = b0; b < b1; b++) { /* the integer sums, the unpacked weights in registers */
+                const uint8_t *bb = blk + (size_t)b * x8_bytes, *p = bb + kiln_x8_scale_bytes(&f);
+                for (size_t at = 0; at < x8_bytes; at += 64) __builtin_prefetch(bb + X8_AHEAD + at);
+                __m256i u[8];
+                unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? (const uint32_t *)p : NULL, u);
+                if (f.lut) /* the nibbles index the table: value + 128 for vpdpbusd, else the signed value */
+                    for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(lut, u[k]);
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
+                    __m256i sum = is_signed ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
+                    if (f.offset && !is_signed) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[b][c]));
+                    isum[b - b0][c] = sum;
+                }
+            }
+            for (int b = b0; b < b1; b++) { /* then each block's float step, in order */
+                const __m256 d = x8_scales(&f, blk + (size_t)b * x8_bytes);
+                for (int c = 0; c < C; c++)
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[b - b0][c]), _mm256_mul_ps(d, _mm256_set1_ps(yd[b][c])), acc[c]);
             }
         }
         if (f.has_min) { /* each row's minimums, block by block: a chain of its own, as the reference's */
@@ -164,11 +178,11 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                                            _mm256_set1_epi8(xs_signed ? 0 : (char)0x80));
     for (int g = g0; g < g1; g++) {
         const uint8_t *blk = w + (size_t)g * nb * kb;
-        __m256 acc[X8_ROWS], mins[X8_ROWS];
+        __m256 acc[KX8_ROWS], mins[KX8_ROWS];
         for (int c = 0; c < C; c++) acc[c] = mins[c] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++, blk += kb) {
             for (size_t at = 0; at < kb; at += 64) __builtin_prefetch(blk + X8_AHEAD + at);
-            __m256i isum[X8_ROWS];
+            __m256i isum[KX8_ROWS];
             for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
             const uint8_t *chunk = blk + head;
             for (int j = 0; j < 8; j++, chunk += chunk_bytes) {
@@ -249,13 +263,17 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
     int c = 0;
     if (kiln_kx8_tiles(type) && kiln_rows_sb_kx8(type, w, g0, g1, nb * 32, act, a_row, n_a, y, y_row)) return;
     if (kiln_is_kx8(type)) {
-        for (; c + X8_ROWS <= n_a; c += X8_ROWS)
-            kx8_rows(type, X8_ROWS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
+        for (; c + KX8_ROWS <= n_a; c += KX8_ROWS)
+            kx8_rows(type, KX8_ROWS, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
         for (; c < n_a; c++) kx8_rows(type, 1, w, g0, g1, nb / 8, act + c * a_row, a_row, y + c * y_row, y_row);
         return;
     }
     for (; c + X8_ROWS <= n_a; c += X8_ROWS)
         x8_rows(type, X8_ROWS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+    if (n_a - c >= X8_ROWS / 2) { /* a half tile, where the rest would take as many passes over w */
+        x8_rows(type, X8_ROWS / 2, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+        c += X8_ROWS / 2;
+    }
     for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
 }
 

@@ -302,8 +302,9 @@ def _extreme(w: np.ndarray, t: Q) -> np.ndarray:
 @pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v4", "avx512-vnni", "native"])
 def test_x8_kernels_of_each_target_give_the_reference_dots(target):
     """The matmuls on the x8 layout (AVX2's x8_avx2.c on x86-64-v3 and -v4, AVX-512 VNNI's x8_vnni.c
-    above them), every weight type, one activation row and chunks with remainders: the scalar
-    reference dot's bits for every (row, output) pair, the weights at their extremes included (a
+    above them), every weight type, one activation row and chunks with remainders (AVX2's 16 rows: two
+    tiles of 6, a half tile, a row alone; its 576 inputs: a run of 16 blocks' integer sums and a
+    run of 2): the scalar reference dot's bits for every (row, output) pair, the weights at their extremes included (a
     weight 15 or 31 or 63 against activations of +-127 is where 16-bit pair sums would overflow)."""
     runnable(target)
     from test_kernels import quantized
@@ -316,7 +317,7 @@ def test_x8_kernels_of_each_target_give_the_reference_dots(target):
         return ffi.cast(t, ffi.from_buffer(a))
     for t in X8_TYPES:
         n_in = 768 if GGML_QUANT_SIZES[t][0] == 256 else 576
-        for n_out, rows in [(8, 1), (48, 1), (48, 6), (24, 19)]:
+        for n_out, rows in [(8, 1), (48, 1), (48, 6), (24, 19), (16, 16)]:
             rng = np.random.default_rng(900 + int(t) + n_out + rows)
             _, w = quantized(rng, n_out, n_in, t)
             if rows == 6:  # every weight at its largest magnitude: all bits of the values set, scales kept
