@@ -108,6 +108,39 @@ static void fold(attn_state r, const float *p_acc, float p_max, float p_denom, i
     *r.max = m;
 }
 
+/* fold() for a tile's n states at once (prefill's queries after each span): their exps eight
+ * lanes at a time, each lane kiln_expf's bits (vec_f32.h), then each state's columns as fold()
+ * takes them. Scalar one by one, the exps' chains had waited on each other. */
+static void fold_tile(const attn_state r[], const float (*p_acc)[KILN_MAX_HEAD_DIM], const float p_max[],
+                      const float p_denom[], int n, int hd) {
+    float m[ATTN_MAX_Q], a[ATTN_MAX_Q], b[ATTN_MAX_Q];
+    int k = 0;
+#ifdef KILN_AVX2
+    for (; k + 8 <= n; k += 8) {
+        float rm[8];
+        for (int l = 0; l < 8; l++) rm[l] = *r[k + l].max;
+        const __m256 pm = _mm256_loadu_ps(p_max + k), vr = _mm256_loadu_ps(rm);
+        const __m256 vm = _mm256_max_ps(pm, vr); /* pm > rm ? pm : rm, as fold() */
+        _mm256_storeu_ps(m + k, vm);
+        _mm256_storeu_ps(a + k, kiln_exp8(_mm256_sub_ps(vr, vm)));
+        _mm256_storeu_ps(b + k, kiln_exp8(_mm256_sub_ps(pm, vm)));
+    }
+#endif
+    for (; k < n; k++) {
+        m[k] = p_max[k] > *r[k].max ? p_max[k] : *r[k].max;
+        a[k] = kiln_expf(*r[k].max - m[k]), b[k] = kiln_expf(p_max[k] - m[k]);
+    }
+    for (k = 0; k < n; k++) {
+        if (p_max[k] == -INFINITY) continue;
+        float *restrict acc = r[k].acc;
+        const float *restrict pa = p_acc[k];
+        const float ak = a[k], bk = b[k];
+        *r[k].denom = fmaf(*r[k].denom, ak, p_denom[k] * bk);
+        for (int d = 0; d < hd; d++) acc[d] = fmaf(acc[d], ak, pa[d] * bk);
+        *r[k].max = m[k];
+    }
+}
+
 /* A head's sink (gpt-oss): one more logit in the softmax, with no value row: a span of one
  * weight and a zero sum, folded in after the history's spans, as ggml adds it last */
 static void fold_sink(attn_state r, float sink, int hd) {
@@ -355,9 +388,9 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
                 }
             if (!n) break;
             score_span(ps, sq, sf, sl, n, &rows, hd, scale, softcap, slopes ? slope : NULL, at);
-            for (int k = 0; k < n; k++)
-                fold((attn_state){acc + (size_t)idx[k] * hd, &max[idx[k]], &denom[idx[k]]}, pacc[k], pmax[k],
-                     pdenom[k], hd);
+            attn_state rs[ATTN_MAX_Q];
+            for (int k = 0; k < n; k++) rs[k] = (attn_state){acc + (size_t)idx[k] * hd, &max[idx[k]], &denom[idx[k]]};
+            fold_tile(rs, (const float (*)[KILN_MAX_HEAD_DIM])pacc, pmax, pdenom, n, hd);
         }
     }
     for (int i = 0; i < nq; i++) {
