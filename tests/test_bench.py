@@ -48,6 +48,22 @@ def test_bench_takes_a_target_and_an_isa_switch(tiny, smollm2, tmp_path, capsys)
     data = json.loads(out.read_text())
     # without AVX-512 the x8 layout still runs, on its 256-bit kernel
     assert data["target"] == "x86-64-v3" and data["kernels"] == "AVX2 on the GGUF layout, AVX2 on the x8 layout"
+    # --profile builds the same kiln (it had profiled the native build whatever was asked)
+    assert main(["bench", str(path), "--profile", "--threads", "1", "--reps", "1", "--pp", "8",
+                 "--target", "x86-64-v3", "--isa", "no-avx512", "--json", str(out)]) == 0
+    prof = json.loads(out.read_text())
+    assert (prof["target"], prof["kernel_paths"]) == ("x86-64-v3", "AVX2 on the GGUF layout, AVX2 on the x8 layout")
+    assert "kiln's kernels: AVX2 on the GGUF layout, AVX2 on the x8 layout (target x86-64-v3, --isa no-avx512)" \
+        in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", [["--spec"], ["--embed"], ["--page-sizes", "16,64"]])
+def test_a_bench_that_runs_the_native_build_only_refuses_a_target(mode, capsys):
+    """--spec, --embed and --page-sizes load kiln's native build: a --target or --isa is refused by
+    name, not silently left out."""
+    for build in (["--target", "x86-64-v3"], ["--isa", "no-avx512"]):
+        assert main(["bench", *mode, *build]) == 1
+        assert f"kiln: error: {mode[0]} benches the native build only: --target and --isa" in capsys.readouterr().err
 
 
 def test_default_tests_follow_llama_bench():

@@ -32,6 +32,10 @@ def run_bench(a: argparse.Namespace) -> None:
     engines: dict = {}  # each rival's version and flags, for the JSON's provenance
     if a.pp_depth < 0 or a.pp < 1:
         raise KilnError("--pp must be at least 1 and --pp-depth at least 0")
+    if (a.spec or a.embed or a.page_sizes) and (a.target != "native" or a.isa):
+        mode = "--spec" if a.spec else "--embed" if a.embed else "--page-sizes"
+        raise KilnError(f"{mode} benches the native build only: --target and --isa apply to the pp/tg tests, "
+                        "--batch and --profile")
     if a.spec:
         run_spec_bench(a, threads)
         return
@@ -41,7 +45,7 @@ def run_bench(a: argparse.Namespace) -> None:
     if a.profile:
         from ..tools import profile
 
-        p = profile.run_profile(a.model, threads, a.pp, a.pp_depth, a.reps, a.kv_dtype, log=log)
+        p = profile.run_profile(a.model, threads, a.pp, a.pp_depth, a.reps, a.kv_dtype, log=log, **build)
         sys.stdout.write(profile.render(p))
         if a.json:
             write_json(a.json, [], **profile.as_json(p))

@@ -67,6 +67,9 @@ class Profile:
     seconds: float  # wall time of one pp prefill (median)
     kernels: list[KernelTime] = field(default_factory=list)
     peak: Peak | None = None
+    target: str = "native"  # the kiln build profiled (build/targets.py), and the kernel paths it holds
+    isa: str | None = None
+    kernel_paths: str = ""
 
     @property
     def int8_macs(self) -> int:
@@ -108,11 +111,14 @@ def _macs(g, index: int, node, steps: list[np.ndarray], n_head: int) -> tuple[in
     return 0, False
 
 
-def run_profile(model: str, threads: int, pp: int, depth: int, reps: int, kv_dtype: str, log=lambda s: None) -> Profile:
+def run_profile(model: str, threads: int, pp: int, depth: int, reps: int, kv_dtype: str, log=lambda s: None,
+                target: str = "native", isa: str | None = None) -> Profile:
+    """target, isa: the kiln build to profile, as `kiln bench --target/--isa` (the peak stays this CPU's)."""
+    from ..build.targets import kernel_set
     from ..runtime import load_options
 
     opts = CompileOptions(ctx=depth + pp + 1, kv_dtype=kv_dtype)
-    m = load_options(model, opts, threads, log=log, profile=True)
+    m = load_options(model, opts, threads, log=log, profile=True, target=target, isa=isa)
     g = m.compiled.planned.graph
     nodes = g.nodes
     rng = np.random.default_rng(0)
@@ -139,14 +145,17 @@ def run_profile(model: str, threads: int, pp: int, depth: int, reps: int, kv_dty
         macs, int8 = _macs(g, i, node, steps, m.spec.hparams.n_head)
         k.count, k.seconds, k.macs, k.int8 = k.count + 1, k.seconds + float(secs), k.macs + macs, int8 or k.int8
     name = Path(str(model)).name
+    ext = m.compiled.extension
     return Profile(name, m.n_threads, pp, depth, opts.prefill_chunk, float(np.median(walls)),
-                   sorted(by_kernel.values(), key=lambda k: -k.seconds), int8_peak(m.n_threads, log))
+                   sorted(by_kernel.values(), key=lambda k: -k.seconds), int8_peak(m.n_threads, log),
+                   target, isa, kernel_set(ext.sanitize, ext.target, ext.isa))
 
 
 def render(p: Profile) -> str:
     total = sum(k.seconds for k in p.kernels)
     out = [f"kiln bench --profile: {p.model}, pp{p.pp}" + (f" on top of {p.depth} cached tokens" if p.depth else "")
            + f", prefill chunks of {p.chunk}, {p.threads} thread(s)",
+           f"kiln's kernels: {p.kernel_paths} (target {p.target}" + (f", --isa {p.isa}" if p.isa else "") + ")",
            f"one prefill: {p.seconds * 1e3:.1f} ms ({p.pp / p.seconds:.1f} tok/s); the ops' times add up to "
            f"{total * 1e3:.1f} ms",
            f"{'kernel':<28} {'op':<20} {'ops':>4} {'ms':>8} {'share':>6} {'GMAC/s':>8} {'of peak':>8}"]
@@ -172,6 +181,7 @@ def render(p: Profile) -> str:
 
 def as_json(p: Profile) -> dict:
     return {"model": p.model, "threads": p.threads, "pp": p.pp, "depth": p.depth, "chunk": p.chunk,
+            "target": p.target, "isa": p.isa, "kernel_paths": p.kernel_paths,
             "seconds": p.seconds, "tok_s": p.pp / p.seconds,
             "peak": {"isa": p.peak.isa, "macs_per_s": p.peak.macs_per_s, "amx_macs_per_s": p.peak.amx_macs_per_s}
             if p.peak else None,
