@@ -345,6 +345,39 @@ static void attend_block(float *out, const float *q, int seq, const int32_t *row
     }
 }
 
+/* A block of tokens ta..tb-1 of one sequence, and the (query, key) pairs a head of it scores */
+typedef struct {
+    int ta, tb;
+    long cost;
+} block_cost;
+
+static int by_cost(const void *a, const void *b) {
+    const block_cost *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
+    return x->ta - y->ta; /* one order on every thread */
+}
+
+/* Each run of one sequence's tokens cut into equal blocks of at most `block` tokens, the
+ * costliest first; returns how many */
+static int cut_blocks(block_cost *blocks, const int32_t *seq, const int32_t *row, const int32_t *seen, int n_tokens,
+                      const kiln_kv_view *kv, int block) {
+    int n = 0;
+    for (int t0 = 0; t0 < n_tokens;) {
+        int run = 1;
+        while (t0 + run < n_tokens && seq[t0 + run] == seq[t0]) run++;
+        const int n_run = (run + block - 1) / block;
+        for (int b = 0; b < n_run; b++, n++) {
+            blocks[n].ta = t0 + (int)((long)run * b / n_run), blocks[n].tb = t0 + (int)((long)run * (b + 1) / n_run);
+            blocks[n].cost = 0;
+            for (int t = blocks[n].ta; t < blocks[n].tb; t++)
+                blocks[n].cost += kiln_kv_last_visible(kv, row[t], seen[t]) - kiln_kv_first_visible(kv, row[t]) + 1;
+        }
+        t0 += run;
+    }
+    qsort(blocks, (size_t)n, sizeof *blocks, by_cost);
+    return n;
+}
+
 void kiln_alibi_slopes(float *slopes, int n_head, float max_bias) {
     const int n_log2 = 1 << (int)floor(log2((double)n_head));
     const float m0 = powf(2.0f, -max_bias / (float)n_log2), m1 = powf(2.0f, -(max_bias / 2.0f) / (float)n_log2);
@@ -378,21 +411,18 @@ void kiln_attention_ext_mt(const kiln_thread *th, float *out, const float *q, co
     const int heads = group <= ATTN_MAX_Q ? group : 1, per_block = n_head / heads;
     const int max_q = ATTN_ITEM_FLOATS / head_dim < ATTN_ITEM_Q ? ATTN_ITEM_FLOATS / head_dim : ATTN_ITEM_Q;
     const int block = max_q / heads > 1 ? max_q / heads : 1;
-    int item = 0;
-    for (int t0 = 0; t0 < n_tokens;) {
-        int run = 1;
-        while (t0 + run < n_tokens && seq[t0 + run] == seq[t0]) run++;
-        const int n_blocks = (run + block - 1) / block;
-        for (int b = 0; b < n_blocks; b++, item += per_block) {
-            const int ta = t0 + (int)((long)run * b / n_blocks), tb = t0 + (int)((long)run * (b + 1) / n_blocks);
-            for (int hb = 0; hb < per_block; hb++)
-                if ((item + hb) % th->nth == th->ith)
-                    attend_block(out, q, seq[ta], row, seen, ta, tb, kv, row_bytes, hb * heads, heads,
-                                 hb * heads / group,
-                                 n_head, head_dim, scale, softcap, sinks, slopes);
+    block_cost blocks[n_tokens];
+    const int n_blocks = cut_blocks(blocks, seq, row, seen, n_tokens, kv, block);
+    /* Claimed, the costliest first: a causal prefill's later blocks see more history, and a
+     * round-robin share of them had left one thread a tenth more work than the other. */
+    kiln_claims c = kiln_claims_begin(th, n_blocks * per_block, 1);
+    for (int i0, i1; kiln_claim(&c, &i0, &i1);)
+        for (int item = i0; item < i1; item++) {
+            const block_cost *bl = &blocks[item / per_block];
+            const int hb = item % per_block;
+            attend_block(out, q, seq[bl->ta], row, seen, bl->ta, bl->tb, kv, row_bytes, hb * heads, heads,
+                         hb * heads / group, n_head, head_dim, scale, softcap, sinks, slopes);
         }
-        t0 += run;
-    }
 }
 
 void kiln_attention_mt(const kiln_thread *th, float *out, const float *q, const int32_t *seq, const int32_t *row,

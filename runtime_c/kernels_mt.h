@@ -23,8 +23,8 @@ void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bia
  * in `scratch`; one row is quantized again on each thread's stack, where that one left it */
 void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
                               const float *x, int n_rows, float *y, void *scratch);
-/* kiln_attention: (token block, query heads of one kv head) items, or one token's (kv head, span)
- * items, dealt round-robin */
+/* kiln_attention: (token block, query heads of one kv head) items claimed the costliest first, or
+ * one token's (kv head, span) items, a run of them a thread */
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,
                        const int32_t *row, const int32_t *seen, int n_tokens, const kiln_kv_view *kv, int n_head,
                        int n_head_kv, int head_dim, float scale, void *scratch, int max_spans);
