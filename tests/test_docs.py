@@ -169,6 +169,20 @@ def test_every_run_says_where_it_came_from():
         docs_figures.kind(run.doc)  # one the renderer knows
 
 
+@pytest.mark.parametrize("vendor,family,model,flags,generation", [
+    ("AuthenticAMD", "25", "17", ["avx512_vnni"], "Zen 4"),
+    ("GenuineIntel", "6", "85", ["avx512_vnni", "avx512_bf16"], "Cooper Lake"),
+    ("GenuineIntel", "6", "85", ["avx512_vnni"], "Cascade Lake"),
+    ("GenuineIntel", "6", "85", ["avx512f"], "Skylake-SP"),
+    ("GenuineIntel", "6", "143", ["amx_tile"], "Sapphire Rapids")])
+def test_a_run_names_its_machine_by_generation(vendor, family, model, flags, generation):
+    """A VM's cpuinfo says 'Intel Xeon Processor': the caption names the generation from the family,
+    the model and, for Intel's model 85, the instructions each of its generations added."""
+    cpu = {"vendor": vendor, "family": family, "model_id": model, "model": "Xeon", "cpus": 2, "flags": flags}
+    machine = docs_figures.Run(Path("x.json"), {"provenance": {"cpu": cpu}}).machine
+    assert machine == f"2-vCPU Xeon ({generation})"
+
+
 def test_every_figures_block_names_a_run():
     """A figures block, and the headline, each draw on runs that exist (a planted id fails)."""
     runs = docs_figures.load_runs(ROOT)

@@ -37,10 +37,18 @@ SPEED = re.compile(r"(?<![\w.^])\d[\d,]*(?:\.\d+)?(?:x\b|\s?(?:tok/s|tokens/s|in
 SPEED_HEADER = re.compile(r"tok/s|inputs/s|req/s|TTFT|ITL|speedup|ratio|GB/s|ms/token|latency|kiln / ", re.I)
 # The generations the machines kiln has been measured on, by (vendor, family, models): a VM's CPU
 # model string often omits the part number ("AMD EPYC"), and family and model then say which it is.
-GENERATIONS = [("AuthenticAMD", 25, range(0x00, 0x10), "Zen 3"), ("AuthenticAMD", 25, range(0x10, 0x20), "Zen 4"),
-               ("AuthenticAMD", 25, range(0x60, 0x80), "Zen 4"), ("AuthenticAMD", 25, range(0xA0, 0xB0), "Zen 4c"),
-               ("AuthenticAMD", 26, range(0x00, 0x100), "Zen 5"), ("GenuineIntel", 6, range(143, 144), "Sapphire Rapids"),
-               ("GenuineIntel", 6, range(207, 208), "Emerald Rapids")]
+# (vendor, family, models, generation, a flag it has): Intel's model 85 is three generations, told
+# apart by the instructions they added (a VM's cpuinfo often names no model, and never a stepping)
+GENERATIONS = [("AuthenticAMD", 25, range(0x00, 0x10), "Zen 3", None),
+               ("AuthenticAMD", 25, range(0x10, 0x20), "Zen 4", None),
+               ("AuthenticAMD", 25, range(0x60, 0x80), "Zen 4", None),
+               ("AuthenticAMD", 25, range(0xA0, 0xB0), "Zen 4c", None),
+               ("AuthenticAMD", 26, range(0x00, 0x100), "Zen 5", None),
+               ("GenuineIntel", 6, range(85, 86), "Cooper Lake", "avx512_bf16"),
+               ("GenuineIntel", 6, range(85, 86), "Cascade Lake", "avx512_vnni"),
+               ("GenuineIntel", 6, range(85, 86), "Skylake-SP", None),
+               ("GenuineIntel", 6, range(143, 144), "Sapphire Rapids", None),
+               ("GenuineIntel", 6, range(207, 208), "Emerald Rapids", None)]
 # The headline table: each model against llama.cpp, from these runs.
 HEADLINE = ["bench-smollm2-135m", "bench-gemma3-270m", "bench-llama-1b", "bench-minilm", "serve-smollm2-135m"]
 
@@ -62,8 +70,9 @@ class Run:
     def machine(self) -> str:
         """The machine kind: the CPU as /proc/cpuinfo names it, its generation, the CPUs there were."""
         cpu = self.prov.get("cpu") or {}
-        gen = next((name for vendor, fam, models, name in GENERATIONS if cpu.get("vendor") == vendor
-                    and str(cpu.get("family")) == str(fam) and int(cpu.get("model_id") or -1) in models), None)
+        gen = next((name for vendor, fam, models, name, flag in GENERATIONS if cpu.get("vendor") == vendor
+                    and str(cpu.get("family")) == str(fam) and int(cpu.get("model_id") or -1) in models
+                    and (flag is None or flag in (cpu.get("flags") or []))), None)
         model = cpu.get("model", "unknown CPU")
         return f"{cpu.get('cpus', '?')}-vCPU {model}" + (f" ({gen})" if gen and gen not in model else "")
 
