@@ -1,8 +1,10 @@
 /* vnni_peak.c: the int8 multiply-add peak of this machine's cores, measured.
  *
- * Each thread runs 16 independent chains of vpdpbusd (u8 x s8, four products summed into each
- * i32 lane), enough to cover the instruction's latency on every core kiln targets, so the loop
- * is bound by the units' throughput alone. Inputs are opaque to the compiler (loaded from
+ * Each thread runs independent chains of vpdpbusd (u8 x s8, four products summed into each i32
+ * lane), 16 of them on AVX-512 (12 on AVX-VNNI's 16 registers, 8 on AVX2, whose carried step is a
+ * vpaddd), enough to cover the instruction's latency on every core kiln targets, so the loop is
+ * bound by the units' throughput alone. The loop must hold nothing else: tests/test_bench.py
+ * reads the compiled loop and counts its instructions. Inputs are opaque to the compiler (loaded from
  * volatile memory) and the accumulators are stored at the end, so nothing is folded away.
  * MACs = iterations x 16 chains x the vector's int8 lanes. kiln bench --profile divides the
  * prefill's matmul MACs by this.
@@ -34,6 +36,7 @@ typedef __m512i vec;
 #define VLOAD(p) _mm512_loadu_si512((const void *)(p))
 #define DP(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
 #define VSTORE(p, v) _mm512_storeu_si512((void *)(p), v)
+#define CHAINS 16
 #elif defined(__AVXVNNI__)
 #define ISA "avx_vnni (ymm vpdpbusd)"
 #define LANES 32
@@ -41,6 +44,7 @@ typedef __m256i vec;
 #define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define DP(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
 #define VSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define CHAINS 12
 #elif defined(__AVX2__)
 #define ISA "avx2 (vpmaddubsw + vpmaddwd + vpaddd)"
 #define LANES 32
@@ -48,9 +52,25 @@ typedef __m256i vec;
 #define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define DP(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
 #define VSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define CHAINS 8
+#else
+#define CHAINS 1
 #endif
 
-#define CHAINS 16
+/* X(c) for each chain c. The chains are named variables, each made opaque once: held in an array,
+   GCC 12 kept one in memory and copied the rest every iteration, and on Cascade Lake those copies
+   took the vector ports' slots, so the peak it measured was 40% of the machine's (118 of about 300
+   G multiply-adds a second on one core); given the same value, the chains would fold into one. An
+   empty asm makes `a` new to the compiler before each step (no instruction), so AVX2's products,
+   which no chain carries, are neither hoisted out of the loop nor shared between chains. */
+#define EACH8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#if CHAINS == 16
+#define EACH(X) EACH8(X) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#elif CHAINS == 12
+#define EACH(X) EACH8(X) X(8) X(9) X(10) X(11)
+#else
+#define EACH(X) EACH8(X)
+#endif
 
 typedef struct {
     long iters;
@@ -64,12 +84,17 @@ static void *run(void *arg) {
     job *j = arg;
     uint8_t bytes[64];
     for (int i = 0; i < 64; i++) bytes[i] = SEED[i];
-    const vec a = VLOAD(bytes), b = VLOAD(bytes + (64 - LANES) / 2);
-    vec acc[CHAINS];
-    for (int c = 0; c < CHAINS; c++) acc[c] = VLOAD(bytes);
-    for (long it = 0; it < j->iters; it++)
-        for (int c = 0; c < CHAINS; c++) acc[c] = DP(acc[c], a, b);
-    for (int c = 0; c < CHAINS; c++) VSTORE(j->sink + c * 16, acc[c]);
+    vec a = VLOAD(bytes);
+    const vec b = VLOAD(bytes + (64 - LANES) / 2);
+#define CHAIN_INIT(c) vec acc##c = VLOAD(bytes); __asm__("" : "+v"(acc##c));
+#define CHAIN_STEP(c) __asm__("" : "+v"(a)); acc##c = DP(acc##c, a, b);
+#define CHAIN_SINK(c) VSTORE(j->sink + c * 16, acc##c);
+    EACH(CHAIN_INIT)
+    const long iters = j->iters;
+    for (long it = 0; it < iters; it++) {
+        EACH(CHAIN_STEP)
+    }
+    EACH(CHAIN_SINK)
 #else
     (void)arg;
 #endif
