@@ -12,24 +12,33 @@
 #define X8_MAX_BLOCKS (KILN_X8_MAX_IN / 32)
 #define INLINE static inline __attribute__((always_inline))
 
+/* X(T, ...) for each x8 type T */
+#define X8_TYPES(X, ...)                                                                          \
+    X(KILN_Q4_0, __VA_ARGS__) X(KILN_Q4_1, __VA_ARGS__) X(KILN_Q5_0, __VA_ARGS__)                 \
+    X(KILN_Q5_1, __VA_ARGS__) X(KILN_Q8_0, __VA_ARGS__) X(KILN_IQ4_NL, __VA_ARGS__)               \
+    X(KILN_MXFP4, __VA_ARGS__) X(KILN_Q4_K, __VA_ARGS__) X(KILN_Q5_K, __VA_ARGS__)                \
+    X(KILN_Q6_K, __VA_ARGS__) X(KILN_IQ4_XS, __VA_ARGS__) X(KILN_Q3_K, __VA_ARGS__)               \
+    X(KILN_Q2_K, __VA_ARGS__)
+
 /* gemm(T, ...) for the x8 type T that `type` names: each type its own copy of an inlined kernel,
    the type a constant in it */
-#define X8_EACH_TYPE(type, gemm, ...)                                                             \
-    switch (type) {                                                                               \
-    case KILN_Q4_0: gemm(KILN_Q4_0, __VA_ARGS__); break;                                          \
-    case KILN_Q4_1: gemm(KILN_Q4_1, __VA_ARGS__); break;                                          \
-    case KILN_Q5_0: gemm(KILN_Q5_0, __VA_ARGS__); break;                                          \
-    case KILN_Q5_1: gemm(KILN_Q5_1, __VA_ARGS__); break;                                          \
-    case KILN_Q8_0: gemm(KILN_Q8_0, __VA_ARGS__); break;                                          \
-    case KILN_IQ4_NL: gemm(KILN_IQ4_NL, __VA_ARGS__); break;                                      \
-    case KILN_MXFP4: gemm(KILN_MXFP4, __VA_ARGS__); break;                                        \
-    case KILN_Q4_K: gemm(KILN_Q4_K, __VA_ARGS__); break;                                          \
-    case KILN_Q5_K: gemm(KILN_Q5_K, __VA_ARGS__); break;                                          \
-    case KILN_Q6_K: gemm(KILN_Q6_K, __VA_ARGS__); break;                                          \
-    case KILN_IQ4_XS: gemm(KILN_IQ4_XS, __VA_ARGS__); break;                                      \
-    case KILN_Q3_K: gemm(KILN_Q3_K, __VA_ARGS__); break;                                          \
-    case KILN_Q2_K: gemm(KILN_Q2_K, __VA_ARGS__); break;                                          \
+#define X8_CASE(T, gemm, ...) case T: gemm(T, __VA_ARGS__); break;
+#define X8_EACH_TYPE(type, gemm, ...) switch (type) { X8_TYPES(X8_CASE, gemm, __VA_ARGS__) }
+
+/* X8_GEMM_PER_TYPE(gemm) defines gemm_T(...), a function of its own for each type T, holding the
+   inlined gemm(T, ...); X8_EACH_GEMM calls the one `type` names. Thirteen types' kernels inlined
+   into one switch made a function so large that GCC 12's register allocator kept the accumulators
+   and the activation rows' pointers of most of them on the stack (30-60 loads and stores in each
+   weight block's iteration); a kernel alone in its function holds them in registers. */
+#define X8_GEMM_PARAMS const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a, \
+                       float *y, size_t y_row
+#define X8_GEMM_ONE(T, gemm)                                                                      \
+    static __attribute__((noinline)) void gemm##_##T(X8_GEMM_PARAMS) {                            \
+        gemm(T, w, g0, g1, nb, act, a_row, n_a, y, y_row);                                        \
     }
+#define X8_GEMM_PER_TYPE(gemm) X8_TYPES(X8_GEMM_ONE, gemm)
+#define X8_GEMM_CALL(T, gemm, ...) gemm##_##T(__VA_ARGS__)
+#define X8_EACH_GEMM(type, gemm, ...) X8_EACH_TYPE(type, X8_GEMM_CALL, gemm, __VA_ARGS__)
 
 /* A kx8 block (a K-quant, Q3_K or IQ4_XS super-block of 8 rows): its head (d, Q4_K/Q5_K's dmin,
    the scales and minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits, Q6_K's fifth

@@ -201,12 +201,14 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
     for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
 }
 
+X8_GEMM_PER_TYPE(x8_gemm)
+
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row) {
     if (n_a < X8_WIDE_ROWS) {
         kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
         return;
     }
-    X8_EACH_TYPE(type, x8_gemm, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row)
+    X8_EACH_GEMM(type, x8_gemm, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row)
 }
 #endif

@@ -129,37 +129,3 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     assert ("AMX tile multiplies" in text) == (p.peak.amx_macs_per_s is not None)
     assert json.loads(out.read_text())["int8_macs"] > 0
 
-
-PEAK_LOOPS = {  # a build of runtime_c/bench/vnni_peak.c: (its flags beyond the target's, its step's instructions, steps)
-    "avx512-vnni": ((), ("vpdpbusd",), 16),
-    "x86-64-v3+avxvnni": (("-mavxvnni",), ("vpdpbusd",), 12),
-    "x86-64-v3": ((), ("vpmaddubsw", "vpmaddwd", "vpaddd"), 8),
-}
-
-
-@pytest.mark.parametrize("build", PEAK_LOOPS)
-def test_the_int8_peak_loop_holds_its_multiply_adds_alone(build):
-    """The yardstick of --profile's "of peak" is a loop of independent multiply-add chains; any other
-    vector instruction in it lowers the peak it measures (GCC 12 once copied every accumulator each
-    iteration, and the peak read 118 G multiply-adds a second of a Cascade Lake core's ~300), and a
-    product hoisted out of it raises it (AVX2's was, and the loop measured vpaddd alone). So the
-    compiled loop is read: the steps' instructions, each once a chain, and nothing else of a vector."""
-    import re
-    import subprocess
-    from compiler.build.targets import cc, compile_args, host_family
-    from compiler.tools.profile import BENCH_DIR
-
-    if host_family() != "x86_64":
-        pytest.skip("the peak loop is x86's")
-    target = build.split("+")[0]
-    extra, step, chains = PEAK_LOOPS[build]
-    asm = subprocess.run([*cc(target), *compile_args(False, target), *extra, f"-I{BENCH_DIR}", "-S", "-o", "-",
-                          str(BENCH_DIR / "vnni_peak.c")], capture_output=True, text=True, check=True).stdout
-    lines = [re.sub(r"^\{vex\}\s*", "", ln.strip()) for ln in asm.splitlines()]
-    first = next(i for i, ln in enumerate(lines) if ln.split()[:1] == [step[0]])
-    label = next(ln[:-1] for ln in reversed(lines[:first]) if re.fullmatch(r"\.L\w+:", ln))
-    end = next(i for i in range(first, len(lines)) if re.fullmatch(rf"j\w+\s+{re.escape(label)}", lines[i]))
-    vector = [ln for ln in lines[lines.index(label + ":") + 1:end] if re.search(r"%[xyz]mm", ln)]
-    ops = [ln.split()[0] for ln in vector]
-    assert sorted(ops) == sorted(step * chains), f"{build}: the peak loop holds {ops}"
-    assert not any("(" in ln for ln in vector), f"{build}: the peak loop reads or writes memory: {vector}"

@@ -1,0 +1,76 @@
+"""The compiled hot loops hold what their arithmetic needs and nothing more.
+
+A loop's speed can fall to half with every result still right: an accumulator the compiler keeps
+on the stack, a product it hoists out of a benchmark. No timing on a shared machine would see it,
+so these tests read the assembly GCC makes of the C and count the instructions of each hot loop.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from compiler.build.targets import cc, compile_args, host_family
+from compiler.core.paths import RUNTIME_DIR
+
+pytestmark = pytest.mark.skipif(host_family() != "x86_64", reason="these loops are x86's")
+
+
+def loops(source: Path, target: str, extra: tuple[str, ...] = ()) -> list[list[str]]:
+    """The innermost loops of the compiled source (a label, the branch back to it, no loop between),
+    each as its instructions without the {vex} prefix."""
+    asm = subprocess.run([*cc(target), *compile_args(False, target), *extra, f"-I{source.parent}", f"-I{RUNTIME_DIR}",
+                          "-S", "-o", "-", str(source)], capture_output=True, text=True, check=True).stdout
+    lines = [re.sub(r"^\{vex\}\s*", "", ln.strip()) for ln in asm.splitlines()]
+    at = {ln[:-1]: i for i, ln in enumerate(lines) if re.fullmatch(r"\.L\w+:", ln)}
+    spans = [(at[m.group(1)], i) for i, ln in enumerate(lines)
+             if (m := re.fullmatch(r"j\w+\s+(\.L\w+)", ln)) and at.get(m.group(1), i) < i]
+    inner = [(a, b) for a, b in spans if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+    return [[x for x in lines[a + 1:b] if x and not x.startswith((".", "#"))] for a, b in inner]
+
+
+def ops(loop: list[str]) -> Counter:
+    return Counter(ln.split()[0] for ln in loop)
+
+
+def stack_refs(loop: list[str]) -> int:
+    return sum("(%rsp)" in ln or "(%rbp)" in ln for ln in loop)
+
+
+PEAK_LOOPS = {  # a build of runtime_c/bench/vnni_peak.c: (its flags beyond the target's, its step's instructions, steps)
+    "avx512-vnni": ((), ("vpdpbusd",), 16),
+    "x86-64-v3+avxvnni": (("-mavxvnni",), ("vpdpbusd",), 12),
+    "x86-64-v3": ((), ("vpmaddubsw", "vpmaddwd", "vpaddd"), 8),
+}
+
+
+@pytest.mark.parametrize("build", PEAK_LOOPS)
+def test_the_int8_peak_loop_holds_its_multiply_adds_alone(build):
+    """The yardstick of --profile's "of peak" is a loop of independent multiply-add chains; any other
+    vector instruction in it lowers the peak it measures (GCC 12 once copied every accumulator each
+    iteration, and the peak read 118 G multiply-adds a second of a Cascade Lake core's ~300), and a
+    product hoisted out of it raises it (AVX2's was, and the loop measured vpaddd alone)."""
+    extra, step, chains = PEAK_LOOPS[build]
+    found = [lp for lp in loops(RUNTIME_DIR / "bench" / "vnni_peak.c", build.split("+")[0], extra) if step[0] in ops(lp)]
+    assert len(found) == 1, f"{build}: {len(found)} loops hold {step[0]}"
+    vector = [ln for ln in found[0] if re.search(r"%[xyz]mm", ln)]
+    assert sorted(ln.split()[0] for ln in vector) == sorted(step * chains), f"{build}: the peak loop holds {vector}"
+    assert not any("(" in ln for ln in vector), f"{build}: the peak loop reads or writes memory: {vector}"
+
+
+@pytest.mark.slow  # three builds of x8_vnni.c, ~25 s
+@pytest.mark.parametrize("march", ["cascadelake", "icelake-server", "x86-64-v4"])
+def test_the_x8_prefill_kernels_keep_their_accumulators_in_registers(march):
+    """x8_vnni.c's 32-weight kernels (x8_rows, 8 activation rows a weight block): a block's loop is 64
+    vpdpbusd and the float steps around them, every accumulator and activation pointer in a register.
+    Inlined into one function for all the types, under GCC 12's tuning for Intel's cores (not its
+    generic or Zen tuning) they had kept 30-45 of those on the stack, loaded and stored each block,
+    and SmolLM2's prefill ran 18% slower on a Cascade Lake."""
+    block_loops = [lp for lp in loops(RUNTIME_DIR / "x8_vnni.c", "avx512-vnni", (f"-march={march}", "-mavx512vnni"))
+                   if ops(lp)["vpdpbusd"] == 64 and "vpmulld" not in ops(lp) and "vcvtdq2ps" in ops(lp)]
+    # one a 32-weight type that x8_rows takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4
+    assert len(block_loops) == 7, [len(lp) for lp in block_loops]
+    assert max(stack_refs(lp) for lp in block_loops) <= 5, [stack_refs(lp) for lp in block_loops]
