@@ -86,10 +86,26 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
     const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_kvalues_iq4nl)),
                                            _mm512_set1_epi8((char)0x80));
     int32_t mpair[X8_MAX_BLOCKS / 8][X8_TOKENS][8]; /* (sum of y's sub-block 2p) | (of 2p + 1) << 16, block-major */
-    for (int c = 0; c < C && has_min; c++)
+    /* The C rows' activations as one tile, their super-blocks' values side by side, with the seeds of
+       each sub-block's sums and the scales: a row's values then lie a constant distance from one
+       pointer. Read from C pointers, a Q6_K block's loop kept them on the stack, reloading one for
+       nearly every vpdpbusd (65 stack loads and stores each sub-block under GCC 12, Intel or Zen tuning).
+       Q4_K's and Q5_K's loops, which hold no seeds, kept their pointers in registers and run 5% slower
+       for the copy, so they read the rows where they are. */
+    const int tiled = by16 || xs;
+    int8_t qt[X8_MAX_BLOCKS / 8][X8_TOKENS][QK_K];
+    int32_t ks[X8_MAX_BLOCKS / 8][8][2][X8_TOKENS]; /* sub-block j's seeds: its two halves' (by16), or its own in [0] */
+    float ykd[X8_MAX_BLOCKS / 8][X8_TOKENS];
+    for (int c = 0; c < C; c++)
         for (int b = 0; b < nb; b++) {
             const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
-            for (int p = 0; p < n_pairs; p++) { /* sub-blocks of 32 (of 16 for Q2_K) */
+            ykd[b][c] = yb->d;
+            if (tiled) memcpy(qt[b][c], yb->qs, QK_K);
+            for (int j = 0; j < 8 && tiled; j++) {
+                ks[b][j][0][c] = xs ? -128 * (yb->bsums[2 * j] + yb->bsums[2 * j + 1]) : -offset * yb->bsums[2 * j];
+                ks[b][j][1][c] = -offset * yb->bsums[2 * j + 1];
+            }
+            for (int p = 0; p < n_pairs && has_min; p++) { /* sub-blocks of 32 (of 16 for Q2_K) */
                 const int lo = q2 ? yb->bsums[2 * p] : yb->bsums[4 * p] + yb->bsums[4 * p + 1];
                 const int hi = q2 ? yb->bsums[2 * p + 1] : yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3];
                 mpair[b][c][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
@@ -133,10 +149,8 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                     if (q2) /* its GGUF bytes' low nibbles */
                         sa = _mm512_and_si512(sa, _mm512_set1_epi32(15)), sb = _mm512_and_si512(sb, _mm512_set1_epi32(15));
                     for (int c = 0; c < C; c++) {
-                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
-                        const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
-                        __m512i s0 = _mm512_set1_epi32(-offset * yb->bsums[2 * j]);
-                        __m512i s1 = _mm512_set1_epi32(-offset * yb->bsums[2 * j + 1]);
+                        const uint8_t *y4 = (const uint8_t *)qt[b][c] + 32 * j;
+                        __m512i s0 = _mm512_set1_epi32(ks[b][j][0][c]), s1 = _mm512_set1_epi32(ks[b][j][1][c]);
                         for (int k = 0; k < 4; k++) {
                             s0 = dpbusd_bcast(s0, u[k], y4 + 4 * k);
                             s1 = dpbusd_bcast(s1, u[4 + k], y4 + 16 + 4 * k);
@@ -147,9 +161,9 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 } else {
                     const __m512i sc = x16_bytes32(blk + sc_at + 8 * j, apart, xs);
                     for (int c = 0; c < C; c++) {
-                        const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
-                        const __m512i seed = _mm512_set1_epi32(xs ? -128 * (yb->bsums[2 * j] + yb->bsums[2 * j + 1]) : 0);
-                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, (const uint8_t *)yb->qs + 32 * j, seed), sc));
+                        const __m512i seed = _mm512_set1_epi32(xs ? ks[b][j][0][c] : 0);
+                        const int8_t *q = tiled ? qt[b][c] : ((const block_q8_K *)(act + c * a_row) + b)->qs;
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, (const uint8_t *)q + 32 * j, seed), sc));
                     }
                 }
             }
@@ -166,7 +180,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                     if (q2) mp[p] = _mm512_srli_epi16(mp[p], 4);
                 }
             for (int c = 0; c < C; c++) {
-                const float yd = ((const block_q8_K *)(act + c * a_row) + b)->d;
+                const float yd = ykd[b][c];
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(yd)), acc[c]);
                 if (has_min) {
                     __m512i msum = _mm512_setzero_si512();
