@@ -28,7 +28,7 @@
 /* X8_GEMM_PER_TYPE(gemm) defines gemm_T(...), a function of its own for each type T, holding the
    inlined gemm(T, ...); X8_EACH_GEMM calls the one `type` names. Thirteen types' kernels inlined
    into one switch made a function so large that GCC 12's register allocator kept the accumulators
-   and the activation rows' pointers of most of them on the stack (30-60 loads and stores in each
+   and the activation rows' pointers of most of them on the stack (30-45 loads and stores in each
    weight block's iteration); a kernel alone in its function holds them in registers. */
 #define X8_GEMM_PARAMS const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a, \
                        float *y, size_t y_row

@@ -128,4 +128,3 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     assert "matmul" in text and "q8_0" in text and "of peak" in text and "int8 peak" in text
     assert ("AMX tile multiplies" in text) == (p.peak.amx_macs_per_s is not None)
     assert json.loads(out.read_text())["int8_macs"] > 0
-

@@ -3,10 +3,10 @@
  * Each thread runs independent chains of vpdpbusd (u8 x s8, four products summed into each i32
  * lane), 16 of them on AVX-512 (12 on AVX-VNNI's 16 registers, 8 on AVX2, whose carried step is a
  * vpaddd), enough to cover the instruction's latency on every core kiln targets, so the loop is
- * bound by the units' throughput alone. The loop must hold nothing else: tests/test_bench.py
+ * bound by the units' throughput alone. The loop must hold nothing else: tests/test_hot_loops.py
  * reads the compiled loop and counts its instructions. Inputs are opaque to the compiler (loaded from
  * volatile memory) and the accumulators are stored at the end, so nothing is folded away.
- * MACs = iterations x 16 chains x the vector's int8 lanes. kiln bench --profile divides the
+ * MACs = iterations x CHAINS x the vector's int8 lanes. kiln bench --profile divides the
  * prefill's matmul MACs by this.
  *
  * Where the CPU has AMX and Linux grants the tiles, kiln_amx_int8_peak measures the tile unit the
