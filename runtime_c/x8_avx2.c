@@ -34,6 +34,20 @@ INLINE __m256i bcast4(const uint8_t *y) { /* 4 activation bytes in every lane */
     return _mm256_set1_epi32(v);
 }
 
+#ifdef KILN_HAVE_VNNI
+/* s + u . (the 4 bytes at p, in every lane), vpdpbusd reading them broadcast ({1to8}) as
+   x8.h's dpbusd_bcast does for 16 lanes */
+typedef int32_t kiln_dword8_alias __attribute__((may_alias));
+INLINE __m256i dpbusd8_bcast(__m256i s, __m256i u, const uint8_t *p) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(s) : "v"(u), "m"(*(const kiln_dword8_alias *)p));
+    return s;
+#else
+    return _mm256_dpbusd_epi32(s, u, bcast4(p));
+#endif
+}
+#endif
+
 INLINE __m256i sum_pairs(__m256i s16) { /* 16 x int16 -> 8 x int32: each lane's two pairs */
     return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
 }
@@ -79,13 +93,19 @@ INLINE void unpack8(const int type, const uint8_t *qs, const uint32_t *qh, __m25
 
 /* sum over k in [k0, k0 + n) of u[k] . y[4k..4k+3] for each row lane: 16-bit pair sums added in
  * runs of `run` (no run can overflow), each run widened to 32 bits; with VNNI (256 bits wide),
- * vpdpbusd's 32-bit sums directly */
+ * vpdpbusd's 32-bit sums directly, in two chains (n is even): a decode row's block was one chain of
+ * 8 (40 cycles of latency), and the kernel runs 3-45% faster in cache split (by type, a Cascade Lake). The
+ * integer sums are exact, so any grouping gives the same value. */
 INLINE __m256i dot_run(const __m256i u[8], const uint8_t *y, int k0, int n, int run) {
     __m256i s32 = _mm256_setzero_si256();
 #ifdef KILN_HAVE_VNNI
     (void)run;
-    for (int k = k0; k < k0 + n; k++) s32 = _mm256_dpbusd_epi32(s32, u[k], bcast4(y + 4 * k));
-    return s32;
+    __m256i s1 = _mm256_setzero_si256();
+    for (int k = k0; k < k0 + n; k += 2) {
+        s32 = dpbusd8_bcast(s32, u[k], y + 4 * k);
+        s1 = dpbusd8_bcast(s1, u[k + 1], y + 4 * k + 4);
+    }
+    return _mm256_add_epi32(s32, s1);
 #endif
     for (int k = k0; k < k0 + n; k += run) {
         __m256i s16 = _mm256_maddubs_epi16(u[k], bcast4(y + 4 * k));
