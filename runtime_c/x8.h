@@ -41,9 +41,9 @@
 #define X8_EACH_GEMM(type, gemm, ...) X8_EACH_TYPE(type, X8_GEMM_CALL, gemm, __VA_ARGS__)
 
 /* A kx8 block (a K-quant, Q3_K or IQ4_XS super-block of 8 rows): its head (d, Q4_K/Q5_K's dmin,
-   the scales and minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits, Q6_K's fifth
-   and sixth and Q3_K's third as planes before the nibbles, or Q3_K's and Q2_K's 2-bit fields;
-   IQ4_XS's nibbles index kvalues_iq4nl) */
+   the scales and minimums as bytes), then 8 chunks of 32 weights (Q5_K's fifth bits and Q3_K's third
+   as planes before the nibbles, Q6_K's top two bits as 2-bit fields before them, or Q3_K's and
+   Q2_K's low 2-bit fields; IQ4_XS's nibbles index kvalues_iq4nl) */
 static inline int kiln_is_kx8(int type) {
     return kiln_is_kquant(type) || type == KILN_IQ4_XS || type == KILN_Q3_K || type == KILN_Q2_K;
 }

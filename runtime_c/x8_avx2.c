@@ -220,9 +220,13 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(table, u[k]);
                 if (by16) {
-                    const uint32_t *h4 = (const uint32_t *)chunk, *h5 = h4 + 8;
-                    for (int k = 0; k < 8 && q6; k++)
-                        u[k] = _mm256_or_si256(_mm256_or_si256(u[k], mask_bytes(h4[k], 0x10)), mask_bytes(h5[k], 0x20));
+                    for (int v = 0; v < 2 && q6; v++) { /* the top two bits, u[4v + s]'s at bits 2s of vector v */
+                        const __m256i top = _mm256_loadu_si256((const __m256i *)(chunk + 32 * v)), bits45 = _mm256_set1_epi8(0x30);
+                        for (int s = 0; s < 4; s++) {
+                            const __m256i t = s == 2 ? top : s < 2 ? _mm256_slli_epi16(top, 4 - 2 * s) : _mm256_srli_epi16(top, 2);
+                            u[4 * v + s] = _mm256_or_si256(u[4 * v + s], _mm256_and_si256(t, bits45));
+                        }
+                    }
                     /* two sub-blocks of 16, each with its own scale, their sums seeded with -offset sum(y);
                        Q6_K's u <= 63 adds its pairs 2 at a time, Q3_K's u <= 7 and Q2_K's <= 3 all 4;
                        Q2_K's scales are its GGUF bytes' low nibbles */

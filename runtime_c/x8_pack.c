@@ -26,8 +26,8 @@
  * scales are one 8-byte load; then each 32-weight chunk in the 32-weight layout above:
  *   Q4_K, Q5_K: d[8], dmin[8] f16; sc[8][8], m[8][8] u8; 8 x ([Q5_K: qh[8] u32] qs[128])
  *               (32 bytes a group more than GGUF's: the 6-bit scales as bytes)
- *   Q6_K:       d[8] f16; sc[16][8] i8; 8 x (qh4[8] u32, qh5[8] u32, qs[128]), u = q + 32 in
- *               0..63, its fifth and sixth bits as two planes (exactly GGUF's bytes)
+ *   Q6_K:       d[8] f16; sc[16][8] i8; 8 x (hi[64], qs[128]), u = q + 32 in 0..63, its low nibble
+ *               in qs and its top two bits (u >> 4) as 2-bit fields in hi (exactly GGUF's bytes)
  *   IQ4_XS:     d[8] f16; sc[8][8] i8 (ls - 32); 8 x qs[128], the GGUF's nibbles, indexes into
  *               kvalues_iq4nl (16 bytes a group more than GGUF's: the 6-bit scales as bytes)
  *   Q3_K:       d[8] f16; sc[16][8] i8 (sc - 32); 8 x (qh4[8] u32, qs[64]), u = q + 4 in 0..7 as
@@ -217,9 +217,17 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                     memcpy(out + 2 * r, &x->d, 2);
                     for (int j = 0; j < 16; j++) sc[8 * j + r] = (uint8_t)x->scales[j];
                 }
+                uint8_t top[8][32]; /* u >> 4, which a kernel puts back with a shift, a mask and an or a vector:
+                                       as two bit planes it took two mask moves and two ors (and AVX2 five
+                                       instructions a plane), and Q6_K's prefill ran at half Q4_K's rate */
+                const uint8_t *tops[8];
                 for (int c = 0; c < 8; c++, chunk += 192) {
-                    for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
-                    put_chunk(row, 4, (uint32_t *)chunk, (uint32_t *)(chunk + 32), chunk + 64);
+                    for (int r = 0; r < 8; r++) {
+                        row[r] = u[r] + 32 * c, tops[r] = top[r];
+                        for (int i = 0; i < 32; i++) top[r][i] = row[r][i] >> 4;
+                    }
+                    put_chunk(tops, 2, NULL, NULL, chunk);
+                    put_chunk(row, 4, NULL, NULL, chunk + 64);
                 }
                 continue;
             }

@@ -134,15 +134,20 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                 else x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm512_shuffle_epi8(table, u[k]);
-                if (q5 || q6 || q3) { /* the planes: Q5_K's fifth bit, Q6_K's fifth and sixth, Q3_K's third */
+                if (q5 || q3) { /* the planes: Q5_K's fifth bit, Q3_K's third */
                     const uint32_t *h4 = (const uint32_t *)chunk, *h4b = (const uint32_t *)(chunk + apart);
-                    const __m512i high = _mm512_set1_epi8(q3 ? 0x04 : 0x10), six = _mm512_set1_epi8(0x20);
-                    for (int k = 0; k < 8; k++) {
+                    const __m512i high = _mm512_set1_epi8(q3 ? 0x04 : 0x10);
+                    for (int k = 0; k < 8; k++)
                         u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, high));
-                        if (q6)
-                            u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[8 + k] | (uint64_t)h4b[8 + k] << 32, six));
-                    }
                 }
+                if (q6) /* the top two bits, u[4v + s]'s at bits 2s of vector v, moved to bits 4-5 */
+                    for (int v = 0; v < 2; v++) {
+                        const __m512i top = x16_join(chunk + 32 * v, apart), bits45 = _mm512_set1_epi8(0x30);
+                        for (int s = 0; s < 4; s++) {
+                            const __m512i t = s == 2 ? top : s < 2 ? _mm512_slli_epi16(top, 4 - 2 * s) : _mm512_srli_epi16(top, 2);
+                            u[4 * v + s] = _mm512_ternarylogic_epi32(u[4 * v + s], t, bits45, 0xF8); /* u | (t & 0x30) */
+                        }
+                    }
                 if (by16) { /* two sub-blocks of 16, each with its own scale */
                     __m512i sa = x16_bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j), apart, !q2);
                     __m512i sb = x16_bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j + 1), apart, !q2);

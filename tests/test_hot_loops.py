@@ -81,13 +81,18 @@ def test_the_x8_prefill_kernels_keep_their_accumulators_in_registers(tuning):
       on the stack, loaded and stored each block, and SmolLM2's prefill ran 18% slower on a Cascade Lake.
     - kx8_rows (the six K-quant and IQ4_XS loops): Q6_K's, Q3_K's and IQ4_XS's had reloaded a row's
       pointer for nearly every vpdpbusd, 56-76 stack references a sub-block under every tuning; they
-      read a tile of the rows' values now, and Q6_K's matmul ran ~20% faster."""
+      read a tile of the rows' values now, and Q6_K's matmul ran ~20% faster.
+    - Q6_K's sub-block loop puts its weights' top two bits back from 2-bit fields (x8_pack.c)."""
     found = loops(RUNTIME_DIR / "x8_vnni.c", "avx512-vnni", TUNINGS[tuning])
     block_loops = [lp for lp in found if ops(lp)["vpdpbusd"] == 64 and "vpmulld" not in ops(lp) and "vcvtdq2ps" in ops(lp)]
     sub_block_loops = [lp for lp in found if ops(lp)["vpdpbusd"] == 64 and "vpmulld" in ops(lp)]
     assert (len(block_loops), len(sub_block_loops)) == (7, 6), ([len(lp) for lp in block_loops], [len(lp) for lp in sub_block_loops])
     assert max(stack_refs(lp) for lp in block_loops + sub_block_loops) <= 5, \
         ([stack_refs(lp) for lp in block_loops], [stack_refs(lp) for lp in sub_block_loops])
+    # Q6_K's (the one that shifts left): its top two bits from 2-bit fields by a shift and a ternary
+    # logic op a vector; as two bit planes they took a kmovq, a mask move and an or each (310 instructions)
+    q6 = [lp for lp in sub_block_loops if "vpsllw" in ops(lp)]
+    assert len(q6) == 1 and len(q6[0]) <= 200 and not ops(q6[0])["kmovq"], [(len(lp), ops(lp)["kmovq"]) for lp in q6]
 
 
 @pytest.mark.slow  # two builds of x8_avx2.c, ~15 s
