@@ -189,9 +189,9 @@ static void score_span(const attn_state st[], const float *const q[], const int 
             if (slope) /* ALiBi: each score less the head's slope times its distance (llama.cpp's mask of -|i - j|) */
                 for (int j = 0; j < nt; j++) si[j] += slope[i] * (float)-abs(at[i] - (j0 + j));
             if (softcap != 0.0f) kiln_vsoftcap(si, nt, softcap); /* each score on its own: lanes do not matter */
-            if (j0 < first[i] || j0 + nt - 1 > last[i]) /* the span's edge: rows this query cannot see */
-                for (int j = 0; j < nt; j++)
-                    if (j0 + j < first[i] || j0 + j > last[i]) si[j] = -INFINITY;
+            /* the span's edge: the rows this query cannot see, before first[i] and after last[i] */
+            for (int j = 0; j < nt && j < first[i] - j0; j++) si[j] = -INFINITY;
+            for (int j = last[i] - j0 + 1 > 0 ? last[i] - j0 + 1 : 0; j < nt; j++) si[j] = -INFINITY;
             *st[i].max = kiln_vmax(si, nt);
             *st[i].denom = kiln_vexp_sum(si, *st[i].max, nt); /* exp(-inf) = 0 for the rows it cannot see */
         }
