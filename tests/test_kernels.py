@@ -547,6 +547,7 @@ def test_simd_activation_quantizer_is_bit_exact(t):
     x[0, :32] = np.append(127.0, np.arange(-15, 16) + 0.5)  # d = 1 exactly: 31 exact ties
     x[1, :32] = -x[0, :32]
     x[2, :64] = 0.0  # all-zero blocks
+    x[3, 40], x[3, 100] = -200.0, 200.0  # the largest magnitude twice: q8_K takes the first one's sign
     for r in range(len(x)):
         fast = np.zeros(lib.kiln_act_row_bytes(int(t), n), np.uint8)
         ref = np.zeros_like(fast)
