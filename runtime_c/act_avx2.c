@@ -194,6 +194,16 @@ void kiln_dequant_f16_avx2(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = kiln_fp16_to_fp32(s[i]);
 }
 
+/* f32 -> f16 rows (the KV cache's): vcvtps2ph rounds to nearest even, as the (_Float16) conversion
+   of the reference, which GCC makes a libgcc call per value where the target has no AVX-512 FP16 */
+void kiln_quantize_f16_avx2(const float *x, void *dst, int n) {
+    kiln_half *h = dst;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) h[i] = kiln_fp32_to_fp16(x[i]);
+}
+
 void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n) {
     const block_q8_0 *x = src;
     for (int b = 0; b < n / QK8_0; b++, dst += QK8_0) {

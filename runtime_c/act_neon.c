@@ -92,6 +92,15 @@ void kiln_dequant_f16_neon(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = kiln_fp16_to_fp32(s[i]);
 }
 
+/* f32 -> f16 rows (the KV cache's), rounded to nearest even as the reference's conversion */
+void kiln_quantize_f16_neon(const float *x, void *dst, int n) {
+    kiln_half *h = dst;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        vst1q_u16(h + i, vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(vld1q_f32(x + i)), vld1q_f32(x + i + 4))));
+    for (; i < n; i++) h[i] = kiln_fp32_to_fp16(x[i]);
+}
+
 void kiln_dequant_q8_0_neon(const void *src, float *dst, int n) {
     const block_q8_0 *x = src;
     for (int b = 0; b < n / QK8_0; b++, dst += QK8_0) {

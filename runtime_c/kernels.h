@@ -35,7 +35,7 @@ const char *kiln_type_name(int type); /* GGML's name ("Q4_K"), or NULL for a typ
 int kiln_kv_type_supported(int type); /* a KV cache may hold rows of this type */
 /* which of a type's kernels this build has SIMD versions of (the others run the scalar reference,
  * which every SIMD version equals bit for bit) */
-enum { KILN_SIMD_DOT = 1, KILN_SIMD_DEQUANT = 2, KILN_SIMD_ACT = 4 };
+enum { KILN_SIMD_DOT = 1, KILN_SIMD_DEQUANT = 2, KILN_SIMD_ACT = 4, KILN_SIMD_STORE = 8 };
 int kiln_simd_kernels(int type);
 size_t kiln_row_bytes(int type, int n);             /* bytes of n elements of type */
 size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations quantized for type */
@@ -180,6 +180,7 @@ int kiln_moe_ffn(float *y, const float *x, const int32_t *ids, const float *weig
 /* -- KV cache and attention ---------------------------------------------------------------- */
 /* f32 row x[n] -> dst in a cache type (f32, f16, q8_0, q5_0, q4_1, q4_0), rounded as ggml's reference does */
 void kiln_quantize_row(int type, const float *x, void *dst, int n);
+void kiln_quantize_row_ref(int type, const float *x, void *dst, int n); /* the same, scalar reference */
 
 /* One layer's view of the paged KV pool (kv_plan.py): position p of sequence s lives in page
  * tables[s * max_blocks + p / page_size], at row p % page_size of each kv head, K at k_off and

@@ -199,6 +199,7 @@ void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_K_avx2(const float *x, void *dst, int n);
 void kiln_dequant_f16_avx2(const void *src, float *dst, int n);
+void kiln_quantize_f16_avx2(const float *x, void *dst, int n);
 void kiln_dequant_q8_0_avx2(const void *src, float *dst, int n);
 #endif
 
@@ -228,6 +229,7 @@ void kiln_quantize_q8_0_neon(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_neon(const float *x, void *dst, int n);
 void kiln_quantize_q8_K_neon(const float *x, void *dst, int n);
 void kiln_dequant_f16_neon(const void *src, float *dst, int n);
+void kiln_quantize_f16_neon(const float *x, void *dst, int n);
 void kiln_dequant_q8_0_neon(const void *src, float *dst, int n);
 #endif
 

@@ -20,6 +20,7 @@ typedef struct {
     kiln_quant_fn from_float;  /* the KV cache types: f32 rows -> this type */
     kiln_rows_fn rows;         /* SIMD twins this build has, or NULL: the reference runs */
     kiln_dequant_fn dequant_simd;
+    kiln_quant_fn from_float_simd;
 } type_traits;
 
 /* kernel f's SIMD twin in this build: f_avx2 or f_neon, or none (NULL) */
@@ -34,7 +35,7 @@ typedef struct {
 static const type_traits TYPES[KILN_TYPE_COUNT] = {
     [KILN_F32] = {"F32", 1, 4, KILN_F32, kiln_ref_dequant_f32, kiln_ref_dot_f32, kiln_ref_copy_f32, SIMD(kiln_rows_f32)},
     [KILN_F16] = {"F16", 1, 2, KILN_F32, kiln_ref_dequant_f16, kiln_ref_dot_f16, kiln_ref_quantize_f16, SIMD(kiln_rows_f16),
-                  SIMD(kiln_dequant_f16)},
+                  SIMD(kiln_dequant_f16), SIMD(kiln_quantize_f16)},
     [KILN_BF16] = {"BF16", 1, 2, KILN_F32, kiln_ref_dequant_bf16, kiln_ref_dot_bf16, NULL, SIMD(kiln_rows_bf16)},
     [KILN_Q4_0] = {"Q4_0", QK4_0, sizeof(block_q4_0), KILN_Q8_0, kiln_ref_dequant_q4_0, kiln_ref_dot_q4_0,
                    kiln_ref_quantize_q4_0, SIMD(kiln_rows_q4_0)},
@@ -45,7 +46,7 @@ static const type_traits TYPES[KILN_TYPE_COUNT] = {
     [KILN_Q5_1] = {"Q5_1", QK5_1, sizeof(block_q5_1), KILN_Q8_1, kiln_ref_dequant_q5_1, kiln_ref_dot_q5_1, NULL,
                    SIMD(kiln_rows_q5_1)},
     [KILN_Q8_0] = {"Q8_0", QK8_0, sizeof(block_q8_0), KILN_Q8_0, kiln_ref_dequant_q8_0, kiln_ref_dot_q8_0,
-                   kiln_ref_quantize_q8_0, SIMD(kiln_rows_q8_0), SIMD(kiln_dequant_q8_0)},
+                   kiln_ref_quantize_q8_0, SIMD(kiln_rows_q8_0), SIMD(kiln_dequant_q8_0), SIMD(kiln_quantize_q8_0)},
     [KILN_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), KILN_Q8_K, kiln_ref_dequant_q4_K, kiln_ref_dot_q4_K, NULL,
                    SIMD(kiln_rows_q4_K)},
     [KILN_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K), KILN_Q8_K, kiln_ref_dequant_q5_K, kiln_ref_dot_q5_K, NULL,
@@ -86,7 +87,8 @@ const char *kiln_type_name(int type) { return kiln_type_supported(type) ? TYPES[
 int kiln_simd_kernels(int type) {
     if (!kiln_type_supported(type)) return 0;
     return (TYPES[type].rows ? KILN_SIMD_DOT : 0) | (TYPES[type].dequant_simd ? KILN_SIMD_DEQUANT : 0) |
-           (ACT[TYPES[type].act_type].quantize_simd ? KILN_SIMD_ACT : 0);
+           (ACT[TYPES[type].act_type].quantize_simd ? KILN_SIMD_ACT : 0) |
+           (TYPES[type].from_float_simd ? KILN_SIMD_STORE : 0);
 }
 
 int kiln_act_type(int type) { return TYPES[type].act_type; }
@@ -108,7 +110,11 @@ void kiln_dequantize_row(int type, const void *src, float *dst, int n) {
 
 void kiln_dequantize_row_ref(int type, const void *src, float *dst, int n) { TYPES[type].dequant(src, dst, n); }
 
-void kiln_quantize_row(int type, const float *x, void *dst, int n) { TYPES[type].from_float(x, dst, n); }
+void kiln_quantize_row(int type, const float *x, void *dst, int n) {
+    (TYPES[type].from_float_simd ? TYPES[type].from_float_simd : TYPES[type].from_float)(x, dst, n);
+}
+
+void kiln_quantize_row_ref(int type, const float *x, void *dst, int n) { TYPES[type].from_float(x, dst, n); }
 
 int kiln_kv_type_supported(int type) {
     return type >= 0 && type < KILN_TYPE_COUNT && TYPES[type].from_float != NULL;

@@ -512,7 +512,8 @@ def _with_twin(kind: int) -> list[Q]:
 
 
 def test_the_simd_twins_this_build_has(capsys):
-    names = {kind: [t.name for t in _with_twin(getattr(lib, f"KILN_SIMD_{kind}"))] for kind in ("DOT", "DEQUANT", "ACT")}
+    names = {kind: [t.name for t in _with_twin(getattr(lib, f"KILN_SIMD_{kind}"))]
+             for kind in ("DOT", "DEQUANT", "ACT", "STORE")}
     with capsys.disabled():
         print("\nSIMD twins in this build: " + "; ".join(f"{k.lower()}: {', '.join(v) or '-'}" for k, v in names.items()))
     if "Q8_0" in names["DOT"]:  # a SIMD build: every type has its dot's twin
@@ -918,6 +919,29 @@ def test_simd_dequantizer_is_exact(t):
         lib.kiln_dequantize_row(int(t), ptr(raw[r]), ptr(fast[r], "float *"), 512)
         lib.kiln_dequantize_row_ref(int(t), ptr(raw[r]), ptr(ref[r], "float *"), 512)
     assert np.array_equal(fast, ref)
+
+
+@pytest.mark.parametrize("t", _with_twin(lib.KILN_SIMD_STORE), ids=lambda t: t.name)
+def test_simd_row_quantizer_is_bit_exact(t):
+    """The dispatched KV-cache row quantizer (f16 and q8_0, AVX2 or NEON where built) writes the scalar
+    reference's bytes. For f16 (whose reference GCC makes a libgcc call a value on x86): values halfway
+    between two halves (ties to even), at and past the largest half (to inf), below the smallest normal
+    and halfway to the smallest subnormal, signed zeros, infinities and NaNs, and a tail past the last
+    vector of 8 that goes one by one."""
+    rng = np.random.default_rng(900 + int(t))
+    n = 34 * 32 + (3 if t == Q.F16 else 0)
+    x = (rng.standard_normal((4, n)) * np.float32(4.0) ** rng.integers(-12, 9, (4, n))).astype(np.float32)
+    odd = np.array([65504.0, 65519.0, 65520.0, -65520.0, 1e6, 2.0 ** -25, 3 * 2.0 ** -25, 1e-8, -1e-8, 2.0 ** -14,
+                    1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, -(1 + 2.0 ** -11), 0.0, -0.0, np.inf, -np.inf, np.nan],
+                   np.float32)
+    if t == Q.F16:
+        x[0, :odd.size], x[1, -odd.size:] = odd, odd[::-1]
+    for r in range(len(x)):
+        fast = np.zeros(lib.kiln_row_bytes(int(t), n), np.uint8)
+        ref = np.zeros_like(fast)
+        lib.kiln_quantize_row(int(t), ptr(x[r], "float *"), ptr(fast), n)
+        lib.kiln_quantize_row_ref(int(t), ptr(x[r], "float *"), ptr(ref), n)
+        assert np.array_equal(fast, ref), f"row {r}: first differing byte {np.flatnonzero(fast != ref)[:1]}"
 
 
 def test_hadamard_blocks_are_sylvesters_orthonormal_matrix():
