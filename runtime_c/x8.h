@@ -138,21 +138,29 @@ INLINE __m512 x16_scales(const kiln_b32 *f, const uint8_t *a, size_t apart) { /*
 
 /* The 8 weight vectors of two x8 blocks as unsigned bytes: u[k] holds weights 4k..4k+3 of each row;
    the table types' nibbles become value + 128 */
-INLINE void x16_unpack(const int type, const uint8_t *qs, const uint32_t *qh, size_t apart, __m512i u[8]) {
+/* u[k] |= the fifth bits of two x8 blocks' weights (qh, qh + apart: bit k of each byte, x8_pack.c)
+   moved to bit 4: one shift and one ternary-logic op a vector (each bit plane had taken a kmovq, a
+   mask move and an or) */
+INLINE void x16_fifth(const uint8_t *qh, size_t apart, __m512i u[8]) {
+    const __m512i raw = x16_join(qh, apart), bit4 = _mm512_set1_epi8(0x10);
+    for (int k = 0; k < 8; k++) {
+        const __m512i t = k < 4 ? _mm512_slli_epi16(raw, 4 - k) : k == 4 ? raw : _mm512_srli_epi16(raw, k - 4);
+        u[k] = _mm512_ternarylogic_epi32(u[k], t, bit4, 0xF8); /* u | (t & 0x10) */
+    }
+}
+
+INLINE void x16_unpack(const int type, const uint8_t *qs, const uint8_t *qh, size_t apart, __m512i u[8]) {
     if (type == KILN_Q8_0) {
         for (int k = 0; k < 8; k++) u[k] = x16_join(qs + 32 * k, apart);
         return;
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
-    const uint32_t *qh2 = (const uint32_t *)((const uint8_t *)qh + apart);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4 /* u[] must stay in registers: GCC 12 kept Q5's loop rolled, u[] on the stack */
     for (int v = 0; v < 4; v++) {
         const __m512i raw = x16_join(qs + 32 * v, apart);
         u[2 * v] = _mm512_and_si512(raw, m4), u[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-        if (type == KILN_Q5_0 || type == KILN_Q5_1)
-            for (int k = 2 * v; k < 2 * v + 2; k++)
-                u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(qh[k] | (uint64_t)qh2[k] << 32, five));
     }
+    if (type == KILN_Q5_0 || type == KILN_Q5_1) x16_fifth(qh, apart, u);
     if (kiln_is_lut_b32(type)) {
         const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kiln_lut_b32(type))),
                                                _mm512_set1_epi8((char)0x80));

@@ -102,7 +102,7 @@ INLINE void amx_rows(const int type, const uint8_t *w, int g0, int g1, int nb, c
             for (int b = 0; b < nb; b++, blk += x8_bytes) {
                 const uint8_t *p = blk + kiln_x8_scale_bytes(&f);
                 __m512i u[8];
-                x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
+                x16_unpack(type, p + (f.qh_at ? 32 : 0), p, apart, u);
                 for (int k = 0; k < 8; k++) _mm512_store_si512(wt[b][k], u[k]);
                 _mm512_store_ps(wd[b], x16_scales(&f, blk, apart));
                 if (f.has_min) _mm512_store_ps(wm[b], x16_half(blk + 16, apart));

@@ -76,7 +76,7 @@ INLINE __m256i mask_bytes(uint32_t bits, char bit) {
 
 /* The 8 weight vectors of one x8 chunk of 32 weights (u[k]: weights 4k..4k+3 of each row), as
  * unsigned bytes; Q8_0's as signed q (stored q ^ 0x80) where they are dotted signed */
-INLINE void unpack8(const int type, const uint8_t *qs, const uint32_t *qh, __m256i u[8]) {
+INLINE void unpack8(const int type, const uint8_t *qs, const uint8_t *qh, __m256i u[8]) {
     if (type == KILN_Q8_0) {
         const __m256i flip = _mm256_set1_epi8(X8_SIGNED((kiln_b32){.bits = 8}) ? (char)0x80 : 0);
         for (int k = 0; k < 8; k++) u[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * k)), flip);
@@ -87,8 +87,13 @@ INLINE void unpack8(const int type, const uint8_t *qs, const uint32_t *qh, __m25
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
         u[2 * v] = _mm256_and_si256(raw, m4), u[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
     }
-    if (qh)
-        for (int k = 0; k < 8; k++) u[k] = _mm256_or_si256(u[k], mask_bytes(qh[k], 0x10));
+    if (qh) { /* the fifth bits, bit k of each byte, moved to bit 4 of u[k] (x8_pack.c) */
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)qh), bit4 = _mm256_set1_epi8(0x10);
+        for (int k = 0; k < 8; k++) {
+            const __m256i t = k < 4 ? _mm256_slli_epi16(raw, 4 - k) : k == 4 ? raw : _mm256_srli_epi16(raw, k - 4);
+            u[k] = _mm256_or_si256(u[k], _mm256_and_si256(t, bit4));
+        }
+    }
 }
 
 /* sum over k in [k0, k0 + n) of u[k] . y[4k..4k+3] for each row lane: 16-bit pair sums added in
@@ -151,7 +156,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
                 const uint8_t *bb = blk + (size_t)b * x8_bytes, *p = bb + kiln_x8_scale_bytes(&f);
                 for (size_t at = 0; at < x8_bytes; at += 64) __builtin_prefetch(bb + X8_AHEAD + at);
                 __m256i u[8];
-                unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? (const uint32_t *)p : NULL, u);
+                unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? p : NULL, u);
                 if (f.lut) /* the nibbles index the table: value + 128 for vpdpbusd, else the signed value */
                     for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(lut, u[k]);
                 for (int c = 0; c < C; c++) {
@@ -216,7 +221,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                             if (q3) u[4 * v + s] = _mm256_or_si256(u[4 * v + s], mask_bytes(((const uint32_t *)chunk)[4 * v + s], 0x04));
                         }
                     }
-                else unpack8(KILN_Q4_0, qs, q5 ? (const uint32_t *)chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
+                else unpack8(KILN_Q4_0, qs, q5 ? chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(table, u[k]);
                 if (by16) {

@@ -12,7 +12,8 @@
  * blocks, one per 32-weight block of the row. An x8 block holds, in order:
  *   d[8]          f16, the rows' scales (MXFP4: e[8], its E8M0 bytes)
  *   m[8]          f16, the rows' minimums (Q4_1, Q5_1)
- *   qh[8]         u32, 5-bit types: bit 4r+j of qh[c] is the fifth bit of weight 4c+j of row r
+ *   qh[32]        5-bit types: bit c of byte 4r+j is the fifth bit of weight 4c+j of row r (a
+ *                 kernel moves it to u[c]'s bit 4 with one shift and a mask)
  *   qs            4-bit types: 4 vectors of 32 bytes; byte 4r+j of vector v has weight 8v+j of
  *                 row r in its low nibble and weight 8v+4+j in its high nibble (IQ4_NL and
  *                 MXFP4: the GGUF's nibbles, the indexes into their tables)
@@ -24,7 +25,7 @@
  * The K-quants go the same way a 256-weight super-block at a time (kx8 blocks): the 8 rows'
  * scales first, unpacked to one byte each and arranged [sub-block][row] so that a sub-block's 8
  * scales are one 8-byte load; then each 32-weight chunk in the 32-weight layout above:
- *   Q4_K, Q5_K: d[8], dmin[8] f16; sc[8][8], m[8][8] u8; 8 x ([Q5_K: qh[8] u32] qs[128])
+ *   Q4_K, Q5_K: d[8], dmin[8] f16; sc[8][8], m[8][8] u8; 8 x ([Q5_K: qh[32] as above] qs[128])
  *               (32 bytes a group more than GGUF's: the 6-bit scales as bytes)
  *   Q6_K:       d[8] f16; sc[16][8] i8; 8 x (hi[64], qs[128]), u = q + 32 in 0..63, its low nibble
  *               in qs and its top two bits (u >> 4) as 2-bit fields in hi (exactly GGUF's bytes)
@@ -114,11 +115,12 @@ static void b32_values(const kiln_b32 *f, const uint8_t *blk, uint8_t u[32]) {
 
 /* One 32-weight chunk of 8 rows in the x8 layout, row r's 32 values u[r]: 8-bit values as
  * bytes (byte 4r+k of vector c: weight 4c+k); nibbles in qs (byte 4r+k of vector v: weight
- * 8v+k low, 8v+4+k high), bit 4 and bit 5 as planes qh4 and qh5 (bit 4r+k of word c: weight
- * 4c+k), which the caller zeroed; NULL planes are not written; or 2-bit fields (Q3_K: byte 4r+k
- * of vector v holds weight 16v+4s+k at bits 2s), bit 2 as plane qh4. Each output byte is made
- * once, from whole rows, so packing runs near the speed of a copy. */
-static void put_chunk(const uint8_t *const u[8], int bits, uint32_t *qh4, uint32_t *qh5, uint8_t *qs) {
+ * 8v+k low, 8v+4+k high) and, where hi is not NULL, the fifth bits in its 32 bytes (byte 4r+k,
+ * bit c: weight 4c+k's); or 2-bit fields (byte 4r+k of vector v holds weight 16v+4s+k at bits
+ * 2s) and, where hi is not NULL (Q3_K), bit 2 as a plane (bit 4r+k of word c: weight 4c+k's).
+ * The caller zeroed hi. Each output byte is made once, from whole rows, so packing runs near the
+ * speed of a copy. */
+static void put_chunk(const uint8_t *const u[8], int bits, uint8_t *hi, uint8_t *qs) {
     for (int r = 0; r < 8; r++) {
         const uint8_t *x = u[r];
         if (bits == 8) {
@@ -136,14 +138,17 @@ static void put_chunk(const uint8_t *const u[8], int bits, uint32_t *qh4, uint32
             for (int v = 0; v < 4; v++)
                 for (int k = 0; k < 4; k++)
                     qs[32 * v + 4 * r + k] = (uint8_t)((x[8 * v + k] & 0x0F) | (x[8 * v + 4 + k] & 0x0F) << 4);
-        if (!qh4 && !qh5) continue;
-        const int high = bits == 2 ? 2 : 4;
-        uint32_t b4 = 0, b5 = 0; /* bit j: weight j's bit `high` (2 or 4), bit 5 */
-        for (int j = 0; j < 32; j++) b4 |= (uint32_t)((x[j] >> high) & 1) << j, b5 |= (uint32_t)((x[j] >> 5) & 1) << j;
-        for (int c = 0; c < 8; c++) {
-            if (qh4) qh4[c] |= ((b4 >> (4 * c)) & 0x0F) << (4 * r);
-            if (qh5) qh5[c] |= ((b5 >> (4 * c)) & 0x0F) << (4 * r);
+        if (!hi) continue;
+        if (bits == 4) { /* a kernel moves bit c of each byte to bit 4 of u[c] with one shift */
+            for (int k = 0; k < 4; k++)
+                for (int c = 0; c < 8; c++) hi[4 * r + k] |= (uint8_t)(((x[4 * c + k] >> 4) & 1) << c);
+            continue;
         }
+        uint32_t b2 = 0, plane[8]; /* bit j: weight j's bit 2 */
+        for (int j = 0; j < 32; j++) b2 |= (uint32_t)((x[j] >> 2) & 1) << j;
+        memcpy(plane, hi, sizeof plane);
+        for (int c = 0; c < 8; c++) plane[c] |= ((b2 >> (4 * c)) & 0x0F) << (4 * r);
+        memcpy(hi, plane, sizeof plane);
     }
 }
 
@@ -173,7 +178,7 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                 uint8_t *chunk = out + kiln_kx8_head(type);
                 for (int c = 0; c < 8; c++, chunk += 128) {
                     for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
-                    put_chunk(row, 4, NULL, NULL, chunk);
+                    put_chunk(row, 4, NULL, chunk);
                 }
                 continue;
             }
@@ -190,7 +195,7 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                 uint8_t *chunk = out + kiln_kx8_head(type);
                 for (int c = 0; c < 8; c++, chunk += kiln_kx8_chunk(type)) {
                     for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
-                    put_chunk(row, 2, NULL, NULL, chunk);
+                    put_chunk(row, 2, NULL, chunk);
                 }
                 continue;
             }
@@ -205,7 +210,7 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                 uint8_t *chunk = out + kiln_kx8_head(type);
                 for (int c = 0; c < 8; c++, chunk += kiln_kx8_chunk(type)) {
                     for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
-                    put_chunk(row, 2, (uint32_t *)chunk, NULL, chunk + 32);
+                    put_chunk(row, 2, chunk, chunk + 32);
                 }
                 continue;
             }
@@ -226,8 +231,8 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
                         row[r] = u[r] + 32 * c, tops[r] = top[r];
                         for (int i = 0; i < 32; i++) top[r][i] = row[r][i] >> 4;
                     }
-                    put_chunk(tops, 2, NULL, NULL, chunk);
-                    put_chunk(row, 4, NULL, NULL, chunk + 64);
+                    put_chunk(tops, 2, NULL, chunk);
+                    put_chunk(row, 4, NULL, chunk + 64);
                 }
                 continue;
             }
@@ -242,10 +247,10 @@ static void pack_kx8(int type, const uint8_t *src, uint8_t *dst, int n_out, int 
             for (int c = 0; c < 8; c++) {
                 for (int r = 0; r < 8; r++) row[r] = u[r] + 32 * c;
                 if (type == KILN_Q5_K) {
-                    put_chunk(row, 4, (uint32_t *)chunk, NULL, chunk + 32);
+                    put_chunk(row, 4, chunk, chunk + 32);
                     chunk += 160;
                 } else {
-                    put_chunk(row, 4, NULL, NULL, chunk);
+                    put_chunk(row, 4, NULL, chunk);
                     chunk += 128;
                 }
             }
@@ -277,6 +282,6 @@ void kiln_pack_x8(int type, const void *src_, void *dst_, int n_out, int n_in) {
                 b32_values(&f, blk, u[r]);
                 row[r] = u[r];
             }
-            put_chunk(row, f.bits, f.qh_at ? (uint32_t *)p : NULL, NULL, p + (f.qh_at ? 32 : 0));
+            put_chunk(row, f.bits, f.qh_at ? p : NULL, p + (f.qh_at ? 32 : 0));
         }
 }

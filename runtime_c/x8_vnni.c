@@ -46,7 +46,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
                 __builtin_prefetch(blk + X8_AHEAD + at), __builtin_prefetch(blk + apart + X8_AHEAD + at);
             const uint8_t *p = blk + kiln_x8_scale_bytes(&f);
             __m512i u[8];
-            x16_unpack(type, p + (f.qh_at ? 32 : 0), (const uint32_t *)p, apart, u);
+            x16_unpack(type, p + (f.qh_at ? 32 : 0), p, apart, u);
             const __m512 d = x16_scales(&f, blk, apart), m = f.has_min ? x16_half(blk + 16, apart) : d;
             for (int c = 0; c < C; c++) {
                 /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
@@ -131,14 +131,14 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                         const __m512i raw = x16_join(qs + 32 * v, apart), three = _mm512_set1_epi8(3);
                         for (int s = 0; s < 4; s++) u[4 * v + s] = _mm512_and_si512(_mm512_srli_epi16(raw, 2 * s), three);
                     }
-                else x16_unpack(KILN_Q4_0, qs, (const uint32_t *)qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
+                else x16_unpack(KILN_Q4_0, qs, qs, apart, u); /* the nibbles (Q4_0 reads no qh) */
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm512_shuffle_epi8(table, u[k]);
-                if (q5 || q3) { /* the planes: Q5_K's fifth bit, Q3_K's third */
+                if (q5) x16_fifth(chunk, apart, u);
+                if (q3) { /* the plane of Q3_K's third bits */
                     const uint32_t *h4 = (const uint32_t *)chunk, *h4b = (const uint32_t *)(chunk + apart);
-                    const __m512i high = _mm512_set1_epi8(q3 ? 0x04 : 0x10);
                     for (int k = 0; k < 8; k++)
-                        u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, high));
+                        u[k] = _mm512_or_si512(u[k], _mm512_maskz_mov_epi8(h4[k] | (uint64_t)h4b[k] << 32, _mm512_set1_epi8(0x04)));
                 }
                 if (q6) /* the top two bits, u[4v + s]'s at bits 2s of vector v, moved to bits 4-5 */
                     for (int v = 0; v < 2; v++) {

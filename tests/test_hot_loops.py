@@ -89,9 +89,13 @@ def test_the_x8_prefill_kernels_keep_their_accumulators_in_registers(tuning):
     assert (len(block_loops), len(sub_block_loops)) == (7, 6), ([len(lp) for lp in block_loops], [len(lp) for lp in sub_block_loops])
     assert max(stack_refs(lp) for lp in block_loops + sub_block_loops) <= 5, \
         ([stack_refs(lp) for lp in block_loops], [stack_refs(lp) for lp in sub_block_loops])
-    # Q6_K's (the one that shifts left): its top two bits from 2-bit fields by a shift and a ternary
-    # logic op a vector; as two bit planes they took a kmovq, a mask move and an or each (310 instructions)
-    q6 = [lp for lp in sub_block_loops if "vpsllw" in ops(lp)]
+    # Q6_K's (a scale a 16 weights, so two vpmulld a chunk and row, and a left shift): its top two bits
+    # from 2-bit fields by a shift and a ternary logic op a vector; as two bit planes they took a kmovq,
+    # a mask move and an or each (310 instructions). Q5_K's fifth bits, and the 5-bit types', come
+    # from bit fields the same way, with no kmovq either.
+    q6 = [lp for lp in sub_block_loops if "vpsllw" in ops(lp) and ops(lp)["vpmulld"] == 16]
+    fifth = [lp for lp in block_loops + sub_block_loops if "vpsllw" in ops(lp) and ops(lp)["vpmulld"] < 16]
+    assert len(fifth) == 3 and not any(ops(lp)["kmovq"] for lp in fifth), [(len(lp), ops(lp)["kmovq"]) for lp in fifth]
     assert len(q6) == 1 and len(q6[0]) <= 200 and not ops(q6[0])["kmovq"], [(len(lp), ops(lp)["kmovq"]) for lp in q6]
 
 
