@@ -168,21 +168,27 @@ INLINE void x16_unpack(const int type, const uint8_t *qs, const uint8_t *qh, siz
     }
 }
 
-/* s + u . (the 4 bytes at p, in every lane). GCC 12 broadcasts them into a register with an
- * instruction of its own before each vpdpbusd, where vpdpbusd can read them broadcast itself
- * ({1to16}): one instruction fewer per 64 multiply-adds took SmolLM2's prefill 10-20% faster on
- * Zen 4. The sums are the same integers. */
+/* s + u . (the 4 bytes at p, in every lane): dpbusd_bcast for 16 lanes, dpbusd8_bcast for 8 (x8_avx2.c's
+ * decode). GCC 12 broadcasts them into a register with an instruction of its own before each
+ * vpdpbusd, where vpdpbusd can read them broadcast itself ({1to16}, {1to8}): one instruction fewer
+ * per 64 multiply-adds took SmolLM2's prefill 10-20% faster on Zen 4. The sums are the same integers. */
 typedef int32_t kiln_dword_alias __attribute__((may_alias));
-INLINE __m512i dpbusd_bcast(__m512i s, __m512i u, const uint8_t *p) {
 #if defined(__GNUC__) && !defined(__clang__)
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(u), "m"(*(const kiln_dword_alias *)p));
-    return s;
+#define KILN_DPBUSD_BCAST(name, V, lanes, dpbusd, set1)                                               \
+    INLINE V name(V s, V u, const uint8_t *p) {                                                        \
+        __asm__("vpdpbusd %2%{1to" #lanes "%}, %1, %0" : "+v"(s) : "v"(u), "m"(*(const kiln_dword_alias *)p)); \
+        return s;                                                                                      \
+    }
 #else
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpbusd_epi32(s, u, _mm512_set1_epi32(v));
+#define KILN_DPBUSD_BCAST(name, V, lanes, dpbusd, set1)                                               \
+    INLINE V name(V s, V u, const uint8_t *p) {                                                        \
+        int32_t v;                                                                                     \
+        memcpy(&v, p, 4);                                                                              \
+        return dpbusd(s, u, set1(v));                                                                  \
+    }
 #endif
-}
+KILN_DPBUSD_BCAST(dpbusd_bcast, __m512i, 16, _mm512_dpbusd_epi32, _mm512_set1_epi32)
+KILN_DPBUSD_BCAST(dpbusd8_bcast, __m256i, 8, _mm256_dpbusd_epi32, _mm256_set1_epi32)
 
 /* seed + sum(u * y) over a 32-weight chunk for 16 row lanes: u[k] holds weights 4k..4k+3 of
  * each row, y4 the activation's 32 bytes, 4 of them broadcast a vpdpbusd, in two chains */

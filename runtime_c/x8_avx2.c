@@ -34,20 +34,6 @@ INLINE __m256i bcast4(const uint8_t *y) { /* 4 activation bytes in every lane */
     return _mm256_set1_epi32(v);
 }
 
-#ifdef KILN_HAVE_VNNI
-/* s + u . (the 4 bytes at p, in every lane), vpdpbusd reading them broadcast ({1to8}) as
-   x8.h's dpbusd_bcast does for 16 lanes */
-typedef int32_t kiln_dword8_alias __attribute__((may_alias));
-INLINE __m256i dpbusd8_bcast(__m256i s, __m256i u, const uint8_t *p) {
-#if defined(__GNUC__) && !defined(__clang__)
-    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(s) : "v"(u), "m"(*(const kiln_dword8_alias *)p));
-    return s;
-#else
-    return _mm256_dpbusd_epi32(s, u, bcast4(p));
-#endif
-}
-#endif
-
 INLINE __m256i sum_pairs(__m256i s16) { /* 16 x int16 -> 8 x int32: each lane's two pairs */
     return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
 }
