@@ -109,6 +109,7 @@ typedef struct {
     int ld, k_half;      /* its row stride in values; its values are f16 */
     const void *v[SPAN]; /* V rows: in place, or dequantized into the caller's buffer */
     int v_half;          /* the rows in place are f16 */
+    kiln_trickle *next;  /* the next item's K and V, asked for as the kernels run; or NULL */
     float staged[KILN_MAX_HEAD_DIM * SPAN];
 } span_rows;
 
@@ -138,6 +139,7 @@ static void gather_columns(span_rows *sp, const kiln_kv_view *kv, const int32_t 
 
 static void stage_span(span_rows *sp, float *kbuf, float *vbuf, const kiln_kv_view *kv, const int32_t *table, int h,
                        const size_t row_bytes[2], int hd, int lo, int hi) {
+    sp->next = NULL;
     sp->v_half = in_place(kv->v_type, hd) && kv->v_type == KILN_F16;
     sp->j0 = lo & ~(GROUP - 1), sp->n = ((hi | (GROUP - 1)) + 1) - sp->j0;
     cache_rows(kv, table, 1, h, row_bytes[1], sp->j0, sp->n, lo, hi, vbuf, hd, sp->v);
@@ -182,23 +184,23 @@ static void score_span(const attn_state st[], const float *const q[], const int 
         float *so[KILN_SPAN_MAX_Q];
         const float *qo[KILN_SPAN_MAX_Q];
         for (int k = 0; k < m; k++) so[k] = s[o + k], qo[k] = q[order[o + k]];
-        kiln_span_scores(so, qo, m, sp->kt, sp->ld, sp->k_half, nt, hd, scale);
+        kiln_span_scores(so, qo, m, sp->kt, sp->ld, sp->k_half, nt, hd, scale, sp->next ? &sp->next[0] : NULL);
+        int from[KILN_SPAN_MAX_Q], to[KILN_SPAN_MAX_Q]; /* the span's edge: the rows each query sees */
+        float max[KILN_SPAN_MAX_Q], denom[KILN_SPAN_MAX_Q];
         for (int k = 0; k < m; k++) {
             const int i = order[o + k];
             float *si = s[o + k];
             if (slope) /* ALiBi: each score less the head's slope times its distance (llama.cpp's mask of -|i - j|) */
                 for (int j = 0; j < nt; j++) si[j] += slope[i] * (float)-abs(at[i] - (j0 + j));
             if (softcap != 0.0f) kiln_vsoftcap(si, nt, softcap); /* each score on its own: lanes do not matter */
-            /* the span's edge: the rows this query cannot see, before first[i] and after last[i] */
-            for (int j = 0; j < nt && j < first[i] - j0; j++) si[j] = -INFINITY;
-            for (int j = last[i] - j0 + 1 > 0 ? last[i] - j0 + 1 : 0; j < nt; j++) si[j] = -INFINITY;
-            *st[i].max = kiln_vmax(si, nt);
-            *st[i].denom = kiln_vexp_sum(si, *st[i].max, nt); /* exp(-inf) = 0 for the rows it cannot see */
+            from[k] = first[i] - j0, to[k] = last[i] - j0;
         }
+        kiln_span_softmax(so, m, nt, from, to, max, denom);
+        for (int k = 0; k < m; k++) *st[order[o + k]].max = max[k], *st[order[o + k]].denom = denom[k];
         float *acc[KILN_SPAN_MAX_Q];
         for (int k = 0; k < m; k++) acc[k] = st[order[o + k]].acc;
-        if (sp->v_half) kiln_span_values(acc, s[o], SPAN, m, sp->v, seen, hd, 1);
-        else kiln_span_values(acc, s[o], SPAN, m, sp->v, seen, hd, 0);
+        if (sp->v_half) kiln_span_values(acc, s[o], SPAN, m, sp->v, seen, hd, 1, sp->next ? &sp->next[1] : NULL);
+        else kiln_span_values(acc, s[o], SPAN, m, sp->v, seen, hd, 0, sp->next ? &sp->next[1] : NULL);
     }
 }
 
@@ -218,6 +220,23 @@ static void prefetch_span(const kiln_kv_view *kv, const int32_t *table, int h, c
     prefetch_rows(kv, table, 1, h, row_bytes[1], lo, hi);
 }
 
+/* Positions lo .. hi of kv head h as the kernels ask for them while they run (kiln_trickle), where
+ * the kernels' loops cover them exactly: an f16 or f32 cache read in place, a whole page of one
+ * span (page_size == KILN_ATTN_SPAN, the default), head_dim a multiple of 64. K's lines in t[0], a
+ * step a d of the scores (the page's values of that d), V's in t[1], a step a row and 64 columns
+ * of the values. Returns 0 otherwise, and prefetch_span takes them. */
+static int trickle_rows(kiln_trickle t[2], const kiln_kv_view *kv, const int32_t *table, int h,
+                        const size_t row_bytes[2], int hd, int lo, int hi) {
+    const int n = hi - lo + 1;
+    if (n != kv->page_size || lo % kv->page_size || hd % 64 || !kiln_k_transposed(kv->k_type) ||
+        !in_place(kv->v_type, hd))
+        return 0;
+    const size_t ek = kiln_k_value_bytes(kv), ev = row_bytes[1] / (size_t)hd;
+    t[0] = kiln_trickle_of(kiln_kv_k_column(kv, table, h, lo, row_bytes[0]), (size_t)n * row_bytes[0], n * ek);
+    t[1] = kiln_trickle_of(kiln_kv_row(kv, table, 1, h, lo, row_bytes[1]), (size_t)n * row_bytes[1], 64 * ev);
+    return 1;
+}
+
 /* Item `item` of a token seeing first .. last: span sp of kv head g, and its visible positions
  * lo .. hi (lo > hi: none). Span-major, so that consecutive items read one page's heads one after
  * another, and each thread walks its own run of pages as two streams (K's, V's). */
@@ -229,8 +248,10 @@ static void item_bounds(int item, int n_head_kv, int sp0, int first, int last, i
 
 /* One token, its (kv head, span) items spread over the threads: each leaves its group's span
  * states in scratch; after a barrier each query head folds its spans in order. A thread asks for
- * its next item's rows before it scores this one's: requested just before their use, the rows of
- * a deep history kept the scoring waiting on memory (the K and V loads took most of its time). */
+ * its next item's rows while it scores this one's: requested just before their use, the rows of
+ * a deep history kept the scoring waiting on memory (the K and V loads took most of its time).
+ * The kernels ask for them a few lines an iteration (kiln_trickle), so that memory streams under
+ * the arithmetic: asked for at once, the thread waited on its fill buffers before it began. */
 static void attend_split(const kiln_thread *th, float *out, const float *q, int seq, int p, int first, int last,
                          const kiln_kv_view *kv, const size_t row_bytes[2], int n_head, int n_head_kv, int hd,
                          float scale, float softcap, const float *sinks, const float *slopes, int max_spans,
@@ -257,10 +278,13 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
             qs[i] = q + (size_t)(g * group + i) * hd, lo[i] = first, hi[i] = last;
             at[i] = p, sl[i] = slopes ? slopes[g * group + i] : 0.0f;
         }
+        kiln_trickle next[2]; /* the next item's rows, asked for a few lines at a time as this one is scored */
+        int trickle = 0;      /* or all at once: where they cross a page, or this item has no rows */
         if (item + 1 < i1) {
             int g1, sp1, a1, b1;
             item_bounds(item + 1, n_head_kv, sp0, first, last, &g1, &sp1, &a1, &b1);
-            if (a1 <= b1) prefetch_span(kv, table, g1, row_bytes, a1, b1);
+            if (a1 <= b1 && !(a <= b && (trickle = trickle_rows(next, kv, table, g1, row_bytes, hd, a1, b1))))
+                prefetch_span(kv, table, g1, row_bytes, a1, b1);
         }
         if (a > b) {
             for (int i = 0; i < group; i++) clear(st[i], hd);
@@ -270,6 +294,7 @@ static void attend_split(const kiln_thread *th, float *out, const float *q, int 
         float buf[2 * nb + 1]; /* dequantized rows: K's, V's */
         span_rows rows;
         stage_span(&rows, buf, buf + nb, kv, table, g, row_bytes, hd, a, b);
+        rows.next = trickle ? next : NULL;
         score_span(st, qs, lo, hi, group, &rows, hd, scale, softcap, slopes ? sl : NULL, at);
     }
     kiln_barrier(th);

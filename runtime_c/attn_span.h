@@ -29,6 +29,46 @@
 
 #define KILN_INLINE static inline __attribute__((always_inline))
 
+/* Cache lines a kernel asks for a few at a time as it runs: the next item's K or V rows, so that
+ * they stream in under this item's arithmetic. Asked for all at once, the 256 lines of a span of
+ * 64 rows had stalled the thread on its fill buffers before it scored the span it already held.
+ * Into L2: L1 holds the span being scored.
+ *
+ * The caller sizes a step to the loop that takes it, so that its iterations cover the range
+ * exactly: a d of the scores (K), a row and 64 columns of the values (V), in the first query's
+ * pass where a kernel makes one a query (attention.c's trickle_rows). Each iteration
+ * asks for two lines of it (a longer step's others come by L2's adjacent-line prefetch), from a
+ * copy held in registers, and tests nothing: the loops are bound by the two vector ports, which
+ * scalar work shares, and a test of each line against the end had cost them 8-15%. So a kernel
+ * takes a trickle whole or, where its range is done, not at all (kiln_trickle_begin). */
+typedef struct {
+    const char *at, *end; /* the next lines to ask for, and the end of the range */
+    size_t step;          /* bytes an iteration: a multiple of 128; 0, none */
+} kiln_trickle;
+
+static inline kiln_trickle kiln_trickle_of(const void *p, size_t bytes, size_t step) {
+    return (kiln_trickle){(const char *)((uintptr_t)p & ~(uintptr_t)63), (const char *)p + bytes,
+                          (step + 127) & ~(size_t)127};
+}
+
+/* a kernel's copy: none for NULL, or once the range is done */
+KILN_INLINE kiln_trickle kiln_trickle_begin(const kiln_trickle *pf) {
+    return pf && pf->at < pf->end ? *pf : (kiln_trickle){NULL, NULL, 0};
+}
+
+KILN_INLINE void kiln_trickle_step(kiln_trickle *t) {
+    if (t->step) { /* the same every iteration: GCC makes the loop twice, with and without */
+        __builtin_prefetch(t->at, 0, 2);
+        __builtin_prefetch(t->at + t->step / 2, 0, 2);
+        t->at += t->step;
+    }
+}
+
+/* what the kernel leaves for the next */
+KILN_INLINE void kiln_trickle_end(kiln_trickle *pf, const kiln_trickle *t) {
+    if (pf && t->step) pf->at = t->at;
+}
+
 #if defined(__AVX512F__)
 KILN_INLINE __m512 kiln_load16(const void *p, int half) {
     return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_loadu_ps((const float *)p);
@@ -86,12 +126,14 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const float *const rows[
 #if defined(__AVX512F__)
 /* s[i][16v + l] for i < nq and v < nv (n = 16 nv keys), each score one fma chain over d */
 KILN_INLINE void kiln_span_scores_n(float *const s[], const float *const q[], const int nq, const void *kt, int ld,
-                                    const int nv, int hd, float scale, const int half) {
+                                    const int nv, int hd, float scale, const int half, kiln_trickle *pf) {
     const size_t es = half ? 2 : 4;
     __m512 a[KILN_SPAN_MAX_Q][4];
     for (int i = 0; i < nq; i++)
         for (int v = 0; v < nv; v++) a[i][v] = _mm512_setzero_ps();
+    kiln_trickle t = kiln_trickle_begin(pf);
     for (int d = 0; d < hd; d++) {
+        kiln_trickle_step(&t);
         const char *k = (const char *)kt + (size_t)d * ld * es;
         __m512 kv[4];
         for (int v = 0; v < nv; v++) kv[v] = kiln_load16(k + 16 * v * es, half);
@@ -100,6 +142,7 @@ KILN_INLINE void kiln_span_scores_n(float *const s[], const float *const q[], co
             for (int v = 0; v < nv; v++) a[i][v] = _mm512_fmadd_ps(qi, kv[v], a[i][v]);
         }
     }
+    kiln_trickle_end(pf, &t);
     const __m512 sc = _mm512_set1_ps(scale);
     for (int i = 0; i < nq; i++)
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(s[i] + 16 * v, _mm512_mul_ps(a[i][v], sc));
@@ -107,12 +150,12 @@ KILN_INLINE void kiln_span_scores_n(float *const s[], const float *const q[], co
 
 #define KILN_SCORES_CASE(nq, nv)                                        \
     case (nq) * 8 + (nv):                                               \
-        if (half) kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale, 1); \
-        else kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale, 0);      \
+        if (half) kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale, 1, pf); \
+        else kiln_span_scores_n(s, q, nq, kt, ld, nv, hd, scale, 0, pf);      \
         break;
 /* scores of nq <= 4 queries against n = 16 nv <= 64 transposed keys: each shape its own unrolled body */
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
-                                    int n, int hd, float scale) {
+KILN_INLINE void kiln_span_scores_sw(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale, kiln_trickle *pf) {
     switch (nq * 8 + n / 16) {
         KILN_SCORES_CASE(1, 1) KILN_SCORES_CASE(1, 2) KILN_SCORES_CASE(1, 3) KILN_SCORES_CASE(1, 4)
         KILN_SCORES_CASE(2, 1) KILN_SCORES_CASE(2, 2) KILN_SCORES_CASE(2, 3) KILN_SCORES_CASE(2, 4)
@@ -127,14 +170,16 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
  * are one array with a stride, not a pointer each: one register addresses them all, where the
  * pointers had spilled and were reloaded before every broadcast. */
 KILN_INLINE void kiln_span_values_n(float *const acc[], const float *w, int ldw, const int nq,
-                                    const void *const rows[], int n, int hd, int half) {
+                                    const void *const rows[], int n, int hd, int half, kiln_trickle *pf) {
     const int es = half ? 2 : 4;
     int d = 0;
+    kiln_trickle t = kiln_trickle_begin(pf);
     for (; d + 64 <= hd; d += 64) {
         __m512 a[KILN_SPAN_MAX_Q][4];
         for (int i = 0; i < nq; i++)
             for (int c = 0; c < 4; c++) a[i][c] = _mm512_loadu_ps(acc[i] + d + 16 * c);
         for (int j = 0; j < n; j++) {
+            kiln_trickle_step(&t);
             const char *row = (const char *)rows[j] + d * es;
             const __m512 r0 = kiln_load16(row, half), r1 = kiln_load16(row + 16 * es, half),
                          r2 = kiln_load16(row + 32 * es, half), r3 = kiln_load16(row + 48 * es, half);
@@ -151,15 +196,17 @@ KILN_INLINE void kiln_span_values_n(float *const acc[], const float *w, int ldw,
         __m512 a[KILN_SPAN_MAX_Q];
         for (int i = 0; i < nq; i++) a[i] = _mm512_loadu_ps(acc[i] + d);
         for (int j = 0; j < n; j++) {
+            kiln_trickle_step(&t);
             const __m512 r = kiln_load16((const char *)rows[j] + d * es, half);
             for (int i = 0; i < nq; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)i * ldw + j]), r, a[i]);
         }
         for (int i = 0; i < nq; i++) _mm512_storeu_ps(acc[i] + d, a[i]);
     }
+    kiln_trickle_end(pf, &t);
 }
 
-static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
-                                    int n, int hd, int half) {
+KILN_INLINE void kiln_span_values_sw(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
+                                    int n, int hd, int half, kiln_trickle *pf) {
     if (hd % 16) { /* the scalar order, column by column */
         for (int i = 0; i < nq; i++)
             for (int j = 0; j < n; j++) {
@@ -170,35 +217,38 @@ static inline void kiln_span_values(float *const acc[], const float *w, int ldw,
         return;
     }
     switch (nq) { /* each count its own unrolled body */
-    case 1: kiln_span_values_n(acc, w, ldw, 1, rows, n, hd, half); break;
-    case 2: kiln_span_values_n(acc, w, ldw, 2, rows, n, hd, half); break;
-    case 3: kiln_span_values_n(acc, w, ldw, 3, rows, n, hd, half); break;
-    default: kiln_span_values_n(acc, w, ldw, 4, rows, n, hd, half); break;
+    case 1: kiln_span_values_n(acc, w, ldw, 1, rows, n, hd, half, pf); break;
+    case 2: kiln_span_values_n(acc, w, ldw, 2, rows, n, hd, half, pf); break;
+    case 3: kiln_span_values_n(acc, w, ldw, 3, rows, n, hd, half, pf); break;
+    default: kiln_span_values_n(acc, w, ldw, 4, rows, n, hd, half, pf); break;
     }
 }
 
 #elif defined(KILN_AVX2)
 /* one query's scores against n <= 64 transposed keys, 8 a register */
 KILN_INLINE void kiln_span_scores1(float *s, const float *q, const void *kt, int ld, const int nv, int hd,
-                                   float scale, const int half) {
+                                   float scale, const int half, kiln_trickle *pf) {
     const size_t es = half ? 2 : 4;
     __m256 a[8];
     for (int v = 0; v < nv; v++) a[v] = _mm256_setzero_ps();
+    kiln_trickle t = kiln_trickle_begin(pf);
     for (int d = 0; d < hd; d++) {
+        kiln_trickle_step(&t);
         const __m256 qd = _mm256_set1_ps(q[d]);
         const char *k = (const char *)kt + (size_t)d * ld * es;
         for (int v = 0; v < nv; v++) a[v] = _mm256_fmadd_ps(qd, kiln_load8(k + 8 * v * es, half), a[v]);
     }
+    kiln_trickle_end(pf, &t);
     for (int v = 0; v < nv; v++) _mm256_storeu_ps(s + 8 * v, _mm256_mul_ps(a[v], _mm256_set1_ps(scale)));
 }
 
 #define KILN_SCORES_CASE(nv)                                              \
     case nv:                                                              \
-        if (half) kiln_span_scores1(s[i], q[i], kt, ld, nv, hd, scale, 1); \
-        else kiln_span_scores1(s[i], q[i], kt, ld, nv, hd, scale, 0);      \
+        if (half) kiln_span_scores1(s[i], q[i], kt, ld, nv, hd, scale, 1, i ? NULL : pf); \
+        else kiln_span_scores1(s[i], q[i], kt, ld, nv, hd, scale, 0, i ? NULL : pf);      \
         break;
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
-                                    int n, int hd, float scale) {
+KILN_INLINE void kiln_span_scores_sw(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale, kiln_trickle *pf) {
     for (int i = 0; i < nq; i++) switch (n / 8) { /* each width its own unrolled body */
         KILN_SCORES_CASE(1) KILN_SCORES_CASE(2) KILN_SCORES_CASE(3) KILN_SCORES_CASE(4)
         KILN_SCORES_CASE(5) KILN_SCORES_CASE(6) KILN_SCORES_CASE(7) KILN_SCORES_CASE(8)
@@ -207,9 +257,10 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 #undef KILN_SCORES_CASE
 
 /* one query's weighted rows: 64 columns in registers across the rows, then 8 at a time, then one */
-static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
-                                    int n, int hd, int half) {
+KILN_INLINE void kiln_span_values_sw(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
+                                    int n, int hd, int half, kiln_trickle *pf) {
     const int es = half ? 2 : 4;
+    kiln_trickle t = kiln_trickle_begin(pf);
     for (int i = 0; i < nq; i++) {
         float *o = acc[i];
         const float *wi = w + (size_t)i * ldw;
@@ -218,6 +269,7 @@ static inline void kiln_span_values(float *const acc[], const float *w, int ldw,
             __m256 a[8];
             for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(o + d + 8 * k);
             for (int j = 0; j < n; j++) {
+                kiln_trickle_step(&t);
                 const __m256 wj = _mm256_set1_ps(wi[j]);
                 for (int k = 0; k < 8; k++)
                     a[k] = _mm256_fmadd_ps(wj, kiln_load8((const char *)rows[j] + (d + 8 * k) * es, half), a[k]);
@@ -233,6 +285,7 @@ static inline void kiln_span_values(float *const acc[], const float *w, int ldw,
         for (; d < hd; d++)
             for (int j = 0; j < n; j++)
                 o[d] = fmaf(wi[j], half ? _cvtsh_ss(((const uint16_t *)rows[j])[d]) : ((const float *)rows[j])[d], o[d]);
+        if (i == 0) kiln_trickle_end(pf, &t), t.step = 0; /* in the first query's pass alone */
     }
 }
 
@@ -272,25 +325,28 @@ KILN_INLINE void kiln_span_transpose(float *kt, int ld, const float *const rows[
 
 /* one query's scores against n = 4 nv <= 64 transposed keys, 4 a register */
 KILN_INLINE void kiln_span_scores1(float *s, const float *q, const void *kt, int ld, const int nv, int hd,
-                                   float scale, const int half) {
+                                   float scale, const int half, kiln_trickle *pf) {
     const size_t es = half ? 2 : 4;
     float32x4_t a[16];
     for (int v = 0; v < nv; v++) a[v] = vdupq_n_f32(0.0f);
+    kiln_trickle t = kiln_trickle_begin(pf);
     for (int d = 0; d < hd; d++) {
+        kiln_trickle_step(&t);
         const float32x4_t qd = vdupq_n_f32(q[d]);
         const char *k = (const char *)kt + (size_t)d * ld * es;
         for (int v = 0; v < nv; v++) a[v] = vfmaq_f32(a[v], qd, kiln_load4(k + 4 * v * es, half));
     }
+    kiln_trickle_end(pf, &t);
     for (int v = 0; v < nv; v++) vst1q_f32(s + 4 * v, vmulq_f32(a[v], vdupq_n_f32(scale)));
 }
 
 #define KILN_SCORES_CASE(n8)                                                  \
     case n8:                                                                  \
-        if (half) kiln_span_scores1(s[i], q[i], kt, ld, 2 * n8, hd, scale, 1); \
-        else kiln_span_scores1(s[i], q[i], kt, ld, 2 * n8, hd, scale, 0);      \
+        if (half) kiln_span_scores1(s[i], q[i], kt, ld, 2 * n8, hd, scale, 1, i ? NULL : pf); \
+        else kiln_span_scores1(s[i], q[i], kt, ld, 2 * n8, hd, scale, 0, i ? NULL : pf);      \
         break;
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
-                                    int n, int hd, float scale) {
+KILN_INLINE void kiln_span_scores_sw(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale, kiln_trickle *pf) {
     for (int i = 0; i < nq; i++) switch (n / 8) { /* each width its own unrolled body */
         KILN_SCORES_CASE(1) KILN_SCORES_CASE(2) KILN_SCORES_CASE(3) KILN_SCORES_CASE(4)
         KILN_SCORES_CASE(5) KILN_SCORES_CASE(6) KILN_SCORES_CASE(7) KILN_SCORES_CASE(8)
@@ -299,9 +355,10 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 #undef KILN_SCORES_CASE
 
 /* one query's weighted rows: 64 columns in registers across the rows, then 4 at a time, then one */
-static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
-                                    int n, int hd, int half) {
+KILN_INLINE void kiln_span_values_sw(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
+                                    int n, int hd, int half, kiln_trickle *pf) {
     const int es = half ? 2 : 4;
+    kiln_trickle t = kiln_trickle_begin(pf);
     for (int i = 0; i < nq; i++) {
         float *o = acc[i];
         const float *wi = w + (size_t)i * ldw;
@@ -310,6 +367,7 @@ static inline void kiln_span_values(float *const acc[], const float *w, int ldw,
             float32x4_t a[16];
             for (int k = 0; k < 16; k++) a[k] = vld1q_f32(o + d + 4 * k);
             for (int j = 0; j < n; j++) {
+                kiln_trickle_step(&t);
                 const float32x4_t wj = vdupq_n_f32(wi[j]);
                 for (int k = 0; k < 16; k++)
                     a[k] = vfmaq_f32(a[k], wj, kiln_load4((const char *)rows[j] + (d + 4 * k) * es, half));
@@ -324,6 +382,7 @@ static inline void kiln_span_values(float *const acc[], const float *w, int ldw,
         }
         for (; d < hd; d++)
             for (int j = 0; j < n; j++) o[d] = fmaf(wi[j], kiln_row_value(rows[j], d, half), o[d]);
+        if (i == 0) kiln_trickle_end(pf, &t), t.step = 0; /* in the first query's pass alone */
     }
 }
 
@@ -335,8 +394,9 @@ static inline void kiln_span_transpose(float *kt, int ld, const float *const row
 }
 
 /* each score's chain on its own */
-static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
-                                    int n, int hd, float scale) {
+KILN_INLINE void kiln_span_scores_sw(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale, kiln_trickle *pf) {
+    (void)pf; /* no trickle in the scalar build: the hardware's prefetchers alone */
     for (int i = 0; i < nq; i++)
         for (int j = 0; j < n; j++) {
             float a = 0.0f;
@@ -349,12 +409,96 @@ static inline void kiln_span_scores(float *const s[], const float *const q[], in
 }
 
 /* V rows are f32 here: the attention dequantizes f16 ones first */
-static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
-                                    int n, int hd, int half) {
-    (void)half;
+KILN_INLINE void kiln_span_values_sw(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
+                                    int n, int hd, int half, kiln_trickle *pf) {
+    (void)half, (void)pf;
     for (int i = 0; i < nq; i++)
         for (int j = 0; j < n; j++) kiln_vaxpy(acc[i], w[(size_t)i * ldw + j], rows[j], hd);
 }
+#endif
+
+/* The kernels as attention.c calls them: the copy without a trickle made with a literal NULL, so
+ * that prefill's loops (never given one) hold no prefetches and no test of them. */
+static inline void kiln_span_scores(float *const s[], const float *const q[], int nq, const void *kt, int ld, int half,
+                                    int n, int hd, float scale, kiln_trickle *pf) {
+    if (pf) kiln_span_scores_sw(s, q, nq, kt, ld, half, n, hd, scale, pf);
+    else kiln_span_scores_sw(s, q, nq, kt, ld, half, n, hd, scale, NULL);
+}
+
+static inline void kiln_span_values(float *const acc[], const float *w, int ldw, int nq, const void *const rows[],
+                                    int n, int hd, int half, kiln_trickle *pf) {
+    if (pf) kiln_span_values_sw(acc, w, ldw, nq, rows, n, hd, half, pf);
+    else kiln_span_values_sw(acc, w, ldw, nq, rows, n, hd, half, NULL);
+}
+
+/* A tile's softmax numerators: query i < nq sees rows from[i] .. to[i] of its scores s[i][0 .. n)
+ * (n a multiple of KILN_SPAN_KEYS; the others score -inf and weigh 0). Each row becomes
+ * e^(s - max), max[i] is the largest visible score (kiln_vmax) and den[i] the numerators' sum
+ * (kiln_vexp_sum). The AVX-512 body takes the tile's queries side by side, so that their latency
+ * chains (max, then exps, then sums) overlap: one query after another, each had waited on its
+ * own. It computes each of them op for op as below, which is the definition. */
+static inline void kiln_span_softmax_ref(float *const s[], int nq, int n, const int from[], const int to[],
+                                         float max[], float den[]) {
+    for (int i = 0; i < nq; i++) {
+        for (int j = 0; j < n && j < from[i]; j++) s[i][j] = -INFINITY;
+        for (int j = to[i] + 1 > 0 ? to[i] + 1 : 0; j < n; j++) s[i][j] = -INFINITY;
+        max[i] = kiln_vmax(s[i], n);
+        den[i] = kiln_vexp_sum(s[i], max[i], n); /* exp(-inf) = 0 for the rows it cannot see */
+    }
+}
+
+#if defined(__AVX512F__)
+KILN_INLINE __m256 kiln_high8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+KILN_INLINE void kiln_span_softmax_n(float *const s[], const int nq, const int nv, const int from[], const int to[],
+                                     float max[], float den[]) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 x[KILN_SPAN_MAX_Q][4];
+    __m256 m8[KILN_SPAN_MAX_Q], s8[KILN_SPAN_MAX_Q];
+    for (int i = 0; i < nq; i++) { /* kiln_vmax's eight-lane maxes, in order, of the masked scores */
+        const __m512i lo = _mm512_set1_epi32(from[i]), hi = _mm512_set1_epi32(to[i]);
+        m8[i] = _mm256_set1_ps(-INFINITY);
+        for (int v = 0; v < nv; v++) {
+            const __m512i j = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v));
+            const __mmask16 seen = _mm512_cmp_epi32_mask(j, lo, _MM_CMPINT_NLT) & _mm512_cmp_epi32_mask(j, hi, _MM_CMPINT_LE);
+            x[i][v] = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), seen, s[i] + 16 * v);
+            m8[i] = _mm256_max_ps(m8[i], _mm512_castps512_ps256(x[i][v]));
+            m8[i] = _mm256_max_ps(m8[i], kiln_high8(x[i][v]));
+        }
+    }
+    for (int i = 0; i < nq; i++) { /* its folds */
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8[i]), _mm256_extractf128_ps(m8[i], 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        max[i] = _mm_cvtss_f32(m4);
+    }
+    for (int i = 0; i < nq; i++) { /* kiln_vexp_sum's exps and sums */
+        const __m512 m = _mm512_set1_ps(max[i]);
+        s8[i] = _mm256_setzero_ps();
+        for (int v = 0; v < nv; v++) {
+            const __m512 e = kiln_exp16(_mm512_sub_ps(x[i][v], m));
+            _mm512_storeu_ps(s[i] + 16 * v, e);
+            s8[i] = _mm256_add_ps(_mm256_add_ps(s8[i], _mm512_castps512_ps256(e)), kiln_high8(e));
+        }
+    }
+    for (int i = 0; i < nq; i++) den[i] = kiln_hsum8(s8[i]);
+}
+
+#define KILN_SOFTMAX_CASE(nq, nv) \
+    case (nq) * 8 + (nv): kiln_span_softmax_n(s, nq, nv, from, to, max, den); break;
+static inline void kiln_span_softmax(float *const s[], int nq, int n, const int from[], const int to[], float max[],
+                                     float den[]) {
+    switch (nq * 8 + n / 16) { /* each shape its own unrolled body */
+        KILN_SOFTMAX_CASE(1, 1) KILN_SOFTMAX_CASE(1, 2) KILN_SOFTMAX_CASE(1, 3) KILN_SOFTMAX_CASE(1, 4)
+        KILN_SOFTMAX_CASE(2, 1) KILN_SOFTMAX_CASE(2, 2) KILN_SOFTMAX_CASE(2, 3) KILN_SOFTMAX_CASE(2, 4)
+        KILN_SOFTMAX_CASE(3, 1) KILN_SOFTMAX_CASE(3, 2) KILN_SOFTMAX_CASE(3, 3) KILN_SOFTMAX_CASE(3, 4)
+        KILN_SOFTMAX_CASE(4, 1) KILN_SOFTMAX_CASE(4, 2) KILN_SOFTMAX_CASE(4, 3) KILN_SOFTMAX_CASE(4, 4)
+    default: kiln_span_softmax_ref(s, nq, n, from, to, max, den);
+    }
+}
+#undef KILN_SOFTMAX_CASE
+#else
+#define kiln_span_softmax kiln_span_softmax_ref
 #endif
 
 #endif

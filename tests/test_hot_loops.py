@@ -114,3 +114,21 @@ def test_the_x8_decode_kernels_run_two_chains_on_broadcast_operands(tuning):
         loads = [ln for ln in lp if ln.startswith("vpbroadcastd") and "(" in ln]  # a seed's comes from a register
         assert not loads, loads
         assert len({ln.rsplit(",", 1)[1] for ln in dots}) >= 2, dots
+
+
+@pytest.mark.parametrize("target", ["avx512-vnni", "x86-64-v3"])
+def test_decode_attention_asks_for_the_next_span_as_it_scores_this_one(target):
+    """attention.c's span kernels, in decode, ask for the next item's K and V rows two lines an iteration
+    (kiln_trickle, attn_span.h). Asked for all at once before an item, they stalled the thread on its fill
+    buffers, and decode's attention at depth 1024 ran 1.18x slower on a Cascade Lake; asked for a line at a
+    time, each tested against the range's end, 8-15% slower. So each loop that converts f16 rows and
+    multiplies them comes with exactly two prefetches and no division, and at most one branch (the test of the
+    step, where GCC did not make the loop twice: with the prefetches and without, as prefill runs it)."""
+    found = [lp for lp in loops(RUNTIME_DIR / "attention.c", target) if ops(lp)["vfmadd231ps"] >= 4 and ops(lp)["vcvtph2ps"]]
+    asking = [lp for lp in found if ops(lp)["prefetcht1"]]
+    # AVX-512: the scores' 16 shapes and the values' 4 counts, some merged by GCC; AVX2: one query's 8 widths, the values
+    assert len(asking) >= (12 if target == "avx512-vnni" else 5), [dict(ops(lp)) for lp in found]
+    for lp in asking:
+        assert ops(lp)["prefetcht1"] == 2, lp
+        assert not [ln for ln in lp if re.match(r"i?div\w*\s", ln)], lp
+        assert len([ln for ln in lp if re.match(r"j\w+\s", ln)]) <= 1, lp

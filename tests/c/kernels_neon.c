@@ -287,8 +287,10 @@ static void check_spans(void) {
                         for (int j = 0; j < n; j++) kt16[d * KILN_ATTN_SPAN + j] = k16[j][d];
                 else
                     kiln_span_transpose(kt, KILN_ATTN_SPAN, krows, n, hd);
+                /* the f16 passes also ask for lines as decode does (kiln_trickle): the values stay the same */
+                kiln_trickle next_k = kiln_trickle_of(k32, sizeof k32, 128), next_v = kiln_trickle_of(v32, sizeof v32, 128);
                 kiln_span_scores(so, qo, nq, half ? (const void *)kt16 : (const void *)kt, KILN_ATTN_SPAN, half, n, hd,
-                                 0.125f);
+                                 0.125f, half ? &next_k : NULL);
                 for (int i = 0; i < nq; i++)
                     for (int j = 0; j < n; j++) {
                         float a = 0.0f;
@@ -301,7 +303,7 @@ static void check_spans(void) {
                     for (int j = 0; j < n; j++)
                         for (int d = 0; d < hd; d++)
                             want[d] = fmaf(w[i][j], half ? kiln_fp16_to_fp32(v16[j][d]) : v32[j][d], want[d]);
-                    kiln_span_values(ao + i, w[i], KILN_ATTN_SPAN, 1, vrows, n, hd, half);
+                    kiln_span_values(ao + i, w[i], KILN_ATTN_SPAN, 1, vrows, n, hd, half, half ? &next_v : NULL);
                     same("span values", i, acc[i], want, (size_t)hd * sizeof(float));
                 }
             }
