@@ -116,6 +116,7 @@ def test_the_x8_decode_kernels_run_two_chains_on_broadcast_operands(tuning):
         assert len({ln.rsplit(",", 1)[1] for ln in dots}) >= 2, dots
 
 
+@pytest.mark.slow  # two builds of attention.c, ~12 s
 @pytest.mark.parametrize("target", ["avx512-vnni", "x86-64-v3"])
 def test_decode_attention_asks_for_the_next_span_as_it_scores_this_one(target):
     """attention.c's span kernels, in decode, ask for the next item's K and V rows two lines an iteration
