@@ -27,6 +27,13 @@ def test_bench_smoke(tiny, smollm2, tmp_path, capsys):
         assert r["llamacpp_tok_s"] == max(statistics.median(v) for v in r["llamacpp_runs"].values())
         assert r["ratio"] == pytest.approx(r["kiln_tok_s"] / r["llamacpp_tok_s"])
     assert data["decode_bytes_per_token"] == decode_bytes_per_token(compiler.load(path, ctx=64))
+    # beside the weights, the bound takes the K and V rows a decoded token reads: every layer's f32 rows of
+    # its 2 kv heads of 32 values, for the p + 1 positions it sees, averaged over the timed tokens
+    from gguf import GGUFReader
+    per_position = int(GGUFReader(path).fields["llama.block_count"].parts[-1][0]) * 2 * 2 * 32 * 4
+    assert data["decode_kv_bytes_per_token"] == {"tg4": per_position * (1 + 2 + 3 + 4) // 4,
+                                                 "tg4@d8": per_position * (9 + 10 + 11 + 12) // 4}
+    assert f"of K and V tg4 0.0 MB, tg4@d8 {data['decode_kv_bytes_per_token']['tg4@d8'] / 1e6:.1f} MB;" in text
     # the header names the kernels that ran; the bound is the C read kernel's, measured in each round of a
     # decode test and set against the runs of that round, numpy's figure beside it
     assert f"kiln's kernels: {data['kernels']}" in text and data["target"] == "native"

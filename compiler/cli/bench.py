@@ -14,7 +14,8 @@ def run_bench(a: argparse.Namespace) -> None:
     from ..runtime import default_threads, load
     from ..build.targets import kernel_set
     from ..tools.bandwidth import read_bandwidth_c, read_bandwidth_numpy
-    from ..tools.bench import decode_bytes_per_token, default_tests, render, run_bench, write_json
+    from ..tools.bench import (decode_bytes_per_token, decode_kv_bytes_per_token, default_tests, render, run_bench,
+                               write_json)
 
     if a.synthetic:
         from ..tools.synthetic_models import synthetic_model
@@ -71,11 +72,13 @@ def run_bench(a: argparse.Namespace) -> None:
         ext = m.compiled.extension
         meta["kernels"] = kernel_set(ext.sanitize, ext.target, ext.isa)
         meta["decode_bytes_per_token"] = decode_bytes_per_token(m)
+        meta["decode_kv_bytes_per_token"] = {t.name: decode_kv_bytes_per_token(m, t) for t in tests if t.n_gen}
         meta["read_bandwidth_numpy_gb_s"] = read_bandwidth_numpy(threads)
         ik_note = ("ik_llama.cpp's llama-bench takes no f32 KV cache (its -ctk knows none): ik held f16"
                    if a.kv_dtype == "f32" else "")
         sys.stdout.write(render(results, str(a.model), threads, meta["decode_bytes_per_token"],
-                                meta["read_bandwidth_numpy_gb_s"], meta["kernels"], ik_note))
+                                meta["read_bandwidth_numpy_gb_s"], meta["kernels"], ik_note,
+                                meta["decode_kv_bytes_per_token"]))
     if batches:
         from ..tools.bench_batch import render_batch, run_batch_bench
 
