@@ -9,27 +9,33 @@
 #include "kernels_mt.h"
 #include "kv_view.h"
 
-void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
-                   int n_tokens, int n_head_kv, int head_dim) {
+/* the (token, head) rows [i0, i1) of the step, counted token-major */
+static void store_rows(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
+                       int i0, int i1, int n_head_kv, int head_dim) {
     const size_t k_row = kiln_row_bytes(kv->k_type, head_dim), v_row = kiln_row_bytes(kv->v_type, head_dim);
     uint8_t k_buf[KILN_MAX_HEAD_DIM * sizeof(float)];
-    for (int t = 0; t < n_tokens; t++) {
+    for (int i = i0; i < i1; i++) {
+        const int t = i / n_head_kv, h = i % n_head_kv;
         const int32_t *table = kiln_kv_table(kv, seq[t]);
-        for (int h = 0; h < n_head_kv; h++) {
-            const size_t src = ((size_t)t * n_head_kv + h) * head_dim;
-            kiln_quantize_row(kv->k_type, k + src, k_buf, head_dim); /* the row, then into place (a transposed K's column) */
-            kiln_kv_k_write(kv, table, h, row[t], k_row, k_buf);
-            kiln_quantize_row(kv->v_type, v + src, kiln_kv_row(kv, table, 1, h, row[t], v_row), head_dim);
-        }
+        const size_t src = (size_t)i * head_dim;
+        kiln_quantize_row(kv->k_type, k + src, k_buf, head_dim); /* the row, then into place (a transposed K's column) */
+        kiln_kv_k_write(kv, table, h, row[t], k_row, k_buf);
+        kiln_quantize_row(kv->v_type, v + src, kiln_kv_row(kv, table, 1, h, row[t], v_row), head_dim);
     }
 }
 
+void kiln_kv_store(const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq, const int32_t *row,
+                   int n_tokens, int n_head_kv, int head_dim) {
+    store_rows(kv, k, v, seq, row, 0, n_tokens * n_head_kv, n_head_kv, head_dim);
+}
+
+/* by (token, head) rows, so that a decode token's heads are shared: a transposed K row writes a
+   value into each of head_dim cache lines, which the weights read since have evicted */
 void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v, const int32_t *seq,
                       const int32_t *row, int n_tokens, int n_head_kv, int head_dim) {
-    int t0, t1;
-    kiln_share(t, n_tokens, 1, &t0, &t1);
-    const size_t at = (size_t)t0 * n_head_kv * head_dim;
-    if (t1 > t0) kiln_kv_store(kv, k + at, v + at, seq + t0, row + t0, t1 - t0, n_head_kv, head_dim);
+    int i0, i1;
+    kiln_share(t, n_tokens * n_head_kv, 1, &i0, &i1);
+    if (i1 > i0) store_rows(kv, k, v, seq, row, i0, i1, n_head_kv, head_dim);
 }
 
 void kiln_kv_move_rows(const kiln_kv_view *kv, int seq, const int32_t *keep, int first_changed, int n, int n_head_kv,
