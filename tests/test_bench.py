@@ -99,6 +99,20 @@ def test_batched_decode_against_llamacpp(tiny, smollm2, tmp_path, capsys):
     assert all(set(r["llamacpp_tok_s"]) == {"fa off", "fa on"} for r in rows)
 
 
+def test_profile_counts_the_experts_multiply_adds(tiny, smollm2, capsys):
+    """A mixture of experts' FFN is charged each row's chosen experts' three matrices, and counts
+    among the int8 work against the peak (it was left out: half of a MoE prefill had no rate)."""
+    from compiler.tools.profile import render, run_profile
+
+    path = tiny("qwen3moe", wtype=Q.Q8_0, n_embd=128, n_head=4, n_head_kv=2, n_ff=64, n_expert=8, n_expert_used=2,
+                tokenizer_from=smollm2)
+    p = run_profile(str(path), 1, 24, 0, 1, "f32")
+    moe = next(k for k in p.kernels if k.op == "moe_ffn")
+    assert moe.int8 and moe.macs == 24 * 2 * 3 * 64 * 128 * 2  # rows, experts a row, matrices, n_ff x n_embd, layers
+    assert p.int8_macs == moe.macs + sum(k.macs for k in p.kernels if k.op in ("matmul", "logits") and k.int8)
+    assert "the quantized matmuls and experts:" in render(p)
+
+
 def test_pp_at_depth_is_a_test():
     assert [t.name for t in default_tests(pp_depth=4096)] == ["pp512", "pp512@d4096", "tg128", "tg128@d1024"]
     assert default_tests(pp_depth=4096)[1] == BenchTest("pp512@d4096", 512, 0, 4096)
