@@ -93,6 +93,11 @@ def _kernel_name(g, node) -> str:
     return f"{node.kernel} {'/'.join(sorted({t.dtype.label for t in g.tensors(w)}))}"
 
 
+def _int8(g, weights) -> bool:
+    """Whether every tensor of these weight values is quantized (its dot runs on int8)."""
+    return all(t.dtype.label not in ("f32", "f16", "bf16") for w in weights for t in g.tensors(w))
+
+
 def _macs(g, index: int, node, steps: list[np.ndarray], n_head: int) -> tuple[int, bool]:
     """Multiply-adds of one op over a run's steps (a body op over every layer), and whether they are
     int8 (quantized matmuls and experts)."""
@@ -102,12 +107,11 @@ def _macs(g, index: int, node, steps: list[np.ndarray], n_head: int) -> tuple[in
         w = next(v for v in node.inputs if v.kind is ValueKind.WEIGHT)
         n_out, n_in = w.shape[0], w.shape[-1]
         rows = 1 if node.op is Op.LOGITS else sum(len(p) for p in steps)  # kiln_eval wants the last row's logits
-        return n_out * n_in * rows * len(layers), all(t.dtype.label not in ("f32", "f16", "bf16") for t in g.tensors(w))
+        return n_out * n_in * rows * len(layers), _int8(g, [w])
     if node.op is Op.MOE_FFN:  # each row through its n_used experts' matrices (not their biases or scales)
         mats = [w for part, w in zip(node.attrs.parts, node.inputs[3:]) if part in ("gate", "up", "down", "gate_up")]
         rows = sum(len(p) for p in steps)
-        return (rows * node.attrs.n_used * sum(w.shape[-2] * w.shape[-1] for w in mats) * len(layers),
-                all(t.dtype.label not in ("f32", "f16", "bf16") for w in mats for t in g.tensors(w)))
+        return rows * node.attrs.n_used * sum(w.shape[-2] * w.shape[-1] for w in mats) * len(layers), _int8(g, mats)
     if node.op is Op.ATTENTION:
         head_dim = node.inputs[0].shape[-1]
         reads = sum(int(np.minimum(p + 1, ly.window).sum()) if ly.window else int((p + 1).sum())
@@ -172,9 +176,10 @@ def render(p: Profile) -> str:
                    f"{(f'{rate:8.1f}' if rate else ''):>8} {of_peak:>8}")
     if peak:
         macs, secs = p.int8_macs, p.int8_seconds
+        experts = " and experts" if any(k.op == Op.MOE_FFN.value for k in p.kernels) else ""
         out += [f"int8 peak ({p.peak.isa}, {p.peak.threads} thread(s), runtime_c/bench/vnni_peak.c): "
                 f"{peak / 1e9:.1f} GMAC/s",
-                f"the quantized matmuls{' and experts' if any(k.op == 'moe_ffn' for k in p.kernels) else ''}: {macs / 1e9:.2f} GMAC in {secs * 1e3:.1f} ms = {macs / secs / 1e9:.1f} GMAC/s, "
+                f"the quantized matmuls{experts}: {macs / 1e9:.2f} GMAC in {secs * 1e3:.1f} ms = {macs / secs / 1e9:.1f} GMAC/s, "
                 f"{100 * macs / secs / peak:.1f}% of peak; over the whole prefill {macs / p.seconds / 1e9:.1f} GMAC/s, "
                 f"{100 * macs / p.seconds / peak:.1f}% of peak"]
         if p.peak.amx_macs_per_s:
