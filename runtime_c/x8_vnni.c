@@ -48,11 +48,11 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             __m512i u[8];
             x16_unpack(type, p + (f.qh_at ? 32 : 0), p, apart, u);
             const __m512 d = x16_scales(&f, blk, apart), m = f.has_min ? x16_half(blk + 16, apart) : d;
+            /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
+            __m512i sum[X8_TOKENS];
+            chunk_dots(u, act + (size_t)b * a_bytes + q_at, a_row, C, seed[b], sum);
             for (int c = 0; c < C; c++) {
-                /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
-                const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
-                const __m512i sum = chunk_dot(u, y4, _mm512_set1_epi32(seed[b][c]));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[c]),
                                          _mm512_mul_ps(d, _mm512_set1_ps(yd[b][c])), acc[c]);
                 if (f.has_min) mins[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(ys[b][c]), mins[c]);
             }

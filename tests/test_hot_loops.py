@@ -82,12 +82,15 @@ def test_the_x8_prefill_kernels_keep_their_accumulators_in_registers(tuning):
     - kx8_rows (the six K-quant and IQ4_XS loops): Q6_K's, Q3_K's and IQ4_XS's had reloaded a row's
       pointer for nearly every vpdpbusd, 56-76 stack references a sub-block under every tuning; they
       read a tile of the rows' values now, and Q6_K's matmul ran ~20% faster.
-    - Q6_K's sub-block loop puts its weights' top two bits back from 2-bit fields (x8_pack.c)."""
+    - Q6_K's sub-block loop puts its weights' top two bits back from 2-bit fields (x8_pack.c).
+    The 8 rows' integer chains are interleaved step by step (x8.h's chunk_dots), which takes 8 more
+    registers: Q4_1 and Q5_1, which also keep 8 sums of minimums, leave 3-4 float accumulators in memory,
+    each read and written once a block (the loop ran 1.10-1.19x faster all the same)."""
     found = loops(RUNTIME_DIR / "x8_vnni.c", "avx512-vnni", TUNINGS[tuning])
     block_loops = [lp for lp in found if ops(lp)["vpdpbusd"] == 64 and "vpmulld" not in ops(lp) and "vcvtdq2ps" in ops(lp)]
     sub_block_loops = [lp for lp in found if ops(lp)["vpdpbusd"] == 64 and "vpmulld" in ops(lp)]
     assert (len(block_loops), len(sub_block_loops)) == (7, 6), ([len(lp) for lp in block_loops], [len(lp) for lp in sub_block_loops])
-    assert max(stack_refs(lp) for lp in block_loops + sub_block_loops) <= 5, \
+    assert max(stack_refs(lp) for lp in block_loops + sub_block_loops) <= 8, \
         ([stack_refs(lp) for lp in block_loops], [stack_refs(lp) for lp in sub_block_loops])
     # Q6_K's (a scale a 16 weights, so two vpmulld a chunk and row, and a left shift): its top two bits
     # from 2-bit fields by a shift and a ternary logic op a vector; as two bit planes they took a kmovq,
