@@ -50,7 +50,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
             const __m512 d = x16_scales(&f, blk, apart), m = f.has_min ? x16_half(blk + 16, apart) : d;
             /* 4 activation bytes a lane, broadcast from memory against 16 rows' 4 weights */
             __m512i sum[X8_TOKENS];
-            chunk_dots(u, act + (size_t)b * a_bytes + q_at, a_row, C, seed[b], sum);
+            chunk_dots(u, 8, act + (size_t)b * a_bytes + q_at, a_row, C, seed[b], sum);
             for (int c = 0; c < C; c++) {
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[c]),
                                          _mm512_mul_ps(d, _mm512_set1_ps(yd[b][c])), acc[c]);
@@ -153,23 +153,19 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                     __m512i sb = x16_bytes32(blk + (q2 ? 32 : 16) + 8 * (2 * j + 1), apart, !q2);
                     if (q2) /* its GGUF bytes' low nibbles */
                         sa = _mm512_and_si512(sa, _mm512_set1_epi32(15)), sb = _mm512_and_si512(sb, _mm512_set1_epi32(15));
-                    for (int c = 0; c < C; c++) {
-                        const uint8_t *y4 = (const uint8_t *)qt[b][c] + 32 * j;
-                        __m512i s0 = _mm512_set1_epi32(ks[b][j][0][c]), s1 = _mm512_set1_epi32(ks[b][j][1][c]);
-                        for (int k = 0; k < 4; k++) {
-                            s0 = dpbusd_bcast(s0, u[k], y4 + 4 * k);
-                            s1 = dpbusd_bcast(s1, u[4 + k], y4 + 16 + 4 * k);
-                        }
-                        isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(s0, sa),
-                                                                             _mm512_mullo_epi32(s1, sb)));
-                    }
+                    __m512i sum[X8_TOKENS];
+                    const uint8_t *y4 = (const uint8_t *)qt[b][0] + 32 * j;
+                    chunk_dots(u, 4, y4, QK_K, C, ks[b][j][0], sum);
+                    for (int c = 0; c < C; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(sum[c], sa));
+                    chunk_dots(u + 4, 4, y4 + 16, QK_K, C, ks[b][j][1], sum);
+                    for (int c = 0; c < C; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(sum[c], sb));
                 } else {
                     const __m512i sc = x16_bytes32(blk + sc_at + 8 * j, apart, xs);
-                    for (int c = 0; c < C; c++) {
-                        const __m512i seed = _mm512_set1_epi32(xs ? ks[b][j][0][c] : 0);
-                        const int8_t *q = tiled ? qt[b][c] : ((const block_q8_K *)(act + c * a_row) + b)->qs;
-                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(chunk_dot(u, (const uint8_t *)q + 32 * j, seed), sc));
-                    }
+                    static const int32_t no_seeds[X8_TOKENS];
+                    __m512i sum[X8_TOKENS];
+                    if (tiled) chunk_dots(u, 8, (const uint8_t *)qt[b][0] + 32 * j, QK_K, C, ks[b][j][0], sum);
+                    else chunk_dots(u, 8, ((const block_q8_K *)act + b)->qs + 32 * j, a_row, C, no_seeds, sum);
+                    for (int c = 0; c < C; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(sum[c], sc));
                 }
             }
             const __m512 d = x16_half(blk, apart);
