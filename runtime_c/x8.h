@@ -190,26 +190,15 @@ typedef int32_t kiln_dword_alias __attribute__((may_alias));
 KILN_DPBUSD_BCAST(dpbusd_bcast, __m512i, 16, _mm512_dpbusd_epi32, _mm512_set1_epi32)
 KILN_DPBUSD_BCAST(dpbusd8_bcast, __m256i, 8, _mm256_dpbusd_epi32, _mm256_set1_epi32)
 
-/* seed + sum(u * y) over a 32-weight chunk for 16 row lanes: u[k] holds weights 4k..4k+3 of
- * each row, y4 the activation's 32 bytes, 4 of them broadcast a vpdpbusd, in two chains */
-INLINE __m512i chunk_dot(const __m512i u[8], const uint8_t *y4, __m512i seed) {
-    __m512i s0 = seed, s1 = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k += 2) {
-        s0 = dpbusd_bcast(s0, u[k], y4 + 4 * k);
-        s1 = dpbusd_bcast(s1, u[k + 1], y4 + 4 * k + 4);
-    }
-    return _mm512_add_epi32(s0, s1);
-}
-
-/* chunk_dot for C activation rows at once (row c's 4 x steps bytes at y4 + c * a_row, against u[0..steps),
- * its seed seed[c]),
- * one chain a row, the rows' vpdpbusd interleaved step by step: C chains in flight together.
- * Written row after row, two chains of four each, they went in program order and Cascade Lake's
- * scheduler sat waiting on their latency (5 cycles a step): Q4_0's and Q4_1's prefill kernels ran
- * 1.16x and 1.19x faster so (576 x 1536 weights, 512 rows, one thread, in cache, 25 alternations;
- * two chains a row interleaved gave 1.14x and 1.08x, their registers spilling with Q4_1's minimums).
- * kx8_rows' sub-blocks likewise (Q6_K's halves of 16 each a call of 4 steps): Q4_K 1.05x, Q5_K 1.10x,
- * Q6_K 1.07x (640 x 2048, 256 rows). The integers are the same. */
+/* seed[c] + sum(u * y) for C activation rows and 16 row lanes: u[k] holds weights 4k..4k+3 of each
+ * row, row c's 4 x steps activation bytes lie at y4 + c * a_row, 4 of them broadcast a vpdpbusd.
+ * One chain a row, the rows' steps interleaved, so that C chains are in flight together. Written
+ * row after row (two chains of four each), they went in program order and Cascade Lake's scheduler
+ * waited on their latency (5 cycles a step): Q4_0's and Q4_1's prefill kernels ran 1.16x and 1.19x
+ * faster interleaved (576 x 1536 weights, 512 rows, one thread, in cache, 25 alternations; two chains
+ * a row interleaved gave 1.14x and 1.08x, their registers spilling with Q4_1's minimums), and the
+ * K-quants' sub-blocks (Q6_K's halves of 16 as two calls of 4 steps) Q4_K 1.05x, Q5_K 1.10x, Q6_K
+ * 1.07x (640 x 2048, 256 rows). The integers are the same. */
 INLINE void chunk_dots(const __m512i u[], const int steps, const uint8_t *y4, size_t a_row, const int C,
                        const int32_t *seed, __m512i sum[]) {
     for (int c = 0; c < C; c++) sum[c] = _mm512_set1_epi32(seed[c]);
