@@ -16,13 +16,15 @@ static inline void kiln_add_bias(float *y, const float *bias, int n_rows, int n_
         for (int o = o0; o < o1; o++) y[(size_t)r * n_out + o] += bias[o];
 }
 /* kiln_matmul on w's packed copy where it has one (groups of 8 output rows split in ranges), else
- * on its GGUF rows (ranges of rows); activations quantized as above */
+ * on its GGUF rows (ranges of rows); activations quantized as above. Its output rows are
+ * [run_at, run_at + n_out) of a run of run_rows (the matmuls on one x without a barrier between
+ * them, which the threads may share out as one matrix); on its own, 0 and n_out. */
 void kiln_matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
-                    const float *x, int n_rows, float *y, void *scratch);
+                    const float *x, int n_rows, float *y, void *scratch, int run_at, int run_rows);
 /* the same, on rows a kiln_matmul_mt before it (same x, same activation format) left quantized
  * in `scratch`; one row is quantized again on each thread's stack, where that one left it */
 void kiln_matmul_quantized_mt(const kiln_thread *t, const kiln_weight *w, const float *bias, int n_out, int n_in,
-                              const float *x, int n_rows, float *y, void *scratch);
+                              const float *x, int n_rows, float *y, void *scratch, int run_at, int run_rows);
 /* kiln_attention: (token block, query heads of one kv head) items claimed the costliest first, or
  * one token's (kv head, span) items, a run of them a thread */
 void kiln_attention_mt(const kiln_thread *t, float *out, const float *q, const int32_t *seq,

@@ -172,6 +172,12 @@ def test_share_act_before_after(tiny):
     assert [by_name[n].kernel for n in ("q", "k", "ffn_up")] == ["kiln_matmul", "kiln_matmul_quantized",
                                                                  "kiln_matmul_quantized"]
     assert by_name["k"].scratch is by_name["q"].scratch and by_name["ffn_up"].scratch is by_name["ffn_gate"].scratch
+    # each knows its rows' place in its run, which the threads share out as one matrix; alone, none
+    rows = {n: by_name[n].inputs[1].shape[0] for n in by_name if by_name[n].op is Op.MATMUL}
+    qkv, ffn = rows["q"] + rows["k"] + rows["v"], rows["ffn_gate"] + rows["ffn_up"]
+    assert {n: (by_name[n].attrs.run_at, by_name[n].attrs.run_rows) for n in rows} == {
+        "q": (0, qkv), "k": (rows["q"], qkv), "v": (rows["q"] + rows["k"], qkv), "attn_out": (0, 0),
+        "ffn_gate": (0, ffn), "ffn_up": (rows["ffn_gate"], ffn), "ffn_out": (0, 0)}
     assert graph_problems(after, spec) == []
 
 

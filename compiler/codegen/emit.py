@@ -73,8 +73,9 @@ def _layer_norm(n: Node) -> list[str]:
 def _matmul(n: Node) -> list[str]:
     x, w, *bias = n.inputs
     rows = "n_logits" if n.outputs[0].kind is ValueKind.OUTPUT else "n"
+    run_at, run_rows = (n.attrs.run_at, n.attrs.run_rows) if n.op is Op.MATMUL and n.attrs.run_rows else (0, w.shape[0])
     return [weight(w), floats(bias[0]) if bias else "NULL", str(w.shape[0]), str(w.shape[1]), c_name(x), rows,
-            c_name(n.outputs[0]), c_name(n.scratch)]
+            c_name(n.outputs[0]), c_name(n.scratch), str(run_at), str(run_rows)]
 
 
 def _select_rows(n: Node) -> list[str]:

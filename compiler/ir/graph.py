@@ -84,8 +84,13 @@ class Value:
 @dataclass(frozen=True)
 class MatmulAttrs:
     """act_from: the matmul before this one that quantized the same rows, in the same format, into
-    the scratch both use (the share_act pass sets it); None: this one quantizes them itself."""
+    the scratch both use (the share_act pass sets it); None: this one quantizes them itself.
+    run_at, run_rows: where this matmul's output rows begin among its run's (the matmuls sharing
+    one quantized copy, run without barriers between them) and how many the run has, so that the
+    threads can share the run out as one matrix; run_rows 0: a matmul on its own."""
     act_from: str | None = None
+    run_at: int = 0
+    run_rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -124,15 +124,15 @@ static void step(void *arg, const kiln_thread *t) {
         /* q: matmul */
         float *q = (float *)A(0x1000); /* [n x 4 x 16] */
         void *q_act = A(0x3000); /* [1088 bytes] */
-        kiln_matmul_mt(t, &L->attn_q, NULL, 64, 64, attn_norm, n, q, q_act);
+        kiln_matmul_mt(t, &L->attn_q, NULL, 64, 64, attn_norm, n, q, q_act, 0, 128);
         OP_NEXT(2);
         /* k: matmul */
         float *k = (float *)A(0x2000); /* [n x 2 x 16] */
-        kiln_matmul_quantized_mt(t, &L->attn_k, NULL, 32, 64, attn_norm, n, k, q_act);
+        kiln_matmul_quantized_mt(t, &L->attn_k, NULL, 32, 64, attn_norm, n, k, q_act, 64, 128);
         OP_NEXT(3);
         /* v: matmul */
         float *v = (float *)A(0x2800); /* [n x 2 x 16] */
-        kiln_matmul_quantized_mt(t, &L->attn_v, NULL, 32, 64, attn_norm, n, v, q_act);
+        kiln_matmul_quantized_mt(t, &L->attn_v, NULL, 32, 64, attn_norm, n, v, q_act, 96, 128);
         OP_DONE(4);
         /* q_rope: rope */
         float *q_rope = (float *)A(0x0); /* [n x 4 x 16] */
@@ -153,7 +153,7 @@ static void step(void *arg, const kiln_thread *t) {
         /* attn_out: matmul */
         float *attn_out = (float *)A(0x0); /* [n x 64] */
         void *attn_out_act = A(0x2000); /* [1088 bytes] */
-        kiln_matmul_mt(t, &L->attn_output, NULL, 64, 64, attn, n, attn_out, attn_out_act);
+        kiln_matmul_mt(t, &L->attn_output, NULL, 64, 64, attn, n, attn_out, attn_out_act, 0, 64);
         OP_DONE(9);
         /* ffn_inp: add */
         kiln_add_mt(t, x, attn_out, x, n * 64);
@@ -165,11 +165,11 @@ static void step(void *arg, const kiln_thread *t) {
         /* ffn_gate: matmul */
         float *ffn_gate = (float *)A(0x0); /* [n x 128] */
         void *ffn_gate_act = A(0x5000); /* [1088 bytes] */
-        kiln_matmul_mt(t, &L->ffn_gate, NULL, 128, 64, ffn_norm, n, ffn_gate, ffn_gate_act);
+        kiln_matmul_mt(t, &L->ffn_gate, NULL, 128, 64, ffn_norm, n, ffn_gate, ffn_gate_act, 0, 256);
         OP_NEXT(12);
         /* ffn_up: matmul */
         float *ffn_up = (float *)A(0x2000); /* [n x 128] */
-        kiln_matmul_quantized_mt(t, &L->ffn_up, NULL, 128, 64, ffn_norm, n, ffn_up, ffn_gate_act);
+        kiln_matmul_quantized_mt(t, &L->ffn_up, NULL, 128, 64, ffn_norm, n, ffn_up, ffn_gate_act, 128, 256);
         OP_DONE(13);
         /* ffn_glu: glu */
         float *ffn_glu = (float *)A(0x4000); /* [n x 128] */
@@ -178,7 +178,7 @@ static void step(void *arg, const kiln_thread *t) {
         /* ffn_out: matmul */
         float *ffn_out = (float *)A(0x0); /* [n x 64] */
         void *ffn_out_act = A(0x1000); /* [2176 bytes] */
-        kiln_matmul_mt(t, &L->ffn_down, NULL, 64, 128, ffn_glu, n, ffn_out, ffn_out_act);
+        kiln_matmul_mt(t, &L->ffn_down, NULL, 64, 128, ffn_glu, n, ffn_out, ffn_out_act, 0, 64);
         OP_DONE(15);
         /* l_out: add */
         kiln_add_mt(t, x, ffn_out, x, n * 64);
@@ -194,7 +194,7 @@ static void step(void *arg, const kiln_thread *t) {
     OP_DONE(18);
     /* result_output: logits */
     void *result_output_act = A(0x0); /* [1088 bytes] */
-    kiln_matmul_mt(t, &w->output, NULL, 259, 64, result_rows, n_logits, result_output, result_output_act);
+    kiln_matmul_mt(t, &w->output, NULL, 259, 64, result_rows, n_logits, result_output, result_output_act, 0, 259);
     OP_DONE(19);
 }
 
