@@ -7,6 +7,9 @@ with another thread count.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -228,3 +231,34 @@ def test_threads_may_share_a_model(tiny_llama):
     for w in workers:
         w.join()
     assert got == want
+
+
+
+ADVISED_HUGE = """
+import sys, compiler
+def advised():  # bytes of this process's mappings advised into huge pages (VmFlags hg, MADV_HUGEPAGE)
+    total = size = 0
+    for line in open("/proc/self/smaps"):
+        if line.startswith("Size:"):
+            size = int(line.split()[1]) * 1024
+        elif line.startswith("VmFlags:") and " hg" in " " + line.split(":", 1)[1]:
+            total += size
+    return total
+before = advised()
+m = compiler.load(sys.argv[1], ctx=512, n_seq=64, kv_dtype="f32")
+print(sum(g["pages_total"] * g["page_bytes"] for g in m.kv_stats()["groups"]), advised() - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel/mm/transparent_hugepage"), reason="no transparent huge pages")
+def test_the_kv_pool_is_advised_into_huge_pages(tiny):
+    """The paged pool asks for 2 MB pages (kv_pool.c): decode attention reads a span of each
+    layer's page, far apart, and each 4 KB page had cost a page walk. The advice is a mapping's
+    flag whatever pages the kernel then finds, so this holds on any machine with THP; a fresh
+    process, so that no earlier pool is freed or merged while it counts."""
+    path = tiny("llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2)
+    r = subprocess.run([sys.executable, "-c", ADVISED_HUGE, str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    pool, advised = map(int, r.stdout.split()[-2:])
+    assert pool == 64 * 512 * 2 * 2 * 2 * 16 * 4  # sequences x positions x layers x (K, V) x heads x head_dim x f32
+    assert advised >= pool, f"{advised} bytes advised into huge pages, fewer than the {pool} of the pool"
