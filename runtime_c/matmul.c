@@ -93,10 +93,11 @@ static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const 
  * share is static depends on the run alone, so every thread of the region decides alike. Returns
  * 0 where the run is cut as its matmuls are. */
 static int run_share(const kiln_thread *t, int n_out, int n_in, int n_rows, int run_at, int run_rows, int *g0, int *g1) {
-    if (run_rows <= n_out || run_at % 8 || run_rows % 8 || (double)run_rows * n_in * n_rows / CLAIM_MACS >= t->nth + 1)
-        return 0;
-    int p0, p1; /* pairs of the run's groups */
-    kiln_share(t, (run_rows / 8 + 1) / 2, 1, &p0, &p1);
+    const int pairs = (run_rows / 8 + 1) / 2; /* pairs of the run's groups */
+    if (run_rows <= n_out || run_at % 8 || run_rows % 8 || chunk_of(t, pairs, run_rows, n_in, n_rows) * t->nth < pairs)
+        return 0; /* not a static share: kiln_claims_begin's own test */
+    int p0, p1;
+    kiln_share(t, pairs, 1, &p0, &p1);
     const int a = 2 * p0 > run_at / 8 ? 2 * p0 : run_at / 8, b = run_at / 8 + n_out / 8;
     *g0 = a - run_at / 8, *g1 = (2 * p1 < b ? 2 * p1 : b) - run_at / 8;
     if (*g1 < *g0) *g1 = *g0;
