@@ -21,7 +21,9 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
         kiln_quantize_act(type, x, local, n_in);
         return local;
     }
-    for (int r = t->ith; r < n_rows; r += t->nth)
+    int r0, r1; /* the rows this thread's norm or GLU just wrote: read from its own cache */
+    kiln_share(t, n_rows, 1, &r0, &r1);
+    for (int r = r0; r < r1; r++)
         kiln_quantize_act(type, x + (size_t)r * n_in, (uint8_t *)scratch + r * a_row, n_in);
     kiln_barrier(t);
     return scratch;
