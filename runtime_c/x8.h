@@ -92,6 +92,15 @@ INLINE __m256 x8_scales(const kiln_b32 *f, const uint8_t *blk) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 }
 
+/* the sum of 32 int8: their bytes + 128, summed 8 at a time by vpsadbw, less 32 * 128. The loop
+   that GCC had made of it, widening them to 32 bits, was 5% of llama-1b Q4_0's prefill GEMM. */
+INLINE int x8_sum32(const uint8_t *q) {
+    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), _mm256_set1_epi8((char)0x80));
+    const __m256i s4 = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+    return _mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))) - 32 * 128;
+}
+
 /* For activation rows c < rows of q8_0 / q8_1 blocks (a_row apart), block b: the scale yd, the
  * sum term ys (q8_1), and the integer sum's seed, -offset * sum(y), since weights are stored
  * + offset; each array holds (c, b) at c * c_step + b * b_step. */
@@ -107,9 +116,7 @@ INLINE void act_scales(const int type, const uint8_t *act, size_t a_row, int row
             memcpy(h, ab, q_at);
             const size_t at = (size_t)c * c_step + (size_t)b * b_step;
             yd[at] = kiln_fp16_to_fp32(h[0]), ys[at] = f.has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
-            int sum = 0;
-            for (int j = 0; j < 32 && f.offset; j++) sum += (int8_t)ab[q_at + j];
-            seed[at] = -f.offset * sum;
+            seed[at] = f.offset ? -f.offset * x8_sum32(ab + q_at) : 0;
         }
 }
 #endif
