@@ -42,6 +42,7 @@ typedef struct {
     int shared;                  /* it reads another layer's KV rows (a shift moves them once, there) */
     int symmetric_window;        /* a bidirectional sliding layer: a query at p sees p +- window / 2 (its
                                     group holds the whole input; llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC) */
+    int rope_table;              /* its ropes' rotation in the step's rope table (ROPE_TABLES); -1: none */
 } kiln_layer_desc;
 
 /* One step's rows, and what the step function reads and writes. */

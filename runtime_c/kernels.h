@@ -89,9 +89,23 @@ typedef struct {
 #define KILN_ROPE_UNSCALED {1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 0} /* every factor 1: each angle and product exact */
 /* kiln_rope as ggml_rope_ext computes it on the first n_rot dims of each head (the rest copied):
    angle i is theta_i / factors[i] (factors NULL: 1) for theta_i = pos * base^(-2i/n_rot),
-   interpolated by freq_scale, YaRN's ramp mixing the two */
+   interpolated by freq_scale, YaRN's ramp mixing the two. It is kiln_rope_angles, then kiln_rope_rotate. */
 void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, int n_rot,
                    float base, int neox, const kiln_rope_scaling *sc, const float *factors);
+/* Each row's rotation, as ggml_rope_cache_init makes it: for i < n_rot / 2, cs[r * ld + i] = cos(angle_i) and
+   cs[r * ld + n_rot / 2 + i] = sin(angle_i), each times sc->mscale (sc NULL: unscaled); libm's cosf and sinf */
+void kiln_rope_angles(float *cs, size_t ld, const int32_t *pos, int rows, int n_rot, float base,
+                      const kiln_rope_scaling *sc, const float *factors);
+/* x's heads rotated by their row's angles (cs[r * ld], as kiln_rope_angles lays them out), the first n_rot
+   dims of each, the rest copied; cs NULL: copied whole (a layer without rope) */
+void kiln_rope_rotate(float *y, const float *x, const float *cs, size_t ld, int rows, int n_head, int head_dim,
+                      int n_rot, int neox);
+/* One rotation the step's ropes share (compiler/passes/rope_table.py): its base, the dims it rotates,
+   whether the frequency factors divide its angles, and where its values begin in a row of the table */
+typedef struct {
+    float base;
+    int n_rot, factors, at;
+} kiln_rope_table_desc;
 /* Each block of 64 of x[n] times the orthonormal 64x64 Hadamard matrix (its own inverse), as
    llama.cpp rotates Q, K and V for a quantized cache: outliers spread over the block, so that a
    block's scale fits its values; dot products are unchanged. n is a multiple of 64. */

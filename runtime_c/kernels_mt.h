@@ -49,11 +49,15 @@ void kiln_embed_mt(const kiln_thread *t, float *y, const kiln_weight *table, con
                    int n_embd, float scale);
 void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const float *w, float w_offset, float eps,
                       int n, int rows);
-void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
-                  int head_dim, float base, int neox);
-void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
-                      int head_dim, int n_rot, float base, int neox, const kiln_rope_scaling *sc,
-                      const float *factors);
+/* the step's rope table: each row's rotations d[k] at table + r * ld + d[k].at (kiln_rope_angles) */
+void kiln_rope_table_mt(const kiln_thread *t, float *table, size_t ld, const int32_t *pos, int rows,
+                        const kiln_rope_table_desc *d, int n, const kiln_rope_scaling *sc, const float *factors);
+void kiln_rope_rotate_mt(const kiln_thread *t, float *y, const float *x, const float *cs, size_t ld, int rows,
+                         int n_head, int head_dim, int n_rot, int neox);
+/* a layer's rotations in the step's rope table: rotation k of descs, or none (k < 0) */
+static inline const float *kiln_rope_cs(const float *table, const kiln_rope_table_desc *descs, int k) {
+    return k < 0 ? (const float *)0 : table + descs[k].at;
+}
 void kiln_kv_store_mt(const kiln_thread *t, const kiln_kv_view *kv, const float *k, const float *v,
                       const int32_t *seq, const int32_t *row, int n_tokens, int n_head_kv, int head_dim);
 /* y[r][i] = x[r][i] * w[i], and + w[i]: a row of weights against every row */

@@ -43,24 +43,21 @@ static inline void rotate_plain(float *y0, float *y1, float x0, float x1, float 
     *y1 = x1 * c + x0 * s;
 }
 
-void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, int n_rot,
-                   float base, int neox, const kiln_rope_scaling *sc, const float *factors) {
-    /* the first n_rot dims of a head rotate, as ggml's n_dims; the rest are copied. Base 0 marks
-       a layer without rope (NoPE), as it marks a cache whose K a shift leaves alone (kv_rows.c) */
-    if (base == 0.0f) {
-        if (y != x) memcpy(y, x, (size_t)rows * n_head * head_dim * sizeof(float));
-        return;
-    }
+/* unscaled: every factor 1 leaves each angle and product exact, so these are the plain rope's bits */
+static const kiln_rope_scaling ROPE_PLAIN = KILN_ROPE_UNSCALED;
+
+void kiln_rope_angles(float *cs, size_t ld, const int32_t *pos, int rows, int n_rot, float base,
+                      const kiln_rope_scaling *sc, const float *factors) {
+    sc = sc ? sc : &ROPE_PLAIN;
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
-    const int half = n_rot / 2, fused = neox ? half : half - half % 4;
+    const int half = n_rot / 2;
     float lo = 0.0f, hi = 0.0f;
     if (sc->ext_factor != 0.0f) {
         const float start = floorf(yarn_corr_dim(n_rot, sc->n_ctx_orig, sc->beta_fast, base));
         const float end = ceilf(yarn_corr_dim(n_rot, sc->n_ctx_orig, sc->beta_slow, base));
         lo = start > 0 ? start : 0, hi = end < n_rot - 1 ? end : n_rot - 1;
     }
-    float cs[KILN_MAX_HEAD_DIM / 2], sn[KILN_MAX_HEAD_DIM / 2]; /* one row's rotation serves all its heads */
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < rows; r++, cs += ld) {
         float theta = (float)pos[r]; /* theta_i = pos * base^(-2i/d), by repeated products like ggml */
         for (int i = 0; i < half; i++, theta *= theta_scale) {
             const float extrap = factors ? theta / factors[i] : theta, interp = sc->freq_scale * extrap;
@@ -69,12 +66,44 @@ void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n
                 const float mix = yarn_ramp(lo, hi, 2 * i) * sc->ext_factor;
                 angle = fmaf(interp, 1 - mix, extrap * mix);
             }
-            cs[i] = cosf(angle) * sc->mscale, sn[i] = sinf(angle) * sc->mscale;
+            cs[i] = cosf(angle) * sc->mscale, cs[half + i] = sinf(angle) * sc->mscale;
         }
+    }
+}
+
+void kiln_rope_rotate(float *y, const float *x, const float *cs, size_t ld, int rows, int n_head, int head_dim,
+                      int n_rot, int neox) {
+    if (!cs) {
+        if (y != x) memcpy(y, x, (size_t)rows * n_head * head_dim * sizeof(float));
+        return;
+    }
+    const int half = n_rot / 2, fused = neox ? half : half - half % 4;
+    for (int r = 0; r < rows; r++, cs += ld) { /* one row's rotation serves all its heads */
+        const float *sn = cs + half;
+        int vec = 0; /* pairs the vector loop rotates */
+#if defined(__AVX512F__)
+        /* pairwise (2i, 2i + 1), eight pairs a vector: y = fma(x0 both, (c, s), (-(x1 s), x1 c)), rotate_fused's
+           operations lane by lane; the pairs' (c, s) and (s, c) interleaved once for the row's heads */
+        float cs2[KILN_MAX_HEAD_DIM], sc2[KILN_MAX_HEAD_DIM];
+        if (!neox && fused % 8 == 0) {
+            vec = fused;
+            for (int i = 0; i < fused; i++) cs2[2 * i] = sc2[2 * i + 1] = cs[i], cs2[2 * i + 1] = sc2[2 * i] = sn[i];
+        }
+        const __m512 even = _mm512_castsi512_ps(_mm512_set1_epi64(0x80000000LL)); /* the sign of lanes 2i */
+        for (int h = 0; h < n_head && vec; h++) {
+            const float *xh = x + ((size_t)r * n_head + h) * head_dim;
+            float *yh = y + ((size_t)r * n_head + h) * head_dim;
+            for (int d = 0; d < 2 * vec; d += 16) {
+                const __m512 v = _mm512_loadu_ps(xh + d);
+                const __m512 t = _mm512_xor_ps(_mm512_mul_ps(_mm512_movehdup_ps(v), _mm512_loadu_ps(sc2 + d)), even);
+                _mm512_storeu_ps(yh + d, _mm512_fmadd_ps(_mm512_moveldup_ps(v), _mm512_loadu_ps(cs2 + d), t));
+            }
+        }
+#endif
         for (int h = 0; h < n_head; h++) {
             const float *xh = x + ((size_t)r * n_head + h) * head_dim;
             float *yh = y + ((size_t)r * n_head + h) * head_dim;
-            for (int i = 0; i < half; i++) {
+            for (int i = vec; i < half; i++) {
                 const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
                 if (i < fused) rotate_fused(yh + i0, yh + i1, xh[i0], xh[i1], cs[i], sn[i]);
                 else rotate_plain(yh + i0, yh + i1, xh[i0], xh[i1], cs[i], sn[i]);
@@ -84,8 +113,17 @@ void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n
     }
 }
 
-/* unscaled: every factor 1 leaves each angle and product exact, so these are the plain rope's bits */
-static const kiln_rope_scaling ROPE_PLAIN = KILN_ROPE_UNSCALED;
+void kiln_rope_ext(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim, int n_rot,
+                   float base, int neox, const kiln_rope_scaling *sc, const float *factors) {
+    /* the first n_rot dims of a head rotate, as ggml's n_dims; the rest are copied. Base 0 marks
+       a layer without rope (NoPE), as it marks a cache whose K a shift leaves alone (kv_rows.c) */
+    float cs[KILN_MAX_HEAD_DIM];
+    for (int r = 0; r < rows; r++) {
+        const size_t at = (size_t)r * n_head * head_dim;
+        if (base != 0.0f) kiln_rope_angles(cs, 0, pos + r, 1, n_rot, base, sc, factors);
+        kiln_rope_rotate(y + at, x + at, base != 0.0f ? cs : NULL, 0, 1, n_head, head_dim, n_rot, neox);
+    }
+}
 
 void kiln_rope(float *y, const float *x, const int32_t *pos, int rows, int n_head, int head_dim,
                float base, int neox) {
@@ -236,21 +274,26 @@ void kiln_rms_norm_mt(const kiln_thread *t, float *y, const float *x, const floa
     if (r1 > r0) kiln_rms_norm(y + (size_t)r0 * n, x + (size_t)r0 * n, w, w_offset, eps, n, r1 - r0);
 }
 
-void kiln_rope_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
-                  int head_dim, float base, int neox) {
+void kiln_rope_table_mt(const kiln_thread *t, float *table, size_t ld, const int32_t *pos, int rows,
+                        const kiln_rope_table_desc *d, int n, const kiln_rope_scaling *sc, const float *factors) {
     int r0, r1;
     kiln_share(t, rows, 1, &r0, &r1);
-    const size_t at = (size_t)r0 * n_head * head_dim;
-    if (r1 > r0) kiln_rope(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, base, neox);
+    for (int k = 0; k < n && r1 > r0; k++)
+        kiln_rope_angles(table + (size_t)r0 * ld + d[k].at, ld, pos + r0, r1 - r0, d[k].n_rot, d[k].base, sc,
+                         d[k].factors ? factors : NULL);
 }
 
-void kiln_rope_ext_mt(const kiln_thread *t, float *y, const float *x, const int32_t *pos, int rows, int n_head,
-                      int head_dim, int n_rot, float base, int neox, const kiln_rope_scaling *sc,
-                      const float *factors) {
-    int r0, r1;
-    kiln_share(t, rows, 1, &r0, &r1);
-    const size_t at = (size_t)r0 * n_head * head_dim;
-    if (r1 > r0) kiln_rope_ext(y + at, x + at, pos + r0, r1 - r0, n_head, head_dim, n_rot, base, neox, sc, factors);
+/* shared by (row, head): a decode step's one row is both threads' */
+void kiln_rope_rotate_mt(const kiln_thread *t, float *y, const float *x, const float *cs, size_t ld, int rows,
+                         int n_head, int head_dim, int n_rot, int neox) {
+    int i0, i1;
+    kiln_share(t, rows * n_head, 1, &i0, &i1);
+    for (int i = i0; i < i1;) { /* a row's heads from i to the end of the share, or of the row */
+        const int r = i / n_head, h = i % n_head, heads = (i1 - i < n_head - h ? i1 - i : n_head - h);
+        const size_t at = ((size_t)r * n_head + h) * head_dim;
+        kiln_rope_rotate(y + at, x + at, cs ? cs + (size_t)r * ld : NULL, ld, 1, heads, head_dim, n_rot, neox);
+        i += heads;
+    }
 }
 
 void kiln_hadamard_mt(const kiln_thread *t, float *y, const float *x, int n) {

@@ -32,7 +32,9 @@ from gguf import GGMLQuantizationType as Q
 
 import compiler
 from compiler.build.runtime import runtime_kernels
+from compiler.codegen.emit import rope_scaled
 from compiler.core.options import CompileOptions
+from compiler.passes.rope_table import table_node
 from compiler.planner.plan import plan
 from compiler.tools.synthetic_features import FEATURE_MODELS, FEATURE_OFF, FEATURE_SHAPE
 from ggml_ops import ROPE_NEOX, llamacpp_ropes, rope
@@ -73,26 +75,28 @@ def _ids(n: int, seed: int = 5) -> list[int]:
 
 
 def kiln_rope(path, g, layer: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """x rotated by layer's rope as kiln's graph g for this model runs it: its kernel, base,
-    parameters (as compiler/codegen/render.py hands them to C) and frequency factors from the file."""
+    """x rotated by layer's rope as kiln's graph g for this model runs it: the rotation the rope table
+    holds for the layer (its base, dims, factors from the file, the scaling as codegen/emit.py hands
+    it to C), made by kiln_rope_angles as the head's kiln_rope_table does, then kiln_rope_rotate."""
     K = runtime_kernels()
+    table = table_node(g)
     node = next(n for n in g.body if n.name == "q_rope")
-    ly, a = g.layers[layer], node.attrs
+    k = table.attrs.layers[layer]
+    rot, a = table.attrs.rotations[k], table.attrs.scaling
     rows, heads, d = x.shape
-    y = np.zeros_like(x)
-    args = (K.ffi.cast("float *", y.ctypes.data), K.ffi.cast("float *", x.ctypes.data),
-            K.ffi.cast("int32_t *", pos.ctypes.data), rows, heads, d, ly.rope_base, int(a.layout.value == "neox"))
-    if node.kernel == "kiln_rope":
-        K.lib.kiln_rope(*args)
-        return y
-    assert node.kernel == "kiln_rope_ext", node.kernel
     fields = ("freq_scale", "ext_factor", "mscale", "beta_fast", "beta_slow", "n_ctx_orig")
-    sc = K.ffi.new("kiln_rope_scaling *", {f: getattr(a, f) for f in fields})
-    factors = None
-    if len(node.inputs) > 2:
-        factors = np.fromfile(path, np.float32, d // 2, offset=ly.weights[node.inputs[2].name].offset)
-    K.lib.kiln_rope_ext(*args[:6], a.n_rot, *args[6:], sc,
-                        K.ffi.NULL if factors is None else K.ffi.cast("float *", factors.ctypes.data))
+    sc = K.ffi.new("kiln_rope_scaling *", {f: getattr(a, f) for f in fields}) if rope_scaled(table.attrs) \
+        else K.ffi.NULL
+    factors = np.fromfile(path, np.float32, rot.n_rot // 2, offset=table.inputs[1].tensor.offset) if rot.factors \
+        else None
+    cs = np.zeros((rows, rot.n_rot), np.float32)
+    K.lib.kiln_rope_angles(K.ffi.cast("float *", cs.ctypes.data), rot.n_rot, K.ffi.cast("int32_t *", pos.ctypes.data),
+                           rows, rot.n_rot, rot.base, sc,
+                           K.ffi.NULL if factors is None else K.ffi.cast("float *", factors.ctypes.data))
+    y = np.zeros_like(x)
+    K.lib.kiln_rope_rotate(K.ffi.cast("float *", y.ctypes.data), K.ffi.cast("float *", x.ctypes.data),
+                           K.ffi.cast("float *", cs.ctypes.data), rot.n_rot, rows, heads, d, node.attrs.n_rot,
+                           int(node.attrs.layout.value == "neox"))
     return y
 
 

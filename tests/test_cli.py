@@ -68,7 +68,8 @@ def test_ir_prints_named_nodes(capsys, smollm2):
     code, out, _ = run(capsys, "ir", "smollm2-135m", "--prefill-chunk", "32")
     assert code == 0 and "body 16 x 30 layers" in out and "n_tokens=32" in out
     assert "kv_store" in out and "[kiln_kv_store]" in out and "[kiln_matmul]" in out
-    assert "  29  global window -  rope base 100000  attn_norm f32, attn_q q4_1" in out
+    assert "  29  global window -  rope base 100000 (rotation 0)  attn_norm f32, attn_q q4_1" in out
+    assert "[kiln_rope_table]" in out and "rotations 0: base 100000, 64 dims at 0" in out
 
 
 def test_models_lists_bundled(capsys, smollm2, gemma3):
@@ -139,8 +140,8 @@ def test_tokenize_jsonl_is_one_array_a_line(smollm2):
 
 
 @pytest.mark.parametrize("name,shows", [
-    ("llama-rope-freqs", ["[kiln_rope_ext]", "rope_factors_q:w[16]", "rope_freqs.weight"]),
-    ("qwen2-yarn", ["[kiln_rope_ext]", "rope_scaling", "yarn", "yarn_beta_fast"]),
+    ("llama-rope-freqs", ["[kiln_rope_table]", "rope_freqs.weight:f32[16]", "32 dims, factors at 0", "(rotation 0)"]),
+    ("qwen2-yarn", ["[kiln_rope_table]", "[kiln_rope_rotate]", "rope_scaling", "yarn", "yarn_beta_fast"]),
     ("granite", ["attn_scaled", "[kiln_scale]", "result_scaled", "logit_scale", "embedding_scale"]),
     ("phi3-long", ["blk.0.attn_qkv.weight[0:128]", "blk.0.ffn_up.weight[256:512]", "rope_factors_long.weight"]),
     ("gemma2", ["[kiln_attention_ext]", "result_capped", "[kiln_softcap]", "attn_logit_softcapping 5.0"]),

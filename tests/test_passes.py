@@ -16,6 +16,7 @@ from compiler.ir.kv import kv_config
 from compiler.passes.kernel_select import KERNELS, select_kernels
 from compiler.passes.kv_insert import insert_kv_ops
 from compiler.passes.kv_rotate import rotate_kv
+from compiler.passes.rope_table import rope_table
 from compiler.passes.scratch import add_scratch, attention_spans
 from compiler.passes.share_act import share_act
 from compiler.passes.validate import graph_problems, validate
@@ -54,24 +55,28 @@ def test_kv_insert_before_after(tiny):
 def test_kernel_select_before_after(tiny):
     spec, g, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
     g = insert_kv_ops(g, kv)
+    with pytest.raises(GraphError, match="no kernel for rope .positions"):  # a rope reads the step's rope table
+        select_kernels(g)
+    g = rope_table(g)
     assert all(n.kernel is None for n in g.nodes)
     after = select_kernels(g)
     kernels = {n.name: n.kernel for n in after.nodes}
     assert kernels["q"] == kernels["result_output"] == "kiln_matmul" and kernels["inp_embd"] == "kiln_embed"
-    assert kernels["q_rope"] == "kiln_rope" and kernels["ffn_glu"] == "kiln_swiglu"
+    assert kernels["q_rope"] == "kiln_rope_rotate" and kernels["rope_table"] == "kiln_rope_table"
+    assert kernels["ffn_glu"] == "kiln_swiglu"
     assert kernels["kv_store"] == "kiln_kv_store" and kernels["attn"] == "kiln_attention"
     assert set(kernels.values()) <= {k.function for k in KERNELS.values()}
 
 
 def test_kernel_select_follows_the_activation(tiny):
     spec, g, kv = _setup(tiny("gemma3"))
-    kernels = {n.name: n.kernel for n in select_kernels(insert_kv_ops(g, kv)).nodes}
+    kernels = {n.name: n.kernel for n in select_kernels(rope_table(insert_kv_ops(g, kv))).nodes}
     assert kernels["ffn_glu"] == "kiln_geglu"
 
 
 def test_kernel_select_refuses_a_type_its_function_does_not_take(tiny):
     spec, g, kv = _setup(tiny("llama"))
-    g = insert_kv_ops(g, kv)
+    g = rope_table(insert_kv_ops(g, kv))
     i = _names(g.body).index("attn_norm")
     norm = g.body[i]
     layers = tuple(replace(ly, weights={**ly.weights, "attn_norm": replace(ly.weights["attn_norm"], dtype=DType.Q8_0)})
@@ -138,7 +143,7 @@ def test_every_layer_binds_a_tensor_of_the_same_shape(tiny):
 
 def test_scratch_before_after(tiny):
     spec, g, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
-    g = select_kernels(insert_kv_ops(g, kv))
+    g = select_kernels(rope_table(insert_kv_ops(g, kv)))
     assert all(n.scratch is None for n in g.nodes)
     after = add_scratch(g, kv)
     scratch = {n.name: n.scratch for n in after.nodes if n.scratch is not None}
@@ -154,7 +159,7 @@ def test_scratch_fits_the_layer_that_needs_the_most(tiny):
     """A Q4_K_M file mixes types across layers: ffn_down's activations are q8_K (292 bytes a 256)
     in the layer whose ffn_down is Q4_K, q8_1 (36 a 32) in the others."""
     spec, g, kv = _setup(tiny("llama", n_ff=256, wtype=DType.Q4_1.value, types={"blk.1.ffn_down.weight": DType.Q4_K.value}))
-    after = add_scratch(select_kernels(insert_kv_ops(g, kv)), kv)
+    after = add_scratch(select_kernels(rope_table(insert_kv_ops(g, kv))), kv)
     down = next(n for n in after.body if n.name == "ffn_out")
     assert down.scratch.nbytes == 8 * max(292, 8 * 36)
 
@@ -165,7 +170,7 @@ def test_share_act_before_after(tiny):
     spec, g, kv = _setup(tiny("llama", wtype=DType.Q4_1.value))
     g = insert_kv_ops(g, kv)
     assert all(n.attrs.act_from is None for n in g.nodes if n.op is Op.MATMUL)
-    after = add_scratch(select_kernels(share_act(g)), kv)
+    after = add_scratch(select_kernels(rope_table(share_act(g))), kv)
     by_name = {n.name: n for n in after.body}
     assert {n: by_name[n].attrs.act_from for n in ("q", "k", "v", "attn_out", "ffn_gate", "ffn_up", "ffn_out")} == {
         "q": None, "k": "q", "v": "q", "attn_out": None, "ffn_gate": None, "ffn_up": "ffn_gate", "ffn_out": None}
@@ -186,7 +191,7 @@ def test_share_act_needs_one_format_in_every_layer(tiny):
     every layer, k still reads q's; the shared scratch is sized for the largest reader."""
     spec, g, kv = _setup(tiny("llama", n_embd=256, n_head=4, n_head_kv=2, wtype=DType.Q4_1.value,
                               types={"blk.1.attn_v.weight": DType.Q4_K.value}))
-    after = add_scratch(select_kernels(share_act(insert_kv_ops(g, kv))), kv)
+    after = add_scratch(select_kernels(rope_table(share_act(insert_kv_ops(g, kv)))), kv)
     by_name = {n.name: n for n in after.body}
     assert (by_name["k"].attrs.act_from, by_name["v"].attrs.act_from) == ("q", None)
     assert by_name["v"].scratch.nbytes == 8 * 292 and by_name["q"].scratch.nbytes == 8 * 8 * 36
@@ -216,20 +221,21 @@ def _feature(tiny, name, **kw):
     return tiny(**dict(FEATURE_SHAPE, **FEATURE_MODELS[name], **kw))
 
 
-@pytest.mark.parametrize("name,q_rope,attn,tail", [
-    ("llama-rope-freqs", "kiln_rope_ext", "kiln_attention", ["kiln_matmul"]),  # factors: the rope with a third input
-    ("qwen2-yarn", "kiln_rope_ext", "kiln_attention", ["kiln_matmul"]),  # scaled
-    ("granite", "kiln_rope", "kiln_attention", ["kiln_matmul", "kiln_scale"]),
-    ("gemma2", "kiln_rope", "kiln_attention_ext", ["kiln_matmul", "kiln_softcap"]),
+@pytest.mark.parametrize("name,attn,tail", [
+    ("llama-rope-freqs", "kiln_attention", ["kiln_matmul"]),  # factors: the rope table reads them
+    ("qwen2-yarn", "kiln_attention", ["kiln_matmul"]),  # scaled
+    ("granite", "kiln_attention", ["kiln_matmul", "kiln_scale"]),
+    ("gemma2", "kiln_attention_ext", ["kiln_matmul", "kiln_softcap"]),
 ])
-def test_kernel_select_picks_the_variant_an_attribute_asks_for(tiny, name, q_rope, attn, tail):
-    """Before: no kernels. After: a scaled or factored rope runs kiln_rope_ext, a capped attention
-    kiln_attention_ext, the logits' scale and cap their own kernels; the plain ones are unchanged."""
+def test_kernel_select_picks_the_variant_an_attribute_asks_for(tiny, name, attn, tail):
+    """Before: no kernels. After: a capped attention runs kiln_attention_ext, the logits' scale and
+    cap their own kernels; the plain ones are unchanged, and every rope, scaled, factored or not,
+    rotates by the step's rope table."""
     spec, g, kv = _setup(_feature(tiny, name))
-    g = insert_kv_ops(g, kv)
+    g = rope_table(insert_kv_ops(g, kv))
     assert all(n.kernel is None for n in g.nodes)
     kernels = {n.name: n.kernel for n in select_kernels(g).nodes}
-    assert kernels["q_rope"] == kernels["k_rope"] == q_rope and kernels["attn"] == attn
+    assert kernels["q_rope"] == kernels["k_rope"] == "kiln_rope_rotate" and kernels["attn"] == attn
     assert [kernels[n.name] for n in g.tail][2:] == tail
     if name == "granite":
         assert kernels["attn_scaled"] == kernels["ffn_scaled"] == "kiln_scale"
@@ -288,7 +294,7 @@ def test_moe_ops_before_and_after_the_passes(tiny, name):
     assert [v.name for v in ffn.inputs] == ["ffn_norm", "ffn_moe_topk", "ffn_moe_weights", "ffn_gate_exps",
                                             "ffn_up_exps", "ffn_down_exps"]
     assert graph_problems(g, spec) == [] and route.kernel is None and ffn.scratch is None
-    after = add_scratch(select_kernels(insert_kv_ops(g, kv)), kv)
+    after = add_scratch(select_kernels(rope_table(insert_kv_ops(g, kv))), kv)
     nodes = {n.name: n for n in after.body}
     assert nodes["ffn_moe_logits"].kernel == "kiln_matmul" and nodes["ffn_moe_topk"].kernel == "kiln_moe_route"
     assert nodes["ffn_moe_out"].kernel == "kiln_moe_ffn" and nodes["ffn_moe_topk"].scratch is None

@@ -131,9 +131,11 @@ def test_lifetimes_of_a_real_graph(smollm2):
     lts = {lt.value.name: lt for lt in lifetimes(g)}
     names = [n.name for n in g.nodes]
     assert "inp_tokens" not in lts and "result_output" not in lts  # the batch and the logits are the caller's
-    assert (lts["x"].first, lts["x"].last) == (0, len(g.nodes) - 1)  # the residual stream: the whole step
+    state = {v.name for v in g.state}
+    assert state == {"x", "rope_table"}  # the residual stream, and each row's rope rotations
+    assert all((lts[v].first, lts[v].last) == (0, len(g.nodes) - 1) for v in state)  # the whole step
     assert lts["attn_norm"].first == names.index("attn_norm") and lts["attn_norm"].last == names.index("v")
-    assert all(g.section_of(lt.first) is g.section_of(lt.last) for name, lt in lts.items() if name != "x")
+    assert all(g.section_of(lt.first) is g.section_of(lt.last) for name, lt in lts.items() if name not in state)
     assert lts["result_norm"].last == len(g.nodes) - 2  # the rows asked for are selected, then the LM head
     assert lts["result_rows"].last == len(g.nodes) - 1
 
@@ -148,7 +150,7 @@ def test_a_body_buffer_is_the_same_bytes_in_every_layer(smollm2):
     assert len(acts) == len({b.name for b in lay.region("activations")})  # one buffer per value, not per layer
     _, first, last = lay.sections[1]
     assert all(first <= b.first_op and b.last_op <= last for b in acts.values()
-               if first <= b.first_op <= last and b.name != "x")
+               if first <= b.first_op <= last and b.name not in ("x", "rope_table"))
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])

@@ -84,16 +84,24 @@ def _select_rows(n: Node) -> list[str]:
 
 
 def _rope(n: Node) -> list[str]:
-    x, pos = n.inputs[:2]
+    """Rotated by its layer's part of the step's rope table (passes/rope_table.py)."""
+    x, table = n.inputs
     neox = "1" if n.attrs.layout is RopeLayout.NEOX else "0"
-    return [c_name(n.outputs[0]), c_name(x), c_name(pos), "n", str(x.shape[1]), str(x.shape[2]),
-            "LAYERS[l].rope_base", neox]
+    return [c_name(n.outputs[0]), c_name(x), f"kiln_rope_cs({c_name(table)}, ROPE_TABLES, LAYERS[l].rope_table)",
+            str(table.shape[1]), "n", str(x.shape[1]), str(x.shape[2]), str(n.attrs.n_rot), neox]
 
 
-def _rope_ext(n: Node) -> list[str]:
-    factors = floats(n.inputs[2]) if len(n.inputs) > 2 else "NULL"
-    args = _rope(n)
-    return args[:6] + [str(n.attrs.n_rot)] + args[6:] + ["&ROPE_SCALING", factors]
+def _rope_table(n: Node) -> list[str]:
+    pos, *factors = n.inputs
+    (table,), a = n.outputs, n.attrs
+    scaling = "&ROPE_SCALING" if rope_scaled(a) else "NULL"
+    return [c_name(table), str(table.shape[1]), c_name(pos), "n", "ROPE_TABLES", str(len(a.rotations)), scaling,
+            floats(factors[0]) if factors else "NULL"]
+
+
+def rope_scaled(a) -> bool:
+    """Whether the ropes take ROPE_SCALING (their scaling, or frequency factors), or none (unscaled)."""
+    return a.scaling.scaled or any(r.factors for r in a.rotations)
 
 
 def _kv_store(n: Node) -> list[str]:
@@ -197,8 +205,8 @@ ARGS: dict[str, Callable[[Node], list[str]]] = {
     "kiln_matmul": _matmul,
     "kiln_matmul_quantized": _matmul,
     "kiln_select_rows": _select_rows,
-    "kiln_rope": _rope,
-    "kiln_rope_ext": _rope_ext,
+    "kiln_rope_rotate": _rope,
+    "kiln_rope_table": _rope_table,
     "kiln_hadamard": _unary,
     "kiln_kv_store": _kv_store,
     "kiln_attention": _attention,

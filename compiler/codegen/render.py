@@ -16,7 +16,8 @@ from ..core.version import __version__
 from ..planner.plan import Planned
 from ..ir.graph import Node, Value, ValueKind, scratch_from
 from ..passes.kernel_select import BY_FUNCTION
-from .emit import ARGS, CodegenError, c_float, c_name, statement, weight_field
+from ..passes.rope_table import table_node
+from .emit import ARGS, CodegenError, c_float, c_name, rope_scaled, statement, weight_field
 
 assert set(ARGS) == set(BY_FUNCTION), "every runtime function the kernel table names has its arguments"
 
@@ -113,12 +114,18 @@ def generate(p: Planned) -> str:
         "roles": [(weight_field(v), " x ".join(map(str, v.shape))) for v in roles],
         "outer": [(weight_field(v), " x ".join(map(str, v.shape)), _view_note(v)) for v in outer],
         "layer_at": layer_at, "model_at": model_at,
-        "state": [(c_name(v), f"{offsets[v.name]:#x}", _shape(v)) for v in g.state],
+        "state": [(c_name(v), f"{offsets[v.name]:#x}", _shape(v), _STATE_NOTE.get(v.name, _STATE_NOTE["x"]))
+                  for v in g.state],
         "head": sections["head"], "tail": sections["tail"], "recurrent": bool(g.recurrent),
         **_rope_scaling(g),
     }
     return _ENV.get_template("model.c.j2").render(ctx)
 
+
+# what each state value is, beside its declaration in the step
+_STATE_NOTE = {"x": "the residual stream, which every layer adds into",
+               "inp_per_layer": "each row's per-layer embeddings, which the head writes and each layer reads its part of",
+               "rope_table": "each row's rope rotations (cos, sin), which the head writes and each layer's ropes read"}
 
 _ABSENT = ("KILN_F32", "0x0", "KILN_NOT_PACKED")  # a role of the other kind's body: never read
 
@@ -138,15 +145,20 @@ def _layer_desc(g, ly, kv, state) -> dict:
 
 def _layer_extra(g, ly, kl, kv) -> str:
     """What a layer's row says where layer kinds differ (Gemma 4): its heads, its rope's rotated dims
-    and factors, whether it reads another layer's rows (designated fields; 0: the model's)."""
+    and factors, its part of the rope table, whether it reads another layer's rows (designated
+    fields; 0: the model's)."""
     rope = next((n for n in dict(g.sections())[ly.body] if n.op.value == "rope"), None)
+    table = table_node(g)
+    rotation = table.attrs.layers[ly.index] if table is not None else -1
     out = []
     if (kl.n_head_kv, kl.head_dim) != (kv.config.n_head_kv, kv.config.head_dim):
         out += [f".n_head_kv = {kl.n_head_kv}", f".head_dim = {kl.head_dim}"]
     if rope is not None and rope.attrs.n_rot != kl.head_dim:
         out.append(f".n_rot = {rope.attrs.n_rot}")
-    if rope is not None and len(rope.inputs) < 3 and _factors(g):
+    if rotation >= 0 and not table.attrs.rotations[rotation].factors and _factors(g):
         out.append(".no_factors = 1")
+    if rope is not None and rotation != 0:
+        out.append(f".rope_table = {rotation}")
     if kl.shared:
         out.append(f".shared = 1 /* reads layer {kl.source}'s rows */")
     if ly.window and not kv.config.causal:
@@ -155,25 +167,27 @@ def _layer_extra(g, ly, kl, kv) -> str:
 
 
 def _factors(g) -> list:
-    """The rope factors' tensor, in every layer whose rope reads it."""
-    factors = [t for ly in g.layers for role, t in ly.weights.items() if role.startswith("rope_factors")]
-    assert len({(t.offset, t.name) for t in factors}) <= 1, "every layer reads the one factors tensor"
-    return factors
+    """The rope factors' tensor, where the rope table reads it."""
+    table = table_node(g)
+    return [v.tensor for v in table.inputs[1:]] if table is not None else []
 
 
 def _rope_scaling(g) -> dict:
-    """The scaled ropes' one set of parameters (ROPE_SCALING), and where their factors lie for a shift."""
-    ropes = [n for n in g.body_nodes if n.kernel == "kiln_rope_ext"]
-    if not ropes:
-        return {"rope_scaling": None, "rope_factors_at": "0"}
-    a = ropes[0].attrs
-    assert all(replace(n.attrs, n_rot=a.n_rot) == a for n in ropes), "every scaled rope takes the same parameters"
-    factors = _factors(g)
-    return {"rope_scaling": {"freq_scale": c_float(a.freq_scale), "ext_factor": c_float(a.ext_factor),
-                             "mscale": c_float(a.mscale), "beta_fast": c_float(a.beta_fast),
-                             "beta_slow": c_float(a.beta_slow), "n_ctx_orig": a.n_ctx_orig,
+    """The ropes' one set of parameters (ROPE_SCALING, where they are scaled or take frequency factors),
+    their table's rotations (ROPE_TABLES), and where their factors lie for a shift."""
+    table = table_node(g)
+    if table is None:
+        return {"rope_scaling": None, "rope_factors_at": "0", "rope_tables": []}
+    a, factors = table.attrs, _factors(g)
+    tables = [{"base": c_float(r.base), "n_rot": r.n_rot, "factors": int(r.factors), "at": r.at} for r in a.rotations]
+    if not rope_scaled(a):
+        return {"rope_scaling": None, "rope_factors_at": "0", "rope_tables": tables}
+    s = a.scaling
+    return {"rope_scaling": {"freq_scale": c_float(s.freq_scale), "ext_factor": c_float(s.ext_factor),
+                             "mscale": c_float(s.mscale), "beta_fast": c_float(s.beta_fast),
+                             "beta_slow": c_float(s.beta_slow), "n_ctx_orig": s.n_ctx_orig,
                              "factors": factors[0].name if factors else None},
-            "rope_factors_at": f"{factors[0].offset:#x}" if factors else "0"}
+            "rope_factors_at": f"{factors[0].offset:#x}" if factors else "0", "rope_tables": tables}
 
 
 def _rotates_keys(g) -> bool:

@@ -29,6 +29,7 @@ class Op(Enum):
     RMS_NORM = "rms_norm"  # x / rms(x) * (w + offset), over the last axis
     MATMUL = "matmul"  # y = x W^T (+ bias); W is [n_out, n_in]
     ROPE = "rope"  # rotate each head by its position (the layer's rope base)
+    ROPE_TABLE = "rope_table"  # each row's rope rotations (cos, sin), once a step for every layer's ropes
     HADAMARD = "hadamard"  # each block of 64 times the orthonormal Hadamard matrix (its own inverse)
     ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, GQA, over the layer's cache
     KV_STORE = "kv_cache_store"  # write the step's K and V rows into the layer's cache
@@ -124,6 +125,27 @@ class RopeAttrs:
 
 
 @dataclass(frozen=True)
+class RopeRotation:
+    """One rotation the step's ropes share: its base, the dims it rotates, whether the frequency factors
+    divide its angles, and where its n_rot values (n_rot / 2 cos, then sin) begin in a row of the table."""
+    base: float
+    n_rot: int
+    factors: bool
+    at: int
+
+
+@dataclass(frozen=True)
+class RopeTableAttrs:
+    """The rotations of the rope table (passes/rope_table.py), the floats of one row of it, the
+    scaling every rope of the model takes (RopeAttrs; its layout and n_rot are the first rope's), and
+    each layer's rotation (an index into rotations; -1: its ropes rotate nothing)."""
+    rotations: tuple[RopeRotation, ...]
+    row: int
+    scaling: RopeAttrs
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class AttentionAttrs:
     n_head: int
     n_head_kv: int
@@ -202,7 +224,7 @@ class DeltaNetAttrs:
     interleaved: bool = False  # value head h reads key head h // (n_v / n_k) (Qwen3-Next's repeat_interleave)
 
 
-Attrs = (NormAttrs | EmbedAttrs | RopeAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | RouteAttrs
+Attrs = (NormAttrs | EmbedAttrs | RopeAttrs | RopeTableAttrs | AttentionAttrs | GluAttrs | ScaleAttrs | SoftcapAttrs | RouteAttrs
          | MoeAttrs | RegroupAttrs | ConvAttrs | DeltaNetAttrs | None)
 
 # The attrs type each op must carry (checked by the validate pass).
@@ -211,6 +233,7 @@ OP_ATTRS: dict[Op, type | None] = {
     Op.RMS_NORM: NormAttrs,
     Op.MATMUL: MatmulAttrs,
     Op.ROPE: RopeAttrs,
+    Op.ROPE_TABLE: RopeTableAttrs,
     Op.HADAMARD: None,
     Op.ATTENTION: AttentionAttrs,
     Op.KV_STORE: None,

@@ -1,7 +1,7 @@
 """The IR as text (`kiln ir`): one line per node, the body once, then what each layer binds."""
 from __future__ import annotations
 
-from .graph import Graph, Node, Value
+from .graph import Graph, Node, Op, Value
 
 
 def _value(v: Value) -> str:
@@ -13,7 +13,10 @@ def _node(i: int, n: Node, width: int) -> str:
     outs = ", ".join(_value(v) for v in n.outputs) or "-"
     ins = ", ".join(_value(v) for v in n.inputs)
     kernel = f" [{n.kernel}]" if n.kernel else ""
-    return f"{i:4d}  {n.name:<{width}}  {n.op.value}{kernel}  {outs} <- {ins}"
+    rotations = "  rotations " + "; ".join(f"{k}: base {r.base:g}, {r.n_rot} dims{', factors' if r.factors else ''} "
+                                          f"at {r.at}" for k, r in enumerate(n.attrs.rotations)) \
+        if n.op is Op.ROPE_TABLE else ""
+    return f"{i:4d}  {n.name:<{width}}  {n.op.value}{kernel}  {outs} <- {ins}{rotations}"
 
 
 def _runs(ids: list[int]) -> str:
@@ -47,10 +50,12 @@ def format_graph(g: Graph) -> str:
             lines.append(_node(i, n, width))
             i += 1
     lines.append("layers")
+    table = next((n for n in g.head if n.op is Op.ROPE_TABLE), None)
     for ly in g.layers:
         weights = ", ".join(f"{role} {t.dtype.label}" for role, t in ly.weights.items())
         reads = f"  reads layer {ly.kv_source}'s KV" if ly.kv_source not in (None, ly.index) else ""
         body = f" {ly.body}" if len(g.bodies) > 1 else ""
+        rotation = f" (rotation {table.attrs.layers[ly.index]})" if table and table.attrs.layers[ly.index] >= 0 else ""
         lines.append(f"{ly.index:4d}  {ly.kind.value:<6}{body} window {ly.window or '-'}  rope base "
-                     f"{ly.rope_base:g}{reads}  {weights}")
+                     f"{ly.rope_base:g}{rotation}{reads}  {weights}")
     return "\n".join(lines) + "\n"

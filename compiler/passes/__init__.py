@@ -10,6 +10,7 @@ from ..ir.kv import KVConfig
 from .kernel_select import select_kernels
 from .kv_insert import insert_kv_ops
 from .kv_rotate import rotate_kv
+from .rope_table import rope_table
 from .scratch import add_scratch
 from .share_act import share_act
 from .validate import validate
@@ -25,6 +26,7 @@ PIPELINE: tuple[tuple[str, Callable[[Graph, PassContext], Graph]], ...] = (
     ("validate_built", lambda g, c: validate(g, c.spec)),
     ("kv_rotate", lambda g, c: rotate_kv(g, c.kv)),
     ("kv_insert", lambda g, c: insert_kv_ops(g, c.kv)),
+    ("rope_table", lambda g, c: rope_table(g)),
     ("share_act", lambda g, c: share_act(g)),
     ("kernel_select", lambda g, c: select_kernels(g)),
     ("scratch", lambda g, c: add_scratch(g, c.kv)),

@@ -1,8 +1,8 @@
 """Pick the runtime function of every node from one table keyed by (op, variant), and check that
 the function takes the node's operand types.
 
-The variant distinguishes ops whose math differs by an attribute (the GLU's activation; a rope
-with scaling or frequency factors; an attention with soft-capped scores or sinks), so that each function
+The variant distinguishes ops whose math differs by an attribute (the GLU's activation; an
+attention with soft-capped scores or sinks), so that each function
 does one thing and the plain ones stay as they were. A
 kernel takes its weights' and the cache's element types as arguments and dispatches through the
 runtime's one type table (runtime_c/types.c), so one function serves every type it lists here;
@@ -34,8 +34,8 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
     (Op.MATMUL, ""): Kernel("kiln_matmul", RUNTIME_DTYPES),
     (Op.MATMUL, "quantized"): Kernel("kiln_matmul_quantized", RUNTIME_DTYPES),  # reads another's quantized rows
     (Op.LOGITS, ""): Kernel("kiln_matmul", RUNTIME_DTYPES),
-    (Op.ROPE, ""): Kernel("kiln_rope"),
-    (Op.ROPE, "scaled"): Kernel("kiln_rope_ext", F32),
+    (Op.ROPE, ""): Kernel("kiln_rope_rotate"),  # by its layer's rotations in the step's rope table
+    (Op.ROPE_TABLE, ""): Kernel("kiln_rope_table", F32),  # each row's rotations, once a step (frequency factors f32)
     (Op.HADAMARD, ""): Kernel("kiln_hadamard"),
     (Op.KV_STORE, ""): Kernel("kiln_kv_store", cache=tuple(KV_DTYPES.values())),
     (Op.ATTENTION, ""): Kernel("kiln_attention", cache=tuple(KV_DTYPES.values())),
@@ -67,9 +67,9 @@ KERNELS: dict[tuple[Op, str], Kernel] = {
 # Ops whose kernel depends on an attribute, and which.
 VARIANT: dict[Op, Callable[[Node], str]] = {
     Op.MATMUL: lambda n: "quantized" if n.attrs.act_from else "",
+    Op.ROPE: lambda n: "" if n.inputs[1].kind is ValueKind.STATE else "positions (run the rope_table pass first)",
     Op.GLU: lambda n: n.attrs.activation.value + ("_row" if n.inputs[0].shape[1:] == (1,) != n.inputs[1].shape[1:]
                                                     else ""),
-    Op.ROPE: lambda n: "scaled" if n.attrs.scaled or len(n.inputs) > 2 or n.attrs.n_rot < n.inputs[0].shape[-1] else "",
     Op.ATTENTION: lambda n: "ext" if n.attrs.softcap or n.attrs.alibi or any(v.kind is ValueKind.WEIGHT for v in n.inputs) else "",
     Op.MOE_FFN: lambda n: n.attrs.activation.value,
     Op.SCALE: lambda n: "row" if n.inputs[1:] and n.inputs[1].shape != (1,) else "",

@@ -61,11 +61,27 @@ def _matmul(n: Node) -> str | None:
 
 
 def _rope(n: Node) -> str | None:
-    (x, pos, *factors), (out,) = n.inputs, n.outputs
-    if len(x.shape) != 3 or pos.shape != (x.shape[0],) or out.shape != x.shape:
-        return f"x {x.shape}, pos {pos.shape}, output {out.shape} disagree"
+    """As built: x, positions, and perhaps frequency factors; once the rope_table pass has run, x and the table."""
+    (x, by, *factors), (out,) = n.inputs, n.outputs
+    if len(x.shape) != 3 or out.shape != x.shape or by.shape[0] != x.shape[0] or n.attrs.n_rot > x.shape[2]:
+        return f"x {x.shape}, {by.name} {by.shape}, output {out.shape}, n_rot {n.attrs.n_rot} disagree"
+    if by.kind is ValueKind.STATE and (factors or len(by.shape) != 2):
+        return f"a rope reads its rotations from the table alone, not {[v.name for v in n.inputs[1:]]}"
     if factors and (len(factors) > 1 or factors[0].shape != (n.attrs.n_rot // 2,)):
         return f"frequency factors {[f.shape for f in factors]} are not one vector of n_rot / 2 = {n.attrs.n_rot // 2}"
+    return None
+
+
+def _rope_table(n: Node) -> str | None:
+    (pos, *factors), (table,), a = n.inputs, n.outputs, n.attrs
+    if table.shape != (pos.shape[0], max(a.row, 1)) or a.row != sum(r.n_rot for r in a.rotations):
+        return f"table {table.shape} is not {pos.shape[0]} rows of the rotations' {a.row} values"
+    if [r.at for r in a.rotations] != [sum(r.n_rot for r in a.rotations[:k]) for k in range(len(a.rotations))]:
+        return "the rotations do not lie side by side"
+    if any(r.factors for r in a.rotations) != bool(factors):
+        return "a rotation divides by frequency factors the table does not read, or it reads factors none takes"
+    if any(not -1 <= k < len(a.rotations) for k in a.layers):
+        return f"a layer's rotation {a.layers} is not one of the {len(a.rotations)}"
     return None
 
 
@@ -220,6 +236,7 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
     Op.RMS_NORM: _norm,
     Op.MATMUL: _matmul,
     Op.ROPE: _rope,
+    Op.ROPE_TABLE: _rope_table,
     Op.HADAMARD: _hadamard,
     Op.ATTENTION: _attention,
     Op.KV_STORE: _kv_write,
@@ -245,7 +262,8 @@ SHAPE_RULES: dict[Op, ShapeRule] = {
 assert set(SHAPE_RULES) == set(Op)
 
 _ALWAYS_DEFINED = (ValueKind.WEIGHT, ValueKind.KV, ValueKind.INPUT, ValueKind.STATE, ValueKind.RECURRENT)
-_WRITES_STATE = (Op.EMBED, Op.ADD, Op.SCALE, Op.LAYER_NORM)  # a post-norm encoder norms the stream in place
+_WRITES_STATE = (Op.EMBED, Op.ADD, Op.SCALE, Op.LAYER_NORM,  # a post-norm encoder norms the stream in place
+                 Op.ROPE_TABLE)
 _IN_PLACE_ON_OUTPUT = (Op.SCALE, Op.SOFTCAP)  # the logits, rewritten where the LM head wrote them
 
 

@@ -90,6 +90,11 @@ static const kiln_layer_desc LAYERS[N_LAYER] = {
     { 0, 0x4000, 0x6000, 10000.0f }, /* layer 1: global */
 };
 
+/* the rotations the layers' ropes take from the step's rope table: base, rotated dims, frequency factors, first value in a row */
+static const kiln_rope_table_desc ROPE_TABLES[] = {
+    { 10000.0f, 16, 0, 0 },
+};
+
 /* ==== the step: every thread of the pool runs it; kernels split their work by t->ith / t->nth ==== */
 #define A(off) ((void *)(s->arena + (off)))
 #ifdef KILN_PROFILE /* an op ends when every thread has passed the barrier after it */
@@ -109,93 +114,97 @@ static void step(void *arg, const kiln_thread *t) {
     const int32_t *inp_tokens = s->tokens, *inp_pos = s->pos, *inp_seq = s->seq, *inp_row = s->row, *inp_out = s->out;
     float *result_output = s->logits; /* [n_logits x 259], the caller's */
     float *x = (float *)A(0x6000); /* [n x 64]: the residual stream, which every layer adds into */
+    float *rope_table = (float *)A(0x7000); /* [n x 16]: each row's rope rotations (cos, sin), which the head writes and each layer's ropes read */
 #ifdef KILN_PROFILE
     kiln_ops_start(t, s);
 #endif
     /* inp_embd: embed */
     kiln_embed_mt(t, x, &w->token_embd, inp_tokens, n, 64, 1.0f);
     OP_DONE(0);
+    /* rope_table: rope_table */
+    kiln_rope_table_mt(t, rope_table, 16, inp_pos, n, ROPE_TABLES, 1, NULL, NULL);
+    OP_DONE(1);
     for (int l = 0; l < N_LAYER; l++) {
         const layer_weights *L = &w->layer[l];
         /* attn_norm: rms_norm */
         float *attn_norm = (float *)A(0x0); /* [n x 64] */
         kiln_rms_norm_mt(t, attn_norm, x, (const float *)L->attn_norm.data, 0.0f, 9.99999997e-07f, 64, n);
-        OP_DONE(1);
+        OP_DONE(2);
         /* q: matmul */
         float *q = (float *)A(0x1000); /* [n x 4 x 16] */
         void *q_act = A(0x3000); /* [1088 bytes] */
         kiln_matmul_mt(t, &L->attn_q, NULL, 64, 64, attn_norm, n, q, q_act, 0, 128);
-        OP_NEXT(2);
+        OP_NEXT(3);
         /* k: matmul */
         float *k = (float *)A(0x2000); /* [n x 2 x 16] */
         kiln_matmul_quantized_mt(t, &L->attn_k, NULL, 32, 64, attn_norm, n, k, q_act, 64, 128);
-        OP_NEXT(3);
+        OP_NEXT(4);
         /* v: matmul */
         float *v = (float *)A(0x2800); /* [n x 2 x 16] */
         kiln_matmul_quantized_mt(t, &L->attn_v, NULL, 32, 64, attn_norm, n, v, q_act, 96, 128);
-        OP_DONE(4);
+        OP_DONE(5);
         /* q_rope: rope */
         float *q_rope = (float *)A(0x0); /* [n x 4 x 16] */
-        kiln_rope_mt(t, q_rope, q, inp_pos, n, 4, 16, LAYERS[l].rope_base, 0);
-        OP_DONE(5);
+        kiln_rope_rotate_mt(t, q_rope, q, kiln_rope_cs(rope_table, ROPE_TABLES, LAYERS[l].rope_table), 16, n, 4, 16, 16, 0);
+        OP_DONE(6);
         /* k_rope: rope */
         float *k_rope = (float *)A(0x1000); /* [n x 2 x 16] */
-        kiln_rope_mt(t, k_rope, k, inp_pos, n, 2, 16, LAYERS[l].rope_base, 0);
-        OP_DONE(6);
+        kiln_rope_rotate_mt(t, k_rope, k, kiln_rope_cs(rope_table, ROPE_TABLES, LAYERS[l].rope_table), 16, n, 2, 16, 16, 0);
+        OP_DONE(7);
         /* kv_store: kv_cache_store */
         kiln_kv_store_mt(t, &s->kv_view[l], k_rope, v, inp_seq, inp_row, n, 2, 16);
-        OP_DONE(7);
+        OP_DONE(8);
         /* attn: attention */
         float *attn = (float *)A(0x1000); /* [n x 64] */
         void *attn_spans = A(0x2000); /* [288 bytes] */
         kiln_attention_mt(t, attn, q_rope, inp_seq, inp_row, inp_row, n, &s->kv_view[l], 4, 2, 16, 0.25f, attn_spans, 1);
-        OP_DONE(8);
+        OP_DONE(9);
         /* attn_out: matmul */
         float *attn_out = (float *)A(0x0); /* [n x 64] */
         void *attn_out_act = A(0x2000); /* [1088 bytes] */
         kiln_matmul_mt(t, &L->attn_output, NULL, 64, 64, attn, n, attn_out, attn_out_act, 0, 64);
-        OP_DONE(9);
+        OP_DONE(10);
         /* ffn_inp: add */
         kiln_add_mt(t, x, attn_out, x, n * 64);
-        OP_DONE(10);
+        OP_DONE(11);
         /* ffn_norm: rms_norm */
         float *ffn_norm = (float *)A(0x4000); /* [n x 64] */
         kiln_rms_norm_mt(t, ffn_norm, x, (const float *)L->ffn_norm.data, 0.0f, 9.99999997e-07f, 64, n);
-        OP_DONE(11);
+        OP_DONE(12);
         /* ffn_gate: matmul */
         float *ffn_gate = (float *)A(0x0); /* [n x 128] */
         void *ffn_gate_act = A(0x5000); /* [1088 bytes] */
         kiln_matmul_mt(t, &L->ffn_gate, NULL, 128, 64, ffn_norm, n, ffn_gate, ffn_gate_act, 0, 256);
-        OP_NEXT(12);
+        OP_NEXT(13);
         /* ffn_up: matmul */
         float *ffn_up = (float *)A(0x2000); /* [n x 128] */
         kiln_matmul_quantized_mt(t, &L->ffn_up, NULL, 128, 64, ffn_norm, n, ffn_up, ffn_gate_act, 128, 256);
-        OP_DONE(13);
+        OP_DONE(14);
         /* ffn_glu: glu */
         float *ffn_glu = (float *)A(0x4000); /* [n x 128] */
         kiln_swiglu_mt(t, ffn_glu, ffn_gate, ffn_up, n * 128);
-        OP_DONE(14);
+        OP_DONE(15);
         /* ffn_out: matmul */
         float *ffn_out = (float *)A(0x0); /* [n x 64] */
         void *ffn_out_act = A(0x1000); /* [2176 bytes] */
         kiln_matmul_mt(t, &L->ffn_down, NULL, 64, 128, ffn_glu, n, ffn_out, ffn_out_act, 0, 64);
-        OP_DONE(15);
+        OP_DONE(16);
         /* l_out: add */
         kiln_add_mt(t, x, ffn_out, x, n * 64);
-        OP_DONE(16);
+        OP_DONE(17);
     }
     /* result_norm: rms_norm */
     float *result_norm = (float *)A(0x0); /* [n x 64] */
     kiln_rms_norm_mt(t, result_norm, x, (const float *)w->output_norm.data, 0.0f, 9.99999997e-07f, 64, n);
-    OP_DONE(17);
+    OP_DONE(18);
     /* result_rows: select_rows */
     float *result_rows = (float *)A(0x1000); /* [n x 64] */
     kiln_select_rows_mt(t, result_rows, result_norm, inp_out, n_logits, 64);
-    OP_DONE(18);
+    OP_DONE(19);
     /* result_output: logits */
     void *result_output_act = A(0x0); /* [1088 bytes] */
     kiln_matmul_mt(t, &w->output, NULL, 259, 64, result_rows, n_logits, result_output, result_output_act, 0, 259);
-    OP_DONE(19);
+    OP_DONE(20);
 }
 
 /* ==== the model, as the runtime takes it ====================================================== */
@@ -204,7 +213,7 @@ static const kiln_model_desc MODEL = {
     .prefill_chunk = 16, .batch_tokens = 16,
     .gguf_bytes = 102720LL, .gguf_header_bytes = 5472, .gguf_header_crc32 = 3596502979u,
     .packed_bytes = 78336ULL,
-    .arena_bytes = 28672,
+    .arena_bytes = 29696,
     .kv = {
         .n_seq = 1, .n_ctx = 64, .page_size = 64, .n_groups = 1,
         .window = { 0 },     /* each layer group's window; 0: whole context */
@@ -214,7 +223,7 @@ static const kiln_model_desc MODEL = {
     .k_type = KILN_F32, .v_type = KILN_F32, .rope_neox = 0, .k_hadamard = 0,
     .layers = LAYERS,
     .weights_bytes = sizeof(model_weights), .bind = bind,
-    .step = step, .n_ops = 20,
+    .step = step, .n_ops = 21,
 #ifdef KILN_PROFILE
     .profiled = 1,
 #endif
