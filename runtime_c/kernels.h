@@ -39,13 +39,18 @@ enum { KILN_SIMD_DOT = 1, KILN_SIMD_DEQUANT = 2, KILN_SIMD_ACT = 4, KILN_SIMD_ST
 int kiln_simd_kernels(int type);
 size_t kiln_row_bytes(int type, int n);             /* bytes of n elements of type */
 size_t kiln_act_row_bytes(int type, int n);         /* bytes of n activations quantized for type */
+/* bytes after a matmul's quantized rows (from a multiple of 64) for their scales as the x8 kernels take
+   them, 8 rows a tile (x8_vnni.c): 0 but for the 32-weight activation formats and 2 rows or more */
+size_t kiln_act_scales_bytes(int type, int n_rows, int n_in);
+/* the scratch a matmul of n_rows rows takes: their quantized rows, then (from a multiple of 64) their scales */
+size_t kiln_matmul_scratch_bytes(int type, int n_rows, int n_in);
 void kiln_quantize_act(int type, const float *x, void *dst, int n);     /* x[n] -> type's act format */
 void kiln_quantize_act_ref(int type, const float *x, void *dst, int n); /* the same, scalar reference */
 void kiln_dequantize_row(int type, const void *src, float *dst, int n); /* n elements -> f32 */
 void kiln_dequantize_row_ref(int type, const void *src, float *dst, int n); /* the same, scalar reference */
 float kiln_vec_dot(int type, int n, const void *w, const void *act);    /* w row . quantized act row */
 float kiln_vec_dot_ref(int type, int n, const void *w, const void *act); /* the same, scalar reference */
-/* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch >= n_rows act rows;
+/* y[r][o] = W[o] . x[r] + (bias ? bias[o] : 0) for r < n_rows, o < n_out; scratch: kiln_matmul_scratch_bytes;
  * each W[o] . x[r] the reference dot's bits */
 void kiln_matmul(int type, const void *w, const float *bias, int n_out, int n_in,
                  const float *x, int n_rows, float *y, void *scratch);

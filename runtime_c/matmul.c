@@ -14,6 +14,14 @@ static int act_on_stack(int type, int n_rows, int n_in) {
     return n_rows == 1 && kiln_act_row_bytes(type, n_in) <= KILN_LOCAL_ACT_BYTES;
 }
 
+/* where a matmul's quantized rows' x8 scales begin in its scratch (kiln_act_scales_bytes), and tile t's */
+static inline uint8_t *x8_scales_of(const void *scratch, int n_rows, size_t a_row) {
+    return (uint8_t *)scratch + ((size_t)n_rows * a_row + 63) / 64 * 64;
+}
+static inline const uint8_t *x8_tile_scales(const uint8_t *scales, int type, int tile, int n_in) {
+    return scales ? scales + (size_t)tile * kiln_act_scales_bytes(type, KILN_X8_TILE, n_in) : NULL;
+}
+
 const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float *x, int n_rows, int n_in,
                                      void *scratch, uint8_t local[KILN_LOCAL_ACT_BYTES]) {
     const size_t a_row = kiln_act_row_bytes(type, n_in);
@@ -23,8 +31,19 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
     }
     int r0, r1; /* the rows this thread's norm or GLU just wrote: read from its own cache */
     kiln_share(t, n_rows, 1, &r0, &r1);
-    for (int r = r0; r < r1; r++)
-        kiln_quantize_act(type, x + (size_t)r * n_in, (uint8_t *)scratch + r * a_row, n_in);
+#ifdef KILN_HAVE_VNNI
+    /* and each row's scales as the x8 kernels take them (x8_scales_of): made once here, where each
+       claim of a matmul's weight rows had unpacked them again for every tile of 8 rows */
+    uint8_t *scales = kiln_act_scales_bytes(type, n_rows, n_in) ? (uint8_t *)x8_scales_of(scratch, n_rows, a_row) : NULL;
+    const size_t tile = kiln_act_scales_bytes(type, KILN_X8_TILE, n_in);
+#endif
+    for (int r = r0; r < r1; r++) {
+        uint8_t *row = (uint8_t *)scratch + r * a_row;
+        kiln_quantize_act(type, x + (size_t)r * n_in, row, n_in);
+#ifdef KILN_HAVE_VNNI
+        if (scales) kiln_x8_act_scales(type, row, n_in, scales + r / KILN_X8_TILE * tile, r % KILN_X8_TILE);
+#endif
+    }
     kiln_barrier(t);
     return scratch;
 }
@@ -89,7 +108,7 @@ static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const 
  * takes the last one keeps the other waiting at most one tile (in chunks of chunk_of's six tiles,
  * three on average: SmolLM2 prefill 1.014x, Gemma 3 1.017x, in one process on a Zen 4). */
 #define X8_SHARE_BY_ROWS_BYTES (1024 << 10)
-#define X8_ROW_TILE 8
+#define X8_ROW_TILE KILN_X8_TILE
 
 /* A run of matmuls on one x (q, k and v; gate and up) has no barrier inside it, and its packed
  * weights lie one after another. Where each matmul would be cut into one static share a thread,
@@ -116,13 +135,16 @@ static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *b
         _Alignas(64) uint8_t local[KILN_LOCAL_ACT_BYTES];
         const uint8_t *act = act_rows(t, w->type, x, n_rows, n_in, scratch, local, quantized);
         const size_t a_row = kiln_act_row_bytes(w->type, n_in);
+        /* the rows' scales where the quantizer laid them out (kiln_act_scales_bytes; NULL: the kernel makes them) */
+        const uint8_t *scales = act == scratch && kiln_act_scales_bytes(w->type, n_rows, n_in) ? x8_scales_of(scratch, n_rows, a_row) : NULL;
         if (n_rows >= 2 * X8_ROW_TILE * t->nth && kiln_x8_bytes(w->type, n_out, n_in) <= X8_SHARE_BY_ROWS_BYTES) {
             const int tiles = (n_rows + X8_ROW_TILE - 1) / X8_ROW_TILE;
             kiln_claims c = kiln_claims_begin(t, tiles, 1);
             for (int t0, t1; kiln_claim(&c, &t0, &t1);) {
                 const int r0 = X8_ROW_TILE * t0, r1 = X8_ROW_TILE * t1 < n_rows ? X8_ROW_TILE * t1 : n_rows;
                 float *yr = y + (size_t)r0 * n_out;
-                kiln_x8_gemm(w->type, w->packed, 0, n_out / 8, n_in, act + r0 * a_row, a_row, r1 - r0, yr, (size_t)n_out);
+                kiln_x8_gemm_tiles(w->type, w->packed, 0, n_out / 8, n_in, act + r0 * a_row, a_row, r1 - r0,
+                                   x8_tile_scales(scales, w->type, t0, n_in), yr, (size_t)n_out);
                 kiln_add_bias(yr, bias, r1 - r0, n_out, 0, n_out);
             }
             return;
@@ -130,7 +152,7 @@ static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *b
         int g0, g1;
         if (run_share(t, n_out, n_in, n_rows, run_at, run_rows, &g0, &g1)) {
             if (g0 < g1) {
-                kiln_x8_gemm(w->type, w->packed, g0, g1, n_in, act, a_row, n_rows, y, (size_t)n_out);
+                kiln_x8_gemm_tiles(w->type, w->packed, g0, g1, n_in, act, a_row, n_rows, scales, y, (size_t)n_out);
                 kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
             }
             return;
@@ -139,7 +161,7 @@ static void matmul_mt(const kiln_thread *t, const kiln_weight *w, const float *b
         kiln_claims c = kiln_claims_begin(t, pairs, chunk_of(t, pairs, n_out, n_in, n_rows));
         for (int p0, p1; kiln_claim(&c, &p0, &p1);) {
             const int g0 = 2 * p0, g1 = 2 * p1 < n_out / 8 ? 2 * p1 : n_out / 8;
-            kiln_x8_gemm(w->type, w->packed, g0, g1, n_in, act, a_row, n_rows, y, (size_t)n_out);
+            kiln_x8_gemm_tiles(w->type, w->packed, g0, g1, n_in, act, a_row, n_rows, scales, y, (size_t)n_out);
             kiln_add_bias(y, bias, n_rows, n_out, 8 * g0, 8 * g1);
         }
         return;

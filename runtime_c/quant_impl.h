@@ -239,8 +239,16 @@ void kiln_dequant_q8_0_neon(const void *src, float *dst, int n);
 /* y[c * y_row + 8g + r] for the x8 groups [g0, g1) of a packed matrix and activation rows c < n_a */
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row);
+/* the same, the rows' scales read from `scales` as the quantizer laid them out for tiles of KILN_X8_TILE rows
+   from act's first (kiln_x8_act_scales; NULL: made by the kernel). The AVX2 kernels make their own. */
+void kiln_x8_gemm_tiles(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
+                        int n_a, const uint8_t *scales, float *y, size_t y_row);
 void kiln_x8_gemm_avx2(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
                        int n_a, float *y, size_t y_row);
+#endif
+#ifdef KILN_HAVE_VNNI
+/* row `lane` of a tile's scales (kiln_x8_gemm_tiles): each 32-block's d, d * sum (q8_1) and sum of values */
+void kiln_x8_act_scales(int type, const uint8_t *act_row, int n_in, uint8_t *tile, int lane);
 #endif
 
 #endif

@@ -100,6 +100,17 @@ size_t kiln_act_row_bytes(int type, int n) {
     return (size_t)(n / ACT[a].block) * ACT[a].block_bytes;
 }
 
+size_t kiln_act_scales_bytes(int type, int n_rows, int n_in) {
+    const int a = TYPES[type].act_type;
+    if (ACT[a].block != 32 || n_rows < 2) return 0;
+    return (size_t)(n_rows + KILN_X8_TILE - 1) / KILN_X8_TILE * KILN_X8_TILE_SCALES * sizeof(float) * KILN_X8_TILE *
+           (size_t)(n_in / 32);
+}
+
+size_t kiln_matmul_scratch_bytes(int type, int n_rows, int n_in) {
+    return ((size_t)n_rows * kiln_act_row_bytes(type, n_in) + 63) / 64 * 64 + kiln_act_scales_bytes(type, n_rows, n_in);
+}
+
 void kiln_quantize_act(int type, const float *x, void *dst, int n) { act_quantizer(type)(x, dst, n); }
 
 void kiln_quantize_act_ref(int type, const float *x, void *dst, int n) { ACT[TYPES[type].act_type].quantize(x, dst, n); }

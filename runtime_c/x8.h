@@ -31,10 +31,10 @@
    and the activation rows' pointers of most of them on the stack (30-45 loads and stores in each
    weight block's iteration); a kernel alone in its function holds them in registers. */
 #define X8_GEMM_PARAMS const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row, int n_a, \
-                       float *y, size_t y_row
+                       const uint8_t *scales, float *y, size_t y_row
 #define X8_GEMM_ONE(T, gemm)                                                                      \
     static __attribute__((noinline)) void gemm##_##T(X8_GEMM_PARAMS) {                            \
-        gemm(T, w, g0, g1, nb, act, a_row, n_a, y, y_row);                                        \
+        gemm(T, w, g0, g1, nb, act, a_row, n_a, scales, y, y_row);                                \
     }
 #define X8_GEMM_PER_TYPE(gemm) X8_TYPES(X8_GEMM_ONE, gemm)
 #define X8_GEMM_CALL(T, gemm, ...) gemm##_##T(__VA_ARGS__)

@@ -302,5 +302,11 @@ void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const ui
                   float *y, size_t y_row) {
     kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
 }
+
+void kiln_x8_gemm_tiles(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
+                        int n_a, const uint8_t *scales, float *y, size_t y_row) {
+    (void)scales; /* a tile here is X8_ROWS rows: its own scales, made as it goes */
+    kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
+}
 #endif
 #endif

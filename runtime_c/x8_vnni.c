@@ -11,7 +11,9 @@
 #include "x8.h"
 
 #ifdef KILN_HAVE_VNNI
-#define X8_TOKENS 8 /* activation rows that share each unpacked weight block */
+/* a tile's scales (kiln_x8_act_scales): yd[nb][X8_TOKENS], ys[nb][X8_TOKENS], block sums[nb][X8_TOKENS] */
+#define X8_TILE_BYTES(nb) (KILN_X8_TILE_SCALES * 4 * X8_TOKENS * (nb))
+#define X8_TOKENS KILN_X8_TILE /* activation rows that share each unpacked weight block */
 /* A matmul of fewer activation rows (decode's one) takes the 256-bit kernel (x8_avx2.c, with
    vpdpbusd on ymm): on Zen 4, which runs a 512-bit op as two 256-bit halves, one group's rows a
    vector from one stream decoded SmolLM2 about 20% faster than two groups' from two (kiln bench,
@@ -25,16 +27,24 @@
  * unpacked once per call; each weight block is unpacked once for the C rows. Groups go two at
  * a time; a last odd group is computed in both halves and stored once. */
 INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act,
-                    size_t a_row, float *y, size_t y_row) {
+                    size_t a_row, const uint8_t *tile, float *y, size_t y_row) {
     kiln_b32 f = {0};
     kiln_x8_b32_of(type, &f);
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2; /* the activation block's int8 values follow d (and s) */
     /* block-major: a block's values for the C rows share a cache line (row-major, 4 KB apart, they
        all fell in one L1 set, and Q4_1's three arrays' 24 lines overflowed its 8 ways) */
-    float yd[X8_MAX_BLOCKS][X8_TOKENS], ys[X8_MAX_BLOCKS][X8_TOKENS];
+    float yd_own[tile ? 1 : X8_MAX_BLOCKS][X8_TOKENS], ys_own[tile ? 1 : X8_MAX_BLOCKS][X8_TOKENS];
     int32_t seed[X8_MAX_BLOCKS][X8_TOKENS];
-    act_scales(type, act, a_row, C, nb, yd[0], ys[0], seed[0], 1, X8_TOKENS);
+    if (!tile) act_scales(type, act, a_row, C, nb, yd_own[0], ys_own[0], seed[0], 1, X8_TOKENS);
+    const float (*yd)[X8_TOKENS] = tile ? (const float (*)[X8_TOKENS])tile : (const float (*)[X8_TOKENS])yd_own;
+    const float (*ys)[X8_TOKENS] = tile ? yd + nb : (const float (*)[X8_TOKENS])ys_own;
+    if (tile) { /* the seeds of this weight type's offset, from the tile's block sums (a run's types differ in it) */
+        const int32_t (*sums)[X8_TOKENS] = (const int32_t (*)[X8_TOKENS])(yd + 2 * nb);
+        for (int b = 0; b < nb; b++)
+            _mm256_storeu_si256((__m256i *)seed[b], _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)sums[b]),
+                                                                       _mm256_set1_epi32(-f.offset)));
+    }
     for (int g = g0; g < g1; g += 2) {
         const int pair = g + 1 < g1;
         const size_t apart = pair ? (size_t)nb * x8_bytes : 0;
@@ -199,9 +209,9 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
     }
 }
 
-/* every activation row, X8_TOKENS at a time */
+/* every activation row, X8_TOKENS at a time (their scales from `scales`, tile by tile, where the quantizer made them) */
 INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, const uint8_t *act, size_t a_row,
-                    int n_a, float *y, size_t y_row) {
+                    int n_a, const uint8_t *scales, float *y, size_t y_row) {
     int c = 0;
     if (kiln_kx8_tiles(type) && kiln_rows_sb_kx8(type, w, g0, g1, nb * 32, act, a_row, n_a, y, y_row)) return;
     if (kiln_is_kx8(type)) {
@@ -211,19 +221,41 @@ INLINE void x8_gemm(const int type, const uint8_t *w, int g0, int g1, int nb, co
         return;
     }
     c = kiln_amx_rows(type, w, g0, g1, nb, act, a_row, n_a, y, y_row);
+    const size_t tile = (size_t)X8_TILE_BYTES(nb);
     for (; c + X8_TOKENS <= n_a; c += X8_TOKENS)
-        x8_rows(type, X8_TOKENS, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
-    for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, y + c * y_row, y_row);
+        x8_rows(type, X8_TOKENS, w, g0, g1, nb, act + c * a_row, a_row, scales ? scales + c / X8_TOKENS * tile : NULL,
+                y + c * y_row, y_row);
+    for (; c < n_a; c++) x8_rows(type, 1, w, g0, g1, nb, act + c * a_row, a_row, NULL, y + c * y_row, y_row);
 }
 
 X8_GEMM_PER_TYPE(x8_gemm)
 
-void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
-                  float *y, size_t y_row) {
+void kiln_x8_gemm_tiles(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
+                        int n_a, const uint8_t *scales, float *y, size_t y_row) {
     if (n_a < X8_WIDE_ROWS) {
         kiln_x8_gemm_avx2(type, w, g0, g1, n_in, act, a_row, n_a, y, y_row);
         return;
     }
-    X8_EACH_GEMM(type, x8_gemm, w, g0, g1, n_in / 32, act, a_row, n_a, y, y_row)
+    X8_EACH_GEMM(type, x8_gemm, w, g0, g1, n_in / 32, act, a_row, n_a, scales, y, y_row)
+}
+
+void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
+                  float *y, size_t y_row) {
+    kiln_x8_gemm_tiles(type, w, g0, g1, n_in, act, a_row, n_a, NULL, y, y_row);
+}
+
+void kiln_x8_act_scales(int type, const uint8_t *act_row, int n_in, uint8_t *tile, int lane) {
+    const int nb = n_in / 32;
+    float *yd = (float *)tile + lane, *ys = yd + (size_t)X8_TOKENS * nb;
+    int32_t *sums = (int32_t *)(ys + (size_t)X8_TOKENS * nb);
+    const int has_min = kiln_act_type(type) == KILN_Q8_1;
+    const size_t a_bytes = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = has_min ? 4 : 2;
+    for (int b = 0; b < nb; b++) { /* act_scales' values, the sums bare: the run's weight types seed them */
+        const uint8_t *ab = act_row + (size_t)b * a_bytes;
+        kiln_half h[2];
+        memcpy(h, ab, q_at);
+        yd[b * X8_TOKENS] = kiln_fp16_to_fp32(h[0]), ys[b * X8_TOKENS] = has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
+        sums[b * X8_TOKENS] = x8_sum32(ab + q_at);
+    }
 }
 #endif

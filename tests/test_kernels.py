@@ -569,7 +569,7 @@ def matmul(t: Q, w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) -
     """kiln_matmul (one thread, the GGUF rows) of x's rows against w's rows, plus bias."""
     (rows, n_in), n_out = x.shape, len(w)
     y = np.zeros((rows, n_out), np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    scratch = np.zeros(lib.kiln_matmul_scratch_bytes(int(t), rows, n_in), np.uint8)
     lib.kiln_matmul(int(t), ptr(w), ffi.NULL if bias is None else ptr(bias, "float *"), n_out, n_in,
                     ptr(x, "float *"), rows, ptr(y, "float *"), ptr(scratch))
     return y
@@ -830,7 +830,7 @@ def test_x8_packed_matmul_matches_reference_dots(t, n_out, rows):
     if t is Q.MXFP4:
         bias[tiny[:, 0]] = 0.0  # which would swallow those rows' values
     y = np.zeros((rows, n_out), np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    scratch = np.zeros(lib.kiln_matmul_scratch_bytes(int(t), rows, n_in), np.uint8)
     lib.kiln_matmul_x8(int(t), ptr(packed), ptr(w), ptr(bias, "float *"), n_out, n_in, ptr(x, "float *"), rows,
                        ptr(y, "float *"), ptr(scratch))
     act = quantized_rows(t, x)
@@ -862,7 +862,7 @@ def test_x8_matmul_takes_the_same_bits_with_amx_on_or_off(t, n_in, rows):
 def same_bits_with_amx_on_or_off(t, w, x, matmul):
     """matmul(y, scratch) with AMX on, then off: the same bits, and the scalar reference's."""
     rows, n_in, n_out = len(x), x.shape[1], len(w)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(t), n_in), np.uint8)
+    scratch = np.zeros(lib.kiln_matmul_scratch_bytes(int(t), rows, n_in), np.uint8)
     y = np.zeros((2, rows, n_out), np.float32)
     try:
         for i, amx in enumerate((1, 0)):
@@ -901,7 +901,7 @@ def test_x8_matmul_without_a_packed_copy_reads_the_gguf_rows():
     _, w = quantized(rng, n_out, n_in, Q.Q4_1)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     y, want = np.zeros((2, rows, n_out), np.float32)
-    scratch = np.zeros(rows * lib.kiln_act_row_bytes(int(Q.Q4_1), n_in), np.uint8)
+    scratch = np.zeros(lib.kiln_matmul_scratch_bytes(int(Q.Q4_1), rows, n_in), np.uint8)
     lib.kiln_matmul_x8(int(Q.Q4_1), ffi.NULL, ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows,
                        ptr(y, "float *"), ptr(scratch))
     lib.kiln_matmul(int(Q.Q4_1), ptr(w), ffi.NULL, n_out, n_in, ptr(x, "float *"), rows, ptr(want, "float *"),

@@ -148,8 +148,9 @@ def test_scratch_before_after(tiny):
     after = add_scratch(g, kv)
     scratch = {n.name: n.scratch for n in after.nodes if n.scratch is not None}
     assert set(scratch) == {n.name for n in g.nodes if n.op in (Op.MATMUL, Op.LOGITS, Op.ATTENTION)}
-    assert scratch["q"].nbytes == 8 * 2 * 36  # 8 rows of 64 activations as two q8_1 blocks
-    assert scratch["result_output"].nbytes == 8 * 2 * 36  # the tied head is Q4_1 too
+    # 8 rows of 64 activations as two q8_1 blocks, then a tile of 8 rows' scales: 3 numbers a block and row
+    assert scratch["q"].nbytes == 8 * 2 * 36 + 3 * 4 * 8 * 2
+    assert scratch["result_output"].nbytes == 8 * 2 * 36 + 3 * 4 * 8 * 2  # the tied head is Q4_1 too
     # attention gets room for the span states of a lone token's history: f32 x n_head x spans x (head_dim + 2)
     assert attention_spans(kv) == -(-kv.ctx // 64)
     assert scratch["attn"].nbytes == 4 * 4 * attention_spans(kv) * (16 + 2)
@@ -161,7 +162,7 @@ def test_scratch_fits_the_layer_that_needs_the_most(tiny):
     spec, g, kv = _setup(tiny("llama", n_ff=256, wtype=DType.Q4_1.value, types={"blk.1.ffn_down.weight": DType.Q4_K.value}))
     after = add_scratch(select_kernels(rope_table(insert_kv_ops(g, kv))), kv)
     down = next(n for n in after.body if n.name == "ffn_out")
-    assert down.scratch.nbytes == 8 * max(292, 8 * 36)
+    assert down.scratch.nbytes == max(-(-8 * 292 // 64) * 64, 8 * 8 * 36 + 3 * 4 * 8 * 8)  # q8_1's with its scales
 
 
 def test_share_act_before_after(tiny):
@@ -194,7 +195,8 @@ def test_share_act_needs_one_format_in_every_layer(tiny):
     after = add_scratch(select_kernels(rope_table(share_act(insert_kv_ops(g, kv)))), kv)
     by_name = {n.name: n for n in after.body}
     assert (by_name["k"].attrs.act_from, by_name["v"].attrs.act_from) == ("q", None)
-    assert by_name["v"].scratch.nbytes == 8 * 292 and by_name["q"].scratch.nbytes == 8 * 8 * 36
+    q8_1 = 8 * 8 * 36 + 3 * 4 * 8 * 8  # rows and their x8 scales, over q8_K's 8 * 292 in layer 1's v
+    assert by_name["v"].scratch.nbytes == max(-(-8 * 292 // 64) * 64, q8_1) and by_name["q"].scratch.nbytes == q8_1
 
 
 @pytest.mark.parametrize("k,v,rotated", [("f16", "f16", ""), ("q8_0", "f16", "k"), ("f16", "q4_0", "v"),

@@ -369,7 +369,7 @@ def assert_reference_dots(K, t: Q, w: np.ndarray, x: np.ndarray, what: str, matm
     rows, n_in, n_out = x.shape[0], x.shape[1], w.shape[0]
     a_row = lib.kiln_act_row_bytes(int(t), n_in)
     y = np.zeros((rows, n_out), np.float32)
-    scratch = np.zeros(rows * a_row, np.uint8)
+    scratch = np.zeros(lib.kiln_matmul_scratch_bytes(int(t), rows, n_in), np.uint8)
     matmul(ffi.cast("float *", ffi.from_buffer(y)), ffi.cast("float *", ffi.from_buffer(x)), ffi.from_buffer(scratch))
     act = np.zeros((rows, a_row), np.uint8)
     for r in range(rows):

@@ -120,6 +120,21 @@ def act_row_bytes(weight: DType, n: int) -> int:
     return n // block * size
 
 
+def act_scales_bytes(weight: DType, rows: int, n: int) -> int:
+    """Bytes after a matmul's quantized rows (from a multiple of 64) for their scales as the x8
+    kernels take them, a tile of X8_TILE rows at a time (runtime_c/types.c's kiln_act_scales_bytes)."""
+    from .cconst import X8_TILE, X8_TILE_SCALES
+
+    if _ACT_BLOCK[weight][0] != 32 or rows < 2:
+        return 0
+    return -(-rows // X8_TILE) * X8_TILE_SCALES * 4 * X8_TILE * (n // 32)
+
+
+def matmul_scratch_bytes(weight: DType, rows: int, n: int) -> int:
+    """A matmul's scratch (kiln_matmul_scratch_bytes): its quantized rows, then their x8 scales."""
+    return -(-rows * act_row_bytes(weight, n) // 64) * 64 + act_scales_bytes(weight, rows, n)
+
+
 def same_act_format(a: DType, b: DType) -> bool:
     """Whether two weight types' dots take their activations in one format (each format has its
     own block geometry: f32, q8_0, q8_1, q8_K)."""
@@ -159,6 +174,10 @@ def check_against_runtime(ffi, lib) -> None:
             problems.append(f"{d.name}: {n} elements are {d.nbytes(n)} bytes in Python, {lib.kiln_row_bytes(t, n)} in C")
         if lib.kiln_act_row_bytes(t, n) != act_row_bytes(d, n):
             problems.append(f"{d.name}: activation rows differ ({act_row_bytes(d, n)} vs {lib.kiln_act_row_bytes(t, n)})")
+        for rows in (1, 2, 9):
+            if lib.kiln_matmul_scratch_bytes(t, rows, n) != matmul_scratch_bytes(d, rows, n):
+                problems.append(f"{d.name}: a matmul of {rows} rows' scratch differs ({matmul_scratch_bytes(d, rows, n)} "
+                                f"vs {lib.kiln_matmul_scratch_bytes(t, rows, n)})")
         if bool(lib.kiln_x8_packs(t, 8, n)) != (d in X8_DTYPES):
             problems.append(f"{d.name}: x8 layout in Python {d in X8_DTYPES}, in C {bool(lib.kiln_x8_packs(t, 8, n))}")
         elif d in X8_DTYPES and lib.kiln_x8_bytes(t, 8, n) != x8_bytes(d, 8, n):

@@ -12,7 +12,7 @@ from dataclasses import replace
 from math import prod
 
 from ..core.cconst import ATTN_SPAN, ATTN_SPAN_STATE
-from ..core.dtypes import DType, act_row_bytes, same_act_format
+from ..core.dtypes import DType, act_row_bytes, matmul_scratch_bytes, same_act_format
 from ..ir.graph import Graph, Node, Op, Value, ValueKind, moe_weights, scratch_from
 from ..ir.kv import KVConfig
 
@@ -26,8 +26,9 @@ def attention_spans(kv: KVConfig) -> int:
 
 
 def _matmul_bytes(g: Graph, n: Node, kv: KVConfig) -> int:
+    """The quantized rows, then (from a multiple of 64) their scales as the x8 kernels take them."""
     x, w = n.inputs[0], n.inputs[1]
-    return x.shape[0] * max(act_row_bytes(t.dtype, prod(x.shape[1:])) for t in g.tensors(w))
+    return max(matmul_scratch_bytes(t.dtype, x.shape[0], prod(x.shape[1:])) for t in g.tensors(w))
 
 
 def _attention_bytes(g: Graph, n: Node, kv: KVConfig) -> int:

@@ -132,7 +132,7 @@ static void step(void *arg, const kiln_thread *t) {
         OP_DONE(2);
         /* q: matmul */
         float *q = (float *)A(0x1000); /* [n x 4 x 16] */
-        void *q_act = A(0x3000); /* [1088 bytes] */
+        void *q_act = A(0x3000); /* [1472 bytes] */
         kiln_matmul_mt(t, &L->attn_q, NULL, 64, 64, attn_norm, n, q, q_act, 0, 128);
         OP_NEXT(3);
         /* k: matmul */
@@ -161,7 +161,7 @@ static void step(void *arg, const kiln_thread *t) {
         OP_DONE(9);
         /* attn_out: matmul */
         float *attn_out = (float *)A(0x0); /* [n x 64] */
-        void *attn_out_act = A(0x2000); /* [1088 bytes] */
+        void *attn_out_act = A(0x2000); /* [1472 bytes] */
         kiln_matmul_mt(t, &L->attn_output, NULL, 64, 64, attn, n, attn_out, attn_out_act, 0, 64);
         OP_DONE(10);
         /* ffn_inp: add */
@@ -173,7 +173,7 @@ static void step(void *arg, const kiln_thread *t) {
         OP_DONE(12);
         /* ffn_gate: matmul */
         float *ffn_gate = (float *)A(0x0); /* [n x 128] */
-        void *ffn_gate_act = A(0x5000); /* [1088 bytes] */
+        void *ffn_gate_act = A(0x5000); /* [1472 bytes] */
         kiln_matmul_mt(t, &L->ffn_gate, NULL, 128, 64, ffn_norm, n, ffn_gate, ffn_gate_act, 0, 256);
         OP_NEXT(13);
         /* ffn_up: matmul */
@@ -186,7 +186,7 @@ static void step(void *arg, const kiln_thread *t) {
         OP_DONE(15);
         /* ffn_out: matmul */
         float *ffn_out = (float *)A(0x0); /* [n x 64] */
-        void *ffn_out_act = A(0x1000); /* [2176 bytes] */
+        void *ffn_out_act = A(0x1000); /* [2944 bytes] */
         kiln_matmul_mt(t, &L->ffn_down, NULL, 64, 128, ffn_glu, n, ffn_out, ffn_out_act, 0, 64);
         OP_DONE(16);
         /* l_out: add */
@@ -202,7 +202,7 @@ static void step(void *arg, const kiln_thread *t) {
     kiln_select_rows_mt(t, result_rows, result_norm, inp_out, n_logits, 64);
     OP_DONE(19);
     /* result_output: logits */
-    void *result_output_act = A(0x0); /* [1088 bytes] */
+    void *result_output_act = A(0x0); /* [1472 bytes] */
     kiln_matmul_mt(t, &w->output, NULL, 259, 64, result_rows, n_logits, result_output, result_output_act, 0, 259);
     OP_DONE(20);
 }
