@@ -109,39 +109,53 @@ static inline void quantize_8_blocks(const float *x, uint8_t *qs, size_t stride,
     *d_out = d, *sum_out = sum8x8(sums);
 }
 
-void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n) {
-    block_q8_0 *y = dst;
-    int sum, b = 0;
-    for (; b + 8 <= n / QK8_0; b += 8) {
+/* q8_0 (has_min 0) or q8_1 blocks of x[n]; where `tile` is given, also each block b's d and d * sum (q8_1)
+   as floats and its sum of values at tile[b * 8 + lane] of three arrays of n / 32 * 8 (x8_vnni.c's tile
+   of activation scales), from the vectors the quantization made them in */
+static inline void quantize_q8(const int has_min, const float *x, void *dst, int n, uint8_t *tile, int lane) {
+    const size_t bytes = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), nb = (size_t)n / 32;
+    float *yd = tile ? (float *)tile + lane : NULL, *ys = tile ? yd + 8 * nb : NULL;
+    int32_t *ysum = tile ? (int32_t *)(ys + 8 * nb) : NULL;
+    const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    size_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
         __m256 d;
         __m256i sums;
-        quantize_8_blocks(x + b * QK8_0, (uint8_t *)y[b].qs, sizeof(block_q8_0), &d, &sums);
-        kiln_half h[8];
-        _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        for (int k = 0; k < 8; k++) y[b + k].d = h[k];
+        uint8_t *blk = (uint8_t *)dst + b * bytes;
+        quantize_8_blocks(x + b * 32, blk + (has_min ? 4 : 2), bytes, &d, &sums);
+        kiln_half h[8], hs[8];
+        const __m128i dh = _mm256_cvtps_ph(d, rnd);
+        const __m128i sh = has_min ? _mm256_cvtps_ph(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sums)), rnd) : _mm_setzero_si128();
+        _mm_storeu_si128((__m128i *)h, dh), _mm_storeu_si128((__m128i *)hs, sh);
+        for (int k = 0; k < 8; k++) {
+            memcpy(blk + k * bytes, &h[k], 2);
+            if (has_min) memcpy(blk + k * bytes + 2, &hs[k], 2);
+        }
+        if (tile) {
+            float fd[8], fs[8];
+            int32_t is[8];
+            _mm256_storeu_ps(fd, _mm256_cvtph_ps(dh)), _mm256_storeu_ps(fs, _mm256_cvtph_ps(sh));
+            _mm256_storeu_si256((__m256i *)is, sums);
+            for (int k = 0; k < 8; k++) yd[(b + k) * 8] = fd[k], ys[(b + k) * 8] = fs[k], ysum[(b + k) * 8] = is[k];
+        }
     }
-    for (; b < n / QK8_0; b++) y[b].d = kiln_fp32_to_fp16(quantize_block(x + b * QK8_0, y[b].qs, &sum));
+    for (; b < nb; b++) {
+        int sum;
+        uint8_t *blk = (uint8_t *)dst + b * bytes;
+        const float d = quantize_block(x + b * 32, (int8_t *)blk + (has_min ? 4 : 2), &sum);
+        const kiln_half h = kiln_fp32_to_fp16(d), hs = has_min ? kiln_fp32_to_fp16(d * (float)sum) : 0;
+        memcpy(blk, &h, 2);
+        if (has_min) memcpy(blk + 2, &hs, 2);
+        if (tile) yd[b * 8] = kiln_fp16_to_fp32(h), ys[b * 8] = has_min ? kiln_fp16_to_fp32(hs) : 0.0f, ysum[b * 8] = sum;
+    }
 }
 
-void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n) {
-    block_q8_1 *y = dst;
-    int b = 0;
-    for (; b + 8 <= n / QK8_1; b += 8) {
-        __m256 d;
-        __m256i sums;
-        quantize_8_blocks(x + b * QK8_1, (uint8_t *)y[b].qs, sizeof(block_q8_1), &d, &sums);
-        kiln_half h[8], hs[8];
-        const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(d, rnd));
-        _mm_storeu_si128((__m128i *)hs, _mm256_cvtps_ph(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sums)), rnd));
-        for (int k = 0; k < 8; k++) y[b + k].d = h[k], y[b + k].s = hs[k];
-    }
-    for (; b < n / QK8_1; b++) {
-        int sum;
-        const float d = quantize_block(x + b * QK8_1, y[b].qs, &sum);
-        y[b].d = kiln_fp32_to_fp16(d);
-        y[b].s = kiln_fp32_to_fp16(d * (float)sum);
-    }
+void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n) { quantize_q8(0, x, dst, n, NULL, 0); }
+
+void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n) { quantize_q8(1, x, dst, n, NULL, 0); }
+
+void kiln_quantize_q8_tile_avx2(int has_min, const float *x, void *dst, int n, uint8_t *tile, int lane) {
+    quantize_q8(has_min, x, dst, n, tile, lane);
 }
 /* the first j with |x[j]| == amax, eight at a time (kiln_q8_K_iscale's scan, one value at a time, had
    taken as long as the rest of the block's quantization); amax is one of the 256 values */

@@ -32,17 +32,21 @@ const uint8_t *kiln_quantize_rows_mt(const kiln_thread *t, int type, const float
     int r0, r1; /* the rows this thread's norm or GLU just wrote: read from its own cache */
     kiln_share(t, n_rows, 1, &r0, &r1);
 #ifdef KILN_HAVE_VNNI
-    /* and each row's scales as the x8 kernels take them (x8_scales_of): made once here, where each
-       claim of a matmul's weight rows had unpacked them again for every tile of 8 rows */
+    /* and each row's scales as the x8 kernels take them (x8_scales_of), from the quantizer's own vectors:
+       made once here, where each claim of a matmul's weight rows had unpacked them again for every tile */
     uint8_t *scales = kiln_act_scales_bytes(type, n_rows, n_in) ? (uint8_t *)x8_scales_of(scratch, n_rows, a_row) : NULL;
     const size_t tile = kiln_act_scales_bytes(type, KILN_X8_TILE, n_in);
 #endif
     for (int r = r0; r < r1; r++) {
         uint8_t *row = (uint8_t *)scratch + r * a_row;
-        kiln_quantize_act(type, x + (size_t)r * n_in, row, n_in);
 #ifdef KILN_HAVE_VNNI
-        if (scales) kiln_x8_act_scales(type, row, n_in, scales + r / KILN_X8_TILE * tile, r % KILN_X8_TILE);
+        if (scales) {
+            kiln_quantize_q8_tile_avx2(kiln_act_type(type) == KILN_Q8_1, x + (size_t)r * n_in, row, n_in,
+                                       scales + r / KILN_X8_TILE * tile, r % KILN_X8_TILE);
+            continue;
+        }
 #endif
+        kiln_quantize_act(type, x + (size_t)r * n_in, row, n_in);
     }
     kiln_barrier(t);
     return scratch;

@@ -197,6 +197,9 @@ KILN_SB_TYPES(KILN_ROWS_SB)
 #undef KILN_ROWS_AVX2
 void kiln_quantize_q8_0_avx2(const float *x, void *dst, int n);
 void kiln_quantize_q8_1_avx2(const float *x, void *dst, int n);
+/* the same (has_min: q8_1), and row `lane` of a tile of the x8 kernels' activation scales (kiln_x8_gemm_tiles):
+   each 32-block's d, d * sum (q8_1) as floats, and its sum of values */
+void kiln_quantize_q8_tile_avx2(int has_min, const float *x, void *dst, int n, uint8_t *tile, int lane);
 void kiln_quantize_q8_K_avx2(const float *x, void *dst, int n);
 void kiln_dequant_f16_avx2(const void *src, float *dst, int n);
 void kiln_quantize_f16_avx2(const float *x, void *dst, int n);
@@ -240,15 +243,11 @@ void kiln_dequant_q8_0_neon(const void *src, float *dst, int n);
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row);
 /* the same, the rows' scales read from `scales` as the quantizer laid them out for tiles of KILN_X8_TILE rows
-   from act's first (kiln_x8_act_scales; NULL: made by the kernel). The AVX2 kernels make their own. */
+   from act's first (kiln_quantize_q8_tile_avx2; NULL: made by the kernel). The AVX2 kernels make their own. */
 void kiln_x8_gemm_tiles(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
                         int n_a, const uint8_t *scales, float *y, size_t y_row);
 void kiln_x8_gemm_avx2(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row,
                        int n_a, float *y, size_t y_row);
-#endif
-#ifdef KILN_HAVE_VNNI
-/* row `lane` of a tile's scales (kiln_x8_gemm_tiles): each 32-block's d, d * sum (q8_1) and sum of values */
-void kiln_x8_act_scales(int type, const uint8_t *act_row, int n_in, uint8_t *tile, int lane);
 #endif
 
 #endif

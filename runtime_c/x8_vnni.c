@@ -11,7 +11,7 @@
 #include "x8.h"
 
 #ifdef KILN_HAVE_VNNI
-/* a tile's scales (kiln_x8_act_scales): yd[nb][X8_TOKENS], ys[nb][X8_TOKENS], block sums[nb][X8_TOKENS] */
+/* a tile's scales (act_avx2.c's kiln_quantize_q8_tile_avx2): yd[nb][X8_TOKENS], ys[nb][X8_TOKENS], block sums[nb][X8_TOKENS] */
 #define X8_TILE_BYTES(nb) (KILN_X8_TILE_SCALES * 4 * X8_TOKENS * (nb))
 #define X8_TOKENS KILN_X8_TILE /* activation rows that share each unpacked weight block */
 /* A matmul of fewer activation rows (decode's one) takes the 256-bit kernel (x8_avx2.c, with
@@ -242,20 +242,5 @@ void kiln_x8_gemm_tiles(int type, const uint8_t *w, int g0, int g1, int n_in, co
 void kiln_x8_gemm(int type, const uint8_t *w, int g0, int g1, int n_in, const uint8_t *act, size_t a_row, int n_a,
                   float *y, size_t y_row) {
     kiln_x8_gemm_tiles(type, w, g0, g1, n_in, act, a_row, n_a, NULL, y, y_row);
-}
-
-void kiln_x8_act_scales(int type, const uint8_t *act_row, int n_in, uint8_t *tile, int lane) {
-    const int nb = n_in / 32;
-    float *yd = (float *)tile + lane, *ys = yd + (size_t)X8_TOKENS * nb;
-    int32_t *sums = (int32_t *)(ys + (size_t)X8_TOKENS * nb);
-    const int has_min = kiln_act_type(type) == KILN_Q8_1;
-    const size_t a_bytes = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), q_at = has_min ? 4 : 2;
-    for (int b = 0; b < nb; b++) { /* act_scales' values, the sums bare: the run's weight types seed them */
-        const uint8_t *ab = act_row + (size_t)b * a_bytes;
-        kiln_half h[2];
-        memcpy(h, ab, q_at);
-        yd[b * X8_TOKENS] = kiln_fp16_to_fp32(h[0]), ys[b * X8_TOKENS] = has_min ? kiln_fp16_to_fp32(h[1]) : 0.0f;
-        sums[b * X8_TOKENS] = x8_sum32(ab + q_at);
-    }
 }
 #endif
