@@ -34,7 +34,7 @@ class Compiled:
     source_dir: Path  # holds model.c
     extension: Extension  # what the module was built from; build_c_library builds the same C without Python
     module: ModuleType | None  # None for a target of another architecture: only a C library can be built
-    packed_path: Path | None  # the packed weights file the library maps; None: every weight from the GGUF
+    packed_path: Path | None  # the packed weights file the library reads into memory; None: every weight from the GGUF
 
 
 def model_extension(source_dir: Path, runtime: Path, sanitize: bool, target: str, profile: bool,

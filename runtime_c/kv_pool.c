@@ -9,23 +9,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
+#include "huge_pages.h"
 #include "status.h"
-
-/* A pool in 2 MB pages where the kernel gives them (transparent huge pages, asked for): decode
- * attention reads a span of each layer's page, 1.5 MB apart in SmolLM2's pool, and every 4 KB
- * page it touched had cost a page walk (two-dimensional under a hypervisor). SmolLM2's decode at
- * depth 1024 ran 1.03-1.04x faster on a Cascade Lake VM. */
-#define POOL_HUGE_PAGE ((size_t)2 << 20)
-static uint8_t *pool_pages(size_t bytes) {
-    const size_t size = (bytes + POOL_HUGE_PAGE - 1) / POOL_HUGE_PAGE * POOL_HUGE_PAGE;
-    uint8_t *p = aligned_alloc(POOL_HUGE_PAGE, size);
-#ifdef MADV_HUGEPAGE
-    if (p) (void)madvise(p, size, MADV_HUGEPAGE); /* advice: where THP is off, 4 KB pages as before */
-#endif
-    return p;
-}
 
 int kiln_kv_init(kiln_kv *kv, const kiln_kv_shape *s) {
     memset(kv, 0, sizeof *kv);
@@ -36,8 +22,10 @@ int kiln_kv_init(kiln_kv *kv, const kiln_kv_shape *s) {
     for (int gi = 0; gi < s->n_groups && ok; gi++) {
         kiln_kv_group *g = &kv->g[gi];
         g->window = s->window[gi], g->n_pages = s->n_pages[gi], g->page_bytes = s->page_bytes[gi];
-        /* zeroed, so that a page's unwritten rows are finite numbers (attention multiplies them by 0) */
-        g->pages = pool_pages(g->page_bytes * (size_t)g->n_pages);
+        /* in huge pages: decode attention reads a span of each layer's page, 1.5 MB from the next in
+           SmolLM2's pool (its decode at depth 1024 1.03-1.04x, Cascade Lake VM). Zeroed, so that a
+           page's unwritten rows are finite numbers (attention multiplies them by 0) */
+        g->pages = kiln_huge_pages(g->page_bytes * (size_t)g->n_pages);
         g->refs = calloc((size_t)g->n_pages, sizeof(int32_t));
         g->free_list = malloc(sizeof(int32_t) * (size_t)g->n_pages);
         g->tables = malloc(sizeof(int32_t) * (size_t)s->n_seq * kv->max_blocks);

@@ -235,7 +235,7 @@ def test_threads_may_share_a_model(tiny_llama):
 
 
 ADVISED_HUGE = """
-import sys, compiler
+import os, sys, compiler
 def advised():  # bytes of this process's mappings advised into huge pages (VmFlags hg, MADV_HUGEPAGE)
     total = size = 0
     for line in open("/proc/self/smaps"):
@@ -246,19 +246,24 @@ def advised():  # bytes of this process's mappings advised into huge pages (VmFl
     return total
 before = advised()
 m = compiler.load(sys.argv[1], ctx=512, n_seq=64, kv_dtype="f32")
-print(sum(g["pages_total"] * g["page_bytes"] for g in m.kv_stats()["groups"]), advised() - before)
+packed = m.compiled.packed_path
+packed = os.path.getsize(packed) - compiler.core.cconst.PACKED_HEADER_BYTES if packed else 0
+print(sum(g["pages_total"] * g["page_bytes"] for g in m.kv_stats()["groups"]), packed, advised() - before)
 """
 
 
 @pytest.mark.skipif(not os.path.isdir("/sys/kernel/mm/transparent_hugepage"), reason="no transparent huge pages")
-def test_the_kv_pool_is_advised_into_huge_pages(tiny):
-    """The paged pool asks for 2 MB pages (kv_pool.c): decode attention reads a span of each
-    layer's page, far apart, and each 4 KB page had cost a page walk. The advice is a mapping's
-    flag whatever pages the kernel then finds, so this holds on any machine with THP; a fresh
-    process, so that no earlier pool is freed or merged while it counts."""
-    path = tiny("llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2)
+def test_the_kv_pool_and_the_packed_weights_are_advised_into_huge_pages(tiny):
+    """The paged pool and the packed weights ask for 2 MB pages (huge_pages.h): decode attention
+    reads a span of each layer's page, far apart, and decode streams every packed weight once a
+    step, and each 4 KB page had cost a page walk. The advice is a mapping's flag whatever pages
+    the kernel then finds, so this holds on any machine with THP; a fresh process, so that no
+    earlier pool is freed or merged while it counts."""
+    path = tiny("llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, wtype=Q.Q4_0)
     r = subprocess.run([sys.executable, "-c", ADVISED_HUGE, str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    pool, advised = map(int, r.stdout.split()[-2:])
-    assert pool == 64 * 512 * 2 * 2 * 2 * 16 * 4  # sequences x positions x layers x (K, V) x heads x head_dim x f32
-    assert advised >= pool, f"{advised} bytes advised into huge pages, fewer than the {pool} of the pool"
+    pool, packed, advised = map(int, r.stdout.split()[-3:])
+    assert pool == 64 * 512 * 2 * 2 * 2 * 64 * 4  # sequences x positions x layers x (K, V) x heads x head_dim x f32
+    assert packed >= 2 * (2 * 256 + 2 * 128 + 3 * 512) * 256 * 18 // 32  # both layers' q, o; k, v; gate, up, down
+    assert advised >= pool + packed, f"{advised} bytes advised into huge pages, fewer than the pool's {pool} and " \
+                                     f"the packed weights' {packed}"
