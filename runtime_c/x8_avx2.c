@@ -64,9 +64,22 @@ INLINE __m256i mask_bytes(uint32_t bits, char bit) {
 #define X8_SIGNED(f) ((f).bits == 8 || (f).lut)
 #endif
 
+/* Whether a chunk's high nibbles are dotted as they lie, 16 times over (raw & 0xF0), their chain's
+   sum shifted right by 4 after it: exact, as every product is a multiple of 16, and one vector op
+   fewer for each 32 bytes of weights. Decode's kernel is bound by its vector ops where memory runs
+   fast (one thread streamed Q4_0 at 33 GB/s against 41 from L2, Zen 4). Only with VNNI, whose
+   vpdpbusd takes 240 x 127 four at a time into 32 bits, where vpmaddubsw's 16-bit pairs would
+   saturate; and only plain nibbles: a fifth bit (Q5_*) or a table index (IQ4_*) needs the nibble. */
+#ifdef KILN_HAVE_VNNI
+#define X8_HI16(plain_nibbles) (plain_nibbles)
+#else
+#define X8_HI16(plain_nibbles) 0
+#endif
+
 /* The 8 weight vectors of one x8 chunk of 32 weights (u[k]: weights 4k..4k+3 of each row), as
- * unsigned bytes; Q8_0's as signed q (stored q ^ 0x80) where they are dotted signed */
-INLINE void unpack8(const int type, const uint8_t *qs, const uint8_t *qh, __m256i u[8]) {
+ * unsigned bytes (hi16: the odd k's 16 times over); Q8_0's as signed q (stored q ^ 0x80) where
+ * they are dotted signed */
+INLINE void unpack8(const int type, const uint8_t *qs, const uint8_t *qh, const int hi16, __m256i u[8]) {
     if (type == KILN_Q8_0) {
         const __m256i flip = _mm256_set1_epi8(X8_SIGNED((kiln_b32){.bits = 8}) ? (char)0x80 : 0);
         for (int k = 0; k < 8; k++) u[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * k)), flip);
@@ -75,7 +88,8 @@ INLINE void unpack8(const int type, const uint8_t *qs, const uint8_t *qh, __m256
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int v = 0; v < 4; v++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * v));
-        u[2 * v] = _mm256_and_si256(raw, m4), u[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        u[2 * v] = _mm256_and_si256(raw, m4);
+        u[2 * v + 1] = hi16 ? _mm256_andnot_si256(m4, raw) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
     }
     if (qh) { /* the fifth bits, bit k of each byte, moved to bit 4 of u[k] (x8_pack.c) */
         const __m256i raw = _mm256_loadu_si256((const __m256i *)qh), bit4 = _mm256_set1_epi8(0x10);
@@ -91,17 +105,18 @@ INLINE void unpack8(const int type, const uint8_t *qs, const uint8_t *qh, __m256
  * vpdpbusd's 32-bit sums directly, in two chains (n is even): a decode row's block was one chain of
  * 8 (40 cycles of latency), and the kernel runs 3-45% faster in cache split (by type, a Cascade Lake). The
  * integer sums are exact, so any grouping gives the same value. */
-INLINE __m256i dot_run(const __m256i u[8], const uint8_t *y, int k0, int n, int run) {
+INLINE __m256i dot_run(const __m256i u[8], const uint8_t *y, int k0, int n, int run, int hi16) {
     __m256i s32 = _mm256_setzero_si256();
 #ifdef KILN_HAVE_VNNI
     (void)run;
-    __m256i s1 = _mm256_setzero_si256();
+    __m256i s1 = _mm256_setzero_si256(); /* the odd k's: the high nibbles, 16 times over where hi16 */
     for (int k = k0; k < k0 + n; k += 2) {
         s32 = dpbusd8_bcast(s32, u[k], y + 4 * k);
         s1 = dpbusd8_bcast(s1, u[k + 1], y + 4 * k + 4);
     }
-    return _mm256_add_epi32(s32, s1);
+    return _mm256_add_epi32(s32, hi16 ? _mm256_srai_epi32(s1, 4) : s1);
 #endif
+    (void)hi16;
     for (int k = k0; k < k0 + n; k += run) {
         __m256i s16 = _mm256_maddubs_epi16(u[k], bcast4(y + 4 * k));
         for (int j = 1; j < run; j++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k + j], bcast4(y + 4 * (k + j))));
@@ -127,7 +142,7 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
     const size_t x8_bytes = 8 * f.block_bytes, a_bytes = f.has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t q_at = f.has_min ? 4 : 2;
     const int run = f.bits == 8 ? 1 : f.qh_at ? 4 : 8;
-    const int is_signed = X8_SIGNED(f);
+    const int is_signed = X8_SIGNED(f), hi16 = X8_HI16(f.bits == 4 && !f.qh_at && !f.lut);
     const __m256i lut = f.lut ? _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f.lut)),
                                                  _mm256_set1_epi8(is_signed ? 0 : (char)0x80))
                               : _mm256_setzero_si256();
@@ -146,12 +161,12 @@ INLINE void x8_rows(const int type, const int C, const uint8_t *w, int g0, int g
                 const uint8_t *bb = blk + (size_t)b * x8_bytes, *p = bb + kiln_x8_scale_bytes(&f);
                 for (size_t at = 0; at < x8_bytes; at += 64) __builtin_prefetch(bb + X8_AHEAD + at, 0, 2);
                 __m256i u[8];
-                unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? p : NULL, u);
+                unpack8(type, p + (f.qh_at ? 32 : 0), f.qh_at ? p : NULL, hi16, u);
                 if (f.lut) /* the nibbles index the table: value + 128 for vpdpbusd, else the signed value */
                     for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(lut, u[k]);
                 for (int c = 0; c < C; c++) {
                     const uint8_t *y4 = act + c * a_row + (size_t)b * a_bytes + q_at;
-                    __m256i sum = is_signed ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run);
+                    __m256i sum = is_signed ? dot_signed(u, y4) : dot_run(u, y4, 0, 8, run, hi16);
                     if (f.offset && !is_signed) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(seed[b][c]));
                     isum[b - b0][c] = sum;
                 }
@@ -184,7 +199,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
     const size_t kb = kiln_kx8_bytes(type);
     const int q6 = type == KILN_Q6_K, q5 = type == KILN_Q5_K, q3 = type == KILN_Q3_K, q2 = type == KILN_Q2_K;
     const int xs = type == KILN_IQ4_XS, has_min = type == KILN_Q4_K || q5 || q2, by16 = q6 || q3 || q2; /* a scale a 16 */
-    const int offset = q6 ? 32 : q3 ? 4 : 0;
+    const int offset = q6 ? 32 : q3 ? 4 : 0, hi16 = X8_HI16(type == KILN_Q4_K);
     const size_t chunk_bytes = kiln_kx8_chunk(type), head = kiln_kx8_head(type), sc_at = kiln_kx8_sc_at(type);
     /* IQ4_XS's nibbles index kvalues_iq4nl: value + 128 for vpdpbusd (its sub-block's sum seeded with
        -128 sum(y)), else the signed value, dotted signed */
@@ -212,7 +227,7 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                             if (q3) u[4 * v + s] = _mm256_or_si256(u[4 * v + s], mask_bytes(((const uint32_t *)chunk)[4 * v + s], 0x04));
                         }
                     }
-                else unpack8(KILN_Q4_0, qs, q5 ? chunk : NULL, u); /* nibbles, Q5_K's fifth bits */
+                else unpack8(KILN_Q4_0, qs, q5 ? chunk : NULL, hi16, u); /* nibbles, Q5_K's fifth bits */
                 if (xs)
                     for (int k = 0; k < 8; k++) u[k] = _mm256_shuffle_epi8(table, u[k]);
                 if (by16) {
@@ -232,9 +247,9 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                         const block_q8_K *yb = (const block_q8_K *)(act + c * a_row) + b;
                         const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
                         const __m256i s0 = _mm256_add_epi32(_mm256_set1_epi32(-offset * yb->bsums[2 * j]),
-                                                            dot_run(u, y4, 0, 4, q6 ? 2 : 4));
+                                                            dot_run(u, y4, 0, 4, q6 ? 2 : 4, 0));
                         const __m256i s1 = _mm256_add_epi32(_mm256_set1_epi32(-offset * yb->bsums[2 * j + 1]),
-                                                            dot_run(u, y4, 4, 4, q6 ? 2 : 4));
+                                                            dot_run(u, y4, 4, 4, q6 ? 2 : 4, 0));
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_mullo_epi32(s0, sa),
                                                                              _mm256_mullo_epi32(s1, sb)));
                     }
@@ -245,9 +260,9 @@ INLINE void kx8_rows(const int type, const int C, const uint8_t *w, int g0, int 
                         const uint8_t *y4 = (const uint8_t *)yb->qs + 32 * j;
                         __m256i s;
                         if (xs && xs_signed) s = dot_signed(u, y4);
-                        else if (xs) s = _mm256_add_epi32(dot_run(u, y4, 0, 8, 8), _mm256_set1_epi32(
+                        else if (xs) s = _mm256_add_epi32(dot_run(u, y4, 0, 8, 8, 0), _mm256_set1_epi32(
                                                               -128 * (yb->bsums[2 * j] + yb->bsums[2 * j + 1])));
-                        else s = dot_run(u, y4, 0, 8, q5 ? 4 : 8);
+                        else s = dot_run(u, y4, 0, 8, q5 ? 4 : 8, hi16);
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc));
                     }
                 }
