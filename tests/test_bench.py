@@ -149,3 +149,40 @@ def test_profile_counts_every_op_and_multiply_add(tiny, smollm2, tmp_path, capsy
     assert "matmul" in text and "q8_0" in text and "of peak" in text and "int8 peak" in text
     assert ("AMX tile multiplies" in text) == (p.peak.amx_macs_per_s is not None)
     assert json.loads(out.read_text())["int8_macs"] > 0
+
+
+def test_the_bound_is_measured_just_before_and_after_kilns_run(monkeypatch):
+    """A round's bandwidth is read on either side of kiln's run, the higher taken, not at the round's
+    end after the other engines: the VM's memory changes speed from minute to minute, and judged by
+    another minute's figure kiln's decode had read 111% of its bound in one round. Engines and the
+    bandwidth are stand-ins here, which log the order of the calls."""
+    from types import SimpleNamespace
+
+    from compiler.tools import bench, llamacpp
+
+    calls = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, t, tokens):
+            calls.append(self.name)
+            return 100.0
+
+    m = SimpleNamespace(n_vocab=100, spec=SimpleNamespace(path="model.gguf", hparams=SimpleNamespace(n_expert=0)))
+    monkeypatch.setattr(bench, "kiln_engine", lambda *a: (Engine("kiln"), m))
+    monkeypatch.setattr(bench, "llamacpp_engine", lambda path, ctx, threads, kv, fa: Engine(f"llama {fa}"))
+    monkeypatch.setattr(llamacpp, "flash_attn_settings", lambda kv: {"fa off": False, "fa on": True})
+    rates = iter([30.0, 50.0, 60.0, 40.0])
+
+    def bandwidth():
+        calls.append("bw")
+        return next(rates)
+
+    tests = [BenchTest("pp8", 8, 0, 0), BenchTest("tg4", 0, 4, 0)]
+    pp, tg = bench.run_bench("model.gguf", tests, threads=1, reps=2, bandwidth=bandwidth)
+    round_ = ["bw", "kiln", "bw", "llama False", "llama True"]
+    # pp's three rounds and tg's warm-up measure nothing; tg's counted rounds measure on either side of kiln
+    assert calls == ["kiln", "llama False", "llama True"] * 4 + round_ * 2
+    assert pp.bandwidth_runs == [] and tg.bandwidth_runs == [50.0, 60.0]

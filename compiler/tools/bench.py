@@ -10,7 +10,9 @@ and on (tools/ik_llama.py), with a second ratio against the faster of those.
 
 Decode is bound by the rate at which the cores read memory, and on a shared machine that rate
 moves from minute to minute. So each round of a decode test also measures it (runtime_c/bench/
-read_bw.c), and a decode run is judged against the bandwidth measured beside it.
+read_bw.c) just before kiln's run and just after it, and takes the higher: measured once at the
+round's end, after the other engines' runs, it had judged kiln's run by another minute's memory
+(111% of the bound in one round, 50% in the next). The round's other engines are judged by it too.
 """
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ IK = "ik "  # the prefix of ik_llama.cpp's settings among a round's engines
 def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dtype: str = "f32",
               log=lambda s: None, build: dict | None = None,
               bandwidth: Callable[[], float] | None = None, ik=None) -> list[BenchResult]:
-    """bandwidth: measures the read bandwidth (GB/s) once more, in each counted round of a decode test.
+    """bandwidth: measures the read bandwidth (GB/s), beside kiln's run in each counted round of a decode test.
     ik: an ik_llama.Runner of its llama-bench, a third engine in the same rounds, or None."""
     from . import ik_llama
 
@@ -137,6 +139,8 @@ def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dty
             for name in list(here):
                 if name not in here:
                     continue  # ik, dropped this round
+                beside = bool(rep and t.n_gen and bandwidth and name == "kiln")
+                before = bandwidth() if beside else 0.0
                 try:
                     speed = here[name].run(t, tokens)
                 except ik_llama.IkError as e:  # a model ik cannot run: the bench goes on with two engines
@@ -146,8 +150,8 @@ def run_bench(model, tests: list[BenchTest], threads: int, reps: int = 5, kv_dty
                     continue
                 if rep:
                     runs[name].append(speed)
-            if rep and t.n_gen and bandwidth:
-                bw.append(bandwidth())
+                if beside:
+                    bw.append(max(before, bandwidth()))
         results.append(_result(t.name, runs, bw, log))
     return results
 
