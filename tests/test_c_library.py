@@ -44,7 +44,7 @@ def example(c_lib):
 def test_directory_holds_library_header_and_example(c_lib):
     for name in ("libkiln_model.so", "model.h", "status.h", "model.c", "examples/c/generate.c"):
         assert (c_lib / name).is_file(), name
-    assert len(list(c_lib.glob("*.x8"))) == 1  # the packed weights the library maps
+    assert len(list(c_lib.glob("*.x8"))) == 1  # the packed weights the library reads
 
 
 def test_library_has_no_python_and_exports_only_the_api(c_lib):

@@ -1,7 +1,7 @@
 """The packed weights file: matmul weights interleaved by eight rows (x8), written by the compiler.
 
 Matmuls whose kernel reads the x8 layout (runtime_c/x8_pack.c) read their weights from this
-file, which the library maps read-only next to the GGUF; nothing is copied at load. It is
+file, which the library reads into memory in 2 MB pages at load (runtime_c/instance.c). It is
 written once per (GGUF, packing plan, packer), by the runtime's own packer, into the cache,
 and only where the build has the x8 kernels: elsewhere the same calls read the GGUF rows.
 

@@ -41,7 +41,7 @@ def render_text(lay: Layout) -> str:
             *([f"    experts        {_mib(lay.expert_bytes)}; a token reads {_mib(lay.expert_bytes_per_token)} "
                f"of them (its experts' slices)"] if lay.expert_bytes else []),
             f"  packed weights   {_mib(lay.packed_bytes)}: matmul weights interleaved by 8 rows, in a file the "
-            f"compiler writes and the library maps (where the build has the x8 kernel)",
+            f"compiler writes and the library reads into 2 MB pages (where the build has the x8 kernel)",
             f"  kv pool          {_mib(kv.total_bytes)}: pages of {kc.page_size} positions, {kc.dtype_label}, "
             f"shared by up to {kc.n_seq} sequence(s)",
             *([f"  recurrent state  {_mib(lay.state_bytes)}: {lay.state.slot_bytes:,} bytes a sequence in "
