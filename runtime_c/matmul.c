@@ -112,7 +112,12 @@ static void matmul_rows_mt(const kiln_thread *t, int type, const void *w, const 
  * takes the last one keeps the other waiting at most one tile (in chunks of chunk_of's six tiles,
  * three on average: SmolLM2 prefill 1.014x, Gemma 3 1.017x, in one process on a Zen 4). */
 #define X8_SHARE_BY_ROWS_BYTES (1024 << 10)
+#ifdef KILN_HAVE_VNNI
 #define X8_ROW_TILE KILN_X8_TILE
+#else /* the AVX2 kernel takes 6 rows a pass (x8_avx2.c's X8_ROWS): a claim of 8 had made a pass of 6 and one of 2,
+         unpacking every weight twice; 24 rows are 4 whole passes (no tile scales without VNNI) */
+#define X8_ROW_TILE (3 * KILN_X8_TILE)
+#endif
 
 /* A run of matmuls on one x (q, k and v; gate and up) has no barrier inside it, and its packed
  * weights lie one after another. Where each matmul would be cut into one static share a thread,
