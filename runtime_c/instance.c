@@ -41,7 +41,7 @@ static uint32_t crc32(const uint8_t *p, size_t n) {
  * read by this build, or nothing packed. Read, not mapped: a mapping of the file takes whatever
  * pages the page cache holds (in one run 229 of llama-1b's 654 MB were in 2 MB pages, the rest in
  * 4 KB), so decode's speed had depended on how the file was last read; in huge pages it read its
- * weights 1.03-1.05x faster (llama-1b Q4_0 and Q4_K, SmolLM2; Zen 4 VM, alternated in one process,
+ * weights 1.03-1.08x faster (llama-1b Q4_0, Q4_K and Q8_0, SmolLM2; Zen 4 VM, alternated in one process,
  * same bits). The copy is the process's own, as llama.cpp's --no-mmap and ik_llama.cpp's -rtr. */
 static int read_packed(const kiln_model_desc *d, const char *path, uint8_t **packed) {
     *packed = NULL;
