@@ -4,7 +4,9 @@ A profiling build of the model (-DKILN_PROFILE) charges each op the wall time fr
 the op before it to the end of its own barrier, so the ops' times add up to the step's. The
 matmuls' multiply-adds are counted from their shapes and rows, attention's from the positions
 each query reads (its window, for sliding layers); dividing by the time gives each kernel's rate,
-and the matmuls' by the peak that runtime_c/bench/vnni_peak.c measures on this machine.
+and the matmuls' by the peak that runtime_c/bench/vnni_peak.c measures on this machine, and by
+the ceiling it measures for kernels that keep each row the reference dot's bits: the same chains
+beside each block's float multiply and fma, which no reordering removes.
 """
 from __future__ import annotations
 
@@ -29,22 +31,25 @@ class Peak:
     macs_per_s: float  # int8 multiply-adds per second over all threads
     threads: int
     amx_macs_per_s: float | None = None  # the same by AMX tile multiplies, where this machine has them
+    exact_macs_per_s: float = 0.0  # the same beside each 32-weight block's float steps: the exact kernels' ceiling
 
 
 def int8_peak(threads: int, log=lambda s: None) -> Peak:
-    """The best of five runs of the VNNI microbenchmark, each about 0.2 s; the AMX one likewise."""
+    """The best of five runs of the VNNI microbenchmark, each about 0.2 s; its exact blocks' and the AMX
+    one likewise."""
     mod = load_extension(Extension("int8_peak", header_cdef(BENCH_DIR / "vnni_peak.h"), '#include "vnni_peak.h"',
                                    (BENCH_DIR / "vnni_peak.c",), (BENCH_DIR,)), log)
     isa = mod.ffi.string(mod.lib.kiln_int8_isa()).decode()
     probe = mod.lib.kiln_int8_peak(1, 1 << 16)
     iters = max(1 << 16, int(0.2 * probe / (16 * 64))) if probe > 0 else 1
     best = max(mod.lib.kiln_int8_peak(threads, iters) for _ in range(5))
+    exact = max(mod.lib.kiln_int8_exact_peak(threads, iters) for _ in range(5))
     amx_probe = mod.lib.kiln_amx_int8_peak(1, 1 << 12)
     amx = None
     if amx_probe > 0:
         amx_iters = max(1 << 12, int(0.2 * amx_probe / (4 * 16 * 16 * 64)))
         amx = max(mod.lib.kiln_amx_int8_peak(threads, amx_iters) for _ in range(5))
-    return Peak(isa, best, threads, amx)
+    return Peak(isa, best, threads, amx, exact)
 
 
 @dataclass
@@ -182,6 +187,13 @@ def render(p: Profile) -> str:
                 f"the quantized matmuls{experts}: {macs / 1e9:.2f} GMAC in {secs * 1e3:.1f} ms = {macs / secs / 1e9:.1f} GMAC/s, "
                 f"{100 * macs / secs / peak:.1f}% of peak; over the whole prefill {macs / p.seconds / 1e9:.1f} GMAC/s, "
                 f"{100 * macs / p.seconds / peak:.1f}% of peak"]
+        exact = p.peak.exact_macs_per_s
+        if exact > 0:
+            out.append(f"beside each block's float steps that keep a row the reference dot's bits (a multiply of the "
+                       f"scales and an fma each 8 {'vpdpbusd' if 'vpdpbusd' in p.peak.isa else 'steps'}; the types with "
+                       f"a minimum take one fma more): {exact / 1e9:.1f} GMAC/s, {100 * exact / peak:.1f}% of peak, "
+                       f"the exact kernels' ceiling; the quantized matmuls{experts} reach {100 * macs / secs / exact:.1f}% "
+                       "of it")
         if p.peak.amx_macs_per_s:
             out.append(f"AMX tile multiplies (tdpbssd, runtime_c/bench/vnni_peak.c): {p.peak.amx_macs_per_s / 1e9:.1f} "
                        "GMAC/s; prefill takes the 32-weight types' integer sums from them, and the float steps "
@@ -193,7 +205,8 @@ def as_json(p: Profile) -> dict:
     return {"model": p.model, "threads": p.threads, "pp": p.pp, "depth": p.depth, "chunk": p.chunk,
             "target": p.target, "isa": p.isa, "kernel_paths": p.kernel_paths,
             "seconds": p.seconds, "tok_s": p.pp / p.seconds,
-            "peak": {"isa": p.peak.isa, "macs_per_s": p.peak.macs_per_s, "amx_macs_per_s": p.peak.amx_macs_per_s}
+            "peak": {"isa": p.peak.isa, "macs_per_s": p.peak.macs_per_s, "amx_macs_per_s": p.peak.amx_macs_per_s,
+                     "exact_macs_per_s": p.peak.exact_macs_per_s}
             if p.peak else None,
             "int8_macs": p.int8_macs, "int8_seconds": p.int8_seconds,
             "kernels": [vars(k) for k in p.kernels]}

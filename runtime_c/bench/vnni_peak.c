@@ -9,6 +9,13 @@
  * MACs = iterations x CHAINS x the vector's int8 lanes. kiln bench --profile divides the
  * prefill's matmul MACs by this.
  *
+ * kiln_int8_exact_peak runs the same chains with the float steps that keep each output the
+ * reference dot's bits beside them: for each 8 vpdpbusd (a 32-weight block's, for one activation
+ * row and 16 weight rows), one multiply of the two scales and one fma into the row's sum
+ * (acc = fma(isum, d * y.d, acc), ref_quant.c). No reordering removes them, and where the CPU
+ * issues them to the ports vpdpbusd takes (Zen 4 does), they bound the quantized matmuls below
+ * the int8 peak: kiln bench --profile reports that ceiling beside it.
+ *
  * Where the CPU has AMX and Linux grants the tiles, kiln_amx_int8_peak measures the tile unit the
  * same way: four independent chains of tdpbssd on 16 x 64-byte tiles, 16 x 16 x 64 MACs each.
  * Prefill uses the tiles for the 32-weight types' integer sums; the profile reports that peak
@@ -33,6 +40,11 @@
 #define ISA "avx512_vnni (zmm vpdpbusd)"
 #define LANES 64
 typedef __m512i vec;
+typedef __m512 fvec;
+#define FCAST(v) _mm512_castsi512_ps(v)
+#define FMUL(a, b) _mm512_mul_ps(a, b)
+#define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define FSTORE(p, v) _mm512_storeu_ps(p, v)
 #define VLOAD(p) _mm512_loadu_si512((const void *)(p))
 #define DP(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
 #define VSTORE(p, v) _mm512_storeu_si512((void *)(p), v)
@@ -41,6 +53,11 @@ typedef __m512i vec;
 #define ISA "avx_vnni (ymm vpdpbusd)"
 #define LANES 32
 typedef __m256i vec;
+typedef __m256 fvec;
+#define FCAST(v) _mm256_castsi256_ps(v)
+#define FMUL(a, b) _mm256_mul_ps(a, b)
+#define FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define FSTORE(p, v) _mm256_storeu_ps(p, v)
 #define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define DP(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
 #define VSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
@@ -49,6 +66,11 @@ typedef __m256i vec;
 #define ISA "avx2 (vpmaddubsw + vpmaddwd + vpaddd)"
 #define LANES 32
 typedef __m256i vec;
+typedef __m256 fvec;
+#define FCAST(v) _mm256_castsi256_ps(v)
+#define FMUL(a, b) _mm256_mul_ps(a, b)
+#define FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define FSTORE(p, v) _mm256_storeu_ps(p, v)
 #define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define DP(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
 #define VSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
@@ -74,10 +96,16 @@ typedef __m256i vec;
 
 typedef struct {
     long iters;
+    int exact; /* with each block's float steps */
     int32_t sink[CHAINS * 16];
+    float fsink[2 * 16]; /* the exact loop's float sums */
 } job;
 
-static volatile uint8_t SEED[64] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3};
+/* each 4 bytes 1.5f (0x3FC00000), as the exact loop reads them: its float steps meet normal numbers
+   alone (a product that fell to a denormal would take a microcode assist on Intel's cores) */
+#define ONE_AND_A_HALF 0x00, 0x00, 0xC0, 0x3F
+#define FOUR(x) x, x, x, x
+static volatile uint8_t SEED[64] = {FOUR(FOUR(ONE_AND_A_HALF))};
 
 static void *run(void *arg) {
 #ifdef ISA
@@ -91,8 +119,25 @@ static void *run(void *arg) {
 #define CHAIN_SINK(c) VSTORE(j->sink + c * 16, acc##c);
     EACH(CHAIN_INIT)
     const long iters = j->iters;
-    for (long it = 0; it < iters; it++) {
-        EACH(CHAIN_STEP)
+    if (!j->exact)
+        for (long it = 0; it < iters; it++) {
+            EACH(CHAIN_STEP)
+        }
+    else {
+        /* after each 8 steps, a block's: its two scales' product, then the row's fma of the converted integer
+           sum by it. Their operand is the chains' own `a` read as floats: made new before each step, it
+           cannot be hoisted, and it takes no register more (AVX-VNNI's 12 chains leave 2 of 16) */
+        fvec row0 = FCAST(b), row1 = FCAST(b);
+#define EXACT_STEP(c) CHAIN_STEP(c) \
+        if ((c) % 8 == 7) { const fvec p = FMUL(FCAST(a), FCAST(a)); \
+                            if ((c) < 8) row0 = FMA(FCAST(a), p, row0); else row1 = FMA(FCAST(a), p, row1); }
+        for (long it = 0; it < iters; it++) {
+            EACH(EXACT_STEP)
+        }
+        FSTORE(j->fsink, row0);
+#if CHAINS == 16
+        FSTORE(j->fsink + 16, row1); /* else row1 is dead, and takes no register */
+#endif
     }
     EACH(CHAIN_SINK)
 #else
@@ -132,7 +177,7 @@ static void *run_amx(void *arg) {
 #endif
 
 /* `fn` on n_threads threads (the caller one of them), the wall seconds they took; -1 on failure */
-static double timed(void *(*fn)(void *), int n_threads, long iters) {
+static double timed(void *(*fn)(void *), int n_threads, long iters, int exact) {
     if (n_threads < 1 || n_threads > 256 || iters < 1) return -1.0;
     pthread_t tid[256];
     job jobs[256];
@@ -140,7 +185,7 @@ static double timed(void *(*fn)(void *), int n_threads, long iters) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < n_threads; i++) {
         memset(&jobs[i], 0, sizeof jobs[i]);
-        jobs[i].iters = iters;
+        jobs[i].iters = iters, jobs[i].exact = exact;
         if (i > 0 && pthread_create(&tid[i], NULL, fn, &jobs[i]) != 0) {
             for (int k = 1; k < i; k++) pthread_join(tid[k], NULL);
             return -1.0;
@@ -155,7 +200,7 @@ static double timed(void *(*fn)(void *), int n_threads, long iters) {
 double kiln_amx_int8_peak(int n_threads, long iters) {
 #ifdef HAVE_AMX
     if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) return -1.0;
-    const double s = timed(run_amx, n_threads, iters);
+    const double s = timed(run_amx, n_threads, iters, 0);
     return s > 0 ? (double)n_threads * (double)iters * 4 * 16 * 16 * 64 / s : -1.0;
 #else
     (void)n_threads, (void)iters;
@@ -173,7 +218,17 @@ const char *kiln_int8_isa(void) {
 
 double kiln_int8_peak(int n_threads, long iters) {
 #ifdef ISA
-    const double s = timed(run, n_threads, iters);
+    const double s = timed(run, n_threads, iters, 0);
+    return s > 0 ? (double)n_threads * (double)iters * CHAINS * LANES / s : -1.0;
+#else
+    (void)n_threads, (void)iters;
+    return -1.0;
+#endif
+}
+
+double kiln_int8_exact_peak(int n_threads, long iters) {
+#ifdef ISA
+    const double s = timed(run, n_threads, iters, 1);
     return s > 0 ? (double)n_threads * (double)iters * CHAINS * LANES / s : -1.0;
 #else
     (void)n_threads, (void)iters;
