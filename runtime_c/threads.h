@@ -39,7 +39,8 @@ typedef struct {
     int n, chunk, lo, hi;
 } kiln_claims;
 kiln_claims kiln_claims_begin(const kiln_thread *t, int n_items, int chunk);
-/* the next chunk [*lo, *hi) of the list, or 0 when it is used up */
+/* the next piece [*lo, *hi) of the list, or 0 when it is used up: the n items are cut into
+   ceil(n / chunk) pieces whose sizes differ by one item at most */
 int kiln_claim(kiln_claims *c, int *lo, int *hi);
 
 #endif

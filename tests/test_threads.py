@@ -1,7 +1,7 @@
 """The thread pool under ThreadSanitizer: pools of 1 to 4 threads created, run and destroyed
 many times, with barriers between dependent writes, report no data race; the chunks of work that
 threads claim (kiln_claims, as the matmuls take their rows) hand out every item exactly once, past
-the lists a region keeps counters for too."""
+the lists a region keeps counters for too, in pieces whose sizes differ by one item at most."""
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +15,7 @@ DRIVER = r"""
 #include <stdio.h>
 #include "threads.h"
 
-typedef struct { int *out; int n; long sum; int lists; int *taken; atomic_int first_done; int first_took; } job;
+typedef struct { int *out; int n; long sum; int lists; int *taken; atomic_int first_done; int first_took, first_cut; } job;
 
 static void region(void *arg, const kiln_thread *t) {
     job *j = arg;
@@ -32,11 +32,20 @@ static void region(void *arg, const kiln_thread *t) {
     if (t->ith == 0) atomic_store(&j->first_done, 0);
     kiln_barrier(t);
     kiln_claims c = kiln_claims_begin(t, 40, 3);
-    int took = 0;
+    kiln_claims cut = kiln_claims_begin(t, 128, 11); /* 12 pieces of 10 or 11 items, not 11 of 11 and one of 7 */
+    int took = 0, pieces = 0, smallest = 1 << 30, largest = 0;
     if (t->ith != 0)
         while (!atomic_load(&j->first_done)) {}
     for (int a, b; kiln_claim(&c, &a, &b);) took += b - a;
-    if (t->ith == 0) j->first_took = took, atomic_store(&j->first_done, 1);
+    for (int a, b; kiln_claim(&cut, &a, &b); pieces++) {
+        smallest = b - a < smallest ? b - a : smallest;
+        largest = b - a > largest ? b - a : largest;
+    }
+    if (t->ith == 0) {
+        j->first_took = took;
+        j->first_cut = t->nth == 1 || (pieces == 12 && smallest == 10 && largest == 11); /* alone: one static share */
+        atomic_store(&j->first_done, 1);
+    }
     /* claimed chunks: lists of 1..5 items a chunk, more lists than the region has counters for */
     for (int l = 0; l < j->lists; l++) {
         kiln_claims c = kiln_claims_begin(t, 13, 1 + l % 5);
@@ -52,13 +61,14 @@ int main(void) {
             kiln_pool *p = kiln_pool_create(n);
             int out[257] = {0};
             static int taken[13 * 2100];
-            job j = {out, 257, 0, rep == 0 ? 2100 : 3, taken, 0, 0};
+            job j = {out, 257, 0, rep == 0 ? 2100 : 3, taken, 0, 0, 0};
             for (int k = 1; k <= 10; k++) {
                 kiln_pool_run(p, region, &j);
                 if (j.sum != (long)k * 256 * 257 / 2) return 2;
                 for (int i = 0; i < 13 * j.lists; i++)
                     if (taken[i] != 1) return 4; /* every item claimed once */
                 if (j.first_took != 40) return 5;
+                if (!j.first_cut) return 6; /* a list's pieces differ in size by one item at most */
                 for (int i = 0; i < 13 * j.lists; i++) taken[i] = 0;
             }
             if (kiln_pool_size(p) != n) return 3;
